@@ -1,0 +1,43 @@
+# plansim: two set-up commands for a fresh machine.
+#   make demo   install what is needed, then rank layouts for GPT-3 175B on 1024 A100-80GB
+#   make test   install what is needed (torch==2.13.0 CPU build included), lint, type-check, test
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.plansim-installed
+
+.PHONY: demo test lint typecheck unit install install-test clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PIP) install -q -e .
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# torch: keep an installed torch that is compatible (>= 2.3); otherwise take the pinned CPU build.
+install-test: install
+	@$(PY) -c "import sys, torch; v = tuple(int(x) for x in torch.__version__.split('+')[0].split('.')[:2]); sys.exit(0 if v >= (2, 3) else 1)" 2>/dev/null \
+		|| $(PIP) install -q "torch==2.13.0"
+	$(PIP) install -q -e ".[test]" nbclient nbformat ipykernel
+
+demo: install
+	$(VENV)/bin/plansim plan --model gpt3-175b --gpu a100-sxm4-80gb --gpus 1024 --gbs 1536
+
+lint:
+	$(VENV)/bin/ruff check plansim tests benchmarks
+	$(VENV)/bin/ruff format --check plansim tests benchmarks
+
+typecheck:
+	$(VENV)/bin/mypy
+
+unit:
+	$(PY) -m pytest
+
+test: install-test lint typecheck unit
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,3 @@
+from plansim.cli import main
+
+raise SystemExit(main())

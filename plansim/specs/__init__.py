@@ -1,0 +1,25 @@
+"""Frozen, validated specs: ModelSpec, ParallelPlan, HardwareProfile."""
+
+from plansim.specs.hardware import (
+    CollectiveCurve,
+    Curve,
+    HardwareProfile,
+    LinkTier,
+)
+from plansim.specs.model import Activation, ModelSpec, Normalization, PositionEmbedding
+from plansim.specs.plan import ParallelPlan, Precision, Recompute, Schedule
+
+__all__ = [
+    "Activation",
+    "CollectiveCurve",
+    "Curve",
+    "HardwareProfile",
+    "LinkTier",
+    "ModelSpec",
+    "Normalization",
+    "ParallelPlan",
+    "PositionEmbedding",
+    "Precision",
+    "Recompute",
+    "Schedule",
+]

@@ -1,0 +1,217 @@
+"""HardwareProfile: what one GPU kind and its node/network can do, with provenance.
+
+Profiles are data (``hardware_profiles/*.yaml``, read by ``plansim.io.profiles``); no hardware
+figure lives in code. Every lookup interpolates measured or datasheet-derived points and can
+say whether the query was inside the measured range.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from plansim.errors import SpecError, require_positive, require_positive_int
+
+
+class LinkTier(enum.Enum):
+    """Network tier a collective group spans (the slowest one it crosses)."""
+
+    INTRA_NODE = "intra_node"  # NVLink/NVSwitch (one scale-up domain)
+    INTER_NODE = "inter_node"  # NIC per GPU (InfiniBand / RoCE / EFA)
+
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "sendrecv")
+
+
+def bus_factor(collective: str, num_ranks: int) -> float:
+    """nccl-tests' busbw/algbw factor: bytes each rank moves per byte of message.
+
+    all_reduce 2(n-1)/n; all_gather and reduce_scatter (n-1)/n; sendrecv 1
+    (nccl-tests ``doc/PERFORMANCE.md``; ring algorithm volumes).
+
+    Raises:
+        SpecError: unknown collective or num_ranks < 1.
+    """
+    require_positive_int("num_ranks", num_ranks)
+    if collective == "all_reduce":
+        return 2.0 * (num_ranks - 1) / num_ranks
+    if collective in ("all_gather", "reduce_scatter"):
+        return (num_ranks - 1) / num_ranks
+    if collective == "sendrecv":
+        return 1.0
+    raise SpecError(f"collective={collective!r} is not allowed; choose one of: {COLLECTIVES}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Curve:
+    """Piecewise log-log interpolation of y(x) through measured points, clamped at the ends.
+
+    Attributes:
+        x: strictly increasing positive abscissae (e.g. message bytes, GEMM FLOPs).
+        y: positive ordinates (e.g. busbw bytes/s, efficiency fraction).
+        source: provenance of the points.
+    """
+
+    x: tuple[float, ...]
+    y: tuple[float, ...]
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if len(self.x) != len(self.y) or not self.x:
+            raise SpecError(f"curve needs equal, non-empty x and y (got {len(self.x)}, {len(self.y)})")
+        for i, (xi, yi) in enumerate(zip(self.x, self.y, strict=True)):
+            require_positive(f"curve.x[{i}]", xi)
+            require_positive(f"curve.y[{i}]", yi)
+        if any(b <= a for a, b in zip(self.x, self.x[1:], strict=False)):
+            raise SpecError(f"curve.x must be strictly increasing, got {self.x}")
+
+    def __call__(self, x: float) -> float:
+        """y at x: log-log linear between neighbours; the end value outside the range."""
+        xs, ys = self.x, self.y
+        if x <= xs[0]:
+            return ys[0]
+        if x >= xs[-1]:
+            return ys[-1]
+        lo, hi = 0, len(xs) - 1
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if xs[mid] <= x:
+                lo = mid
+            else:
+                hi = mid
+        t = (math.log(x) - math.log(xs[lo])) / (math.log(xs[hi]) - math.log(xs[lo]))
+        return math.exp(math.log(ys[lo]) + t * (math.log(ys[hi]) - math.log(ys[lo])))
+
+    def in_range(self, x: float) -> bool:
+        """True when x lies within the measured points."""
+        return self.x[0] <= x <= self.x[-1]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CollectiveCurve:
+    """One collective on one tier: alpha-beta with a measured bus-bandwidth curve.
+
+    time(S, n) = latency_s + S * bus_factor(collective, n) / busbw(S)
+    where busbw(S) is the measured bus bandwidth at message size S (nccl-tests definition).
+
+    Attributes:
+        collective: one of COLLECTIVES.
+        latency_s: alpha, seconds per call.
+        busbw_bytes_per_s: busbw over message size in bytes.
+        source: provenance.
+    """
+
+    collective: str
+    latency_s: float
+    busbw_bytes_per_s: Curve
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.collective not in COLLECTIVES:
+            raise SpecError(
+                f"collective={self.collective!r} is not allowed; choose one of: {COLLECTIVES}"
+            )
+        if self.latency_s < 0:
+            raise SpecError(f"{self.collective}.latency_s must be >= 0, got {self.latency_s}")
+
+    def time_s(self, message_bytes: float, num_ranks: int) -> float:
+        """Seconds for one call with a message of ``message_bytes`` over ``num_ranks`` ranks."""
+        if num_ranks <= 1 and self.collective != "sendrecv":
+            return 0.0
+        factor = bus_factor(self.collective, num_ranks)
+        return self.latency_s + message_bytes * factor / self.busbw_bytes_per_s(message_bytes)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HardwareProfile:
+    """A GPU kind in its node and network.
+
+    Attributes:
+        name: profile id (file stem), e.g. ``a100-sxm4-80gb``.
+        description: one line for ``plansim profiles list``.
+        peak_flops_per_s: dense peak by dtype key (``bf16``, ``fp16``, ``fp8``, ``fp32``, ``tf32``).
+        matmul_efficiency: per dtype, achievable fraction of peak over GEMM FLOPs (2*m*n*k).
+        hbm_capacity_bytes: device memory.
+        hbm_bytes_per_s: datasheet HBM bandwidth.
+        hbm_efficiency_fraction: achievable fraction of it for streaming elementwise kernels.
+        memory_reserve_bytes: memory not available to the model (CUDA context, NCCL buffers,
+            allocator fragmentation).
+        gpus_per_node: GPUs in one scale-up (NVLink) domain.
+        intra_node: collective curves inside the scale-up domain, keyed by collective.
+        nic_bytes_per_s: inter-node bandwidth per GPU (one NIC rail), unidirectional.
+        nic_latency_s: inter-node per-message latency (alpha).
+        pcie_bytes_per_s: host<->device bandwidth per GPU, unidirectional.
+        kernel_launch_s: fixed overhead per kernel (launch + tail).
+        provenance: dotted key -> source of that number.
+    """
+
+    name: str
+    description: str
+    peak_flops_per_s: Mapping[str, float]
+    matmul_efficiency: Mapping[str, Curve]
+    hbm_capacity_bytes: float
+    hbm_bytes_per_s: float
+    hbm_efficiency_fraction: float
+    memory_reserve_bytes: float
+    gpus_per_node: int
+    intra_node: Mapping[str, CollectiveCurve]
+    nic_bytes_per_s: float
+    nic_latency_s: float
+    pcie_bytes_per_s: float
+    kernel_launch_s: float
+    provenance: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        require_positive_int(f"{self.name}.gpus_per_node", self.gpus_per_node)
+        for key in (
+            "hbm_capacity_bytes",
+            "hbm_bytes_per_s",
+            "hbm_efficiency_fraction",
+            "nic_bytes_per_s",
+            "pcie_bytes_per_s",
+        ):
+            require_positive(f"{self.name}.{key}", getattr(self, key))
+        if not 0 < self.hbm_efficiency_fraction <= 1:
+            raise SpecError(
+                f"{self.name}.hbm_efficiency_fraction must be in (0, 1], "
+                f"got {self.hbm_efficiency_fraction}"
+            )
+        if self.memory_reserve_bytes < 0 or self.memory_reserve_bytes >= self.hbm_capacity_bytes:
+            raise SpecError(
+                f"{self.name}.memory_reserve_bytes({self.memory_reserve_bytes}) must be in "
+                f"[0, hbm_capacity_bytes({self.hbm_capacity_bytes}))"
+            )
+        missing = [c for c in COLLECTIVES if c not in self.intra_node]
+        if missing:
+            raise SpecError(f"{self.name}.intra_node lacks collectives: {', '.join(missing)}")
+        for dtype in self.matmul_efficiency:
+            if dtype not in self.peak_flops_per_s:
+                raise SpecError(f"{self.name}.matmul_efficiency[{dtype}] has no peak_flops_per_s")
+
+    @property
+    def usable_memory_bytes(self) -> float:
+        """HBM capacity less the reserve: what the model's tensors may use."""
+        return self.hbm_capacity_bytes - self.memory_reserve_bytes
+
+    def dtypes(self) -> tuple[str, ...]:
+        """Dtypes with both a peak and an efficiency curve."""
+        return tuple(sorted(self.matmul_efficiency))
+
+    def matmul_flops_per_s(self, dtype: str, gemm_flops: float) -> float:
+        """Achievable FLOP/s for one GEMM of ``gemm_flops`` FLOPs in ``dtype``.
+
+        Raises:
+            SpecError: the profile has no curve for ``dtype``.
+        """
+        if dtype not in self.matmul_efficiency:
+            raise SpecError(
+                f"profile {self.name} has no matmul data for dtype {dtype!r}; "
+                f"has: {', '.join(self.dtypes())}"
+            )
+        return self.peak_flops_per_s[dtype] * self.matmul_efficiency[dtype](gemm_flops)
+
+    def streaming_bytes_per_s(self) -> float:
+        """Achievable HBM bandwidth for memory-bound elementwise kernels."""
+        return self.hbm_bytes_per_s * self.hbm_efficiency_fraction

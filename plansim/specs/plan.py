@@ -1,0 +1,164 @@
+"""ParallelPlan: one DP x TP x PP x CP layout with batch, ZeRO, recompute and schedule."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from plansim.errors import SpecError, choice_error, require_positive_int
+
+
+class Precision(enum.Enum):
+    """Training precision of the matmuls (mixed precision: fp32 master weights for Adam)."""
+
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"
+
+    @property
+    def param_bytes(self) -> int:
+        """Bytes of the working (low-precision) copy of a parameter; FP8 keeps bf16 weights."""
+        return 2
+
+    @property
+    def activation_bytes(self) -> int:
+        """Bytes per stored activation element (16-bit activations in all three modes)."""
+        return 2
+
+
+class Recompute(enum.Enum):
+    """Activation recomputation (Korthikanti et al. 2022 §4-5)."""
+
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+
+class Schedule(enum.Enum):
+    """Pipeline schedule; action lists are built by ``plansim.schedule.builders``."""
+
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+
+
+def parse_enum(enum_cls: type[enum.Enum], field: str, value: object) -> enum.Enum:
+    """Map a user string (or an enum member) to ``enum_cls``; SpecError names the choices."""
+    if isinstance(value, enum_cls):
+        return value
+    for member in enum_cls:
+        if member.value == value:
+            return member
+    raise choice_error(field, value, [m.value for m in enum_cls])
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParallelPlan:
+    """A parallel layout for data (dp), tensor (tp), pipeline (pp) and context (cp) parallelism.
+
+    Rank order is tp -> cp -> dp -> pp (Megatron-LM ``RankGenerator`` default), so a TP group
+    holds consecutive ranks and stays inside a node when tp <= GPUs per node.
+
+    Attributes:
+        dp, tp, pp, cp: parallel degrees; num_gpus = dp * tp * pp * cp.
+        vpp: virtual pipeline stages per rank (model chunks, Megatron
+            ``virtual_pipeline_model_parallel_size``); 1 = not interleaved.
+        micro_batch_size: sequences per micro-batch (``--micro-batch-size``).
+        global_batch_size: sequences per optimizer step (``--global-batch-size``).
+        zero_stage: 0 (plain DP), 1 (optimizer states sharded; Megatron distributed optimizer),
+            2 (+ gradients), 3 (+ parameters).
+        recompute: activation recomputation mode.
+        sequence_parallel: Megatron sequence parallelism (needs tp > 1).
+        schedule: pipeline schedule.
+        precision: matmul precision.
+
+    Raises:
+        SpecError: a degree is not a positive integer, the global batch does not split into
+            micro-batches over dp, zero_stage is out of 0-3, or sequence_parallel with tp == 1.
+    """
+
+    dp: int
+    tp: int
+    pp: int
+    cp: int = 1
+    vpp: int = 1
+    micro_batch_size: int
+    global_batch_size: int
+    zero_stage: int = 0
+    recompute: Recompute = Recompute.NONE
+    sequence_parallel: bool = False
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    precision: Precision = Precision.BF16
+
+    def __post_init__(self) -> None:
+        for field in ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "global_batch_size"):
+            require_positive_int(f"plan.{field}", getattr(self, field))
+        if self.zero_stage not in (0, 1, 2, 3) or isinstance(self.zero_stage, bool):
+            raise choice_error("plan.zero_stage", self.zero_stage, [0, 1, 2, 3])
+        for field, cls in (
+            ("recompute", Recompute),
+            ("schedule", Schedule),
+            ("precision", Precision),
+        ):
+            if not isinstance(getattr(self, field), cls):
+                raise choice_error(f"plan.{field}", getattr(self, field), [m.value for m in cls])
+        per_step = self.micro_batch_size * self.dp
+        if self.global_batch_size % per_step:
+            raise SpecError(
+                f"plan.global_batch_size({self.global_batch_size}) is not divisible by "
+                f"micro_batch_size({self.micro_batch_size}) * dp({self.dp}) = {per_step}"
+            )
+        if self.sequence_parallel and self.tp == 1:
+            raise SpecError("plan.sequence_parallel needs tp > 1 (got tp=1)")
+        if self.vpp > 1 and self.pp == 1:
+            raise SpecError(f"plan.vpp({self.vpp}) > 1 needs pp > 1 (got pp=1)")
+        if self.cp != 1:
+            raise SpecError(f"plan.cp({self.cp}): context parallelism is not modelled yet; use 1")
+
+    @property
+    def num_gpus(self) -> int:
+        """dp * tp * pp * cp."""
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per pipeline per step = gradient-accumulation steps."""
+        return self.global_batch_size // (self.micro_batch_size * self.dp)
+
+    @property
+    def num_stages(self) -> int:
+        """Pipeline stages (model chunks) = pp * vpp."""
+        return self.pp * self.vpp
+
+    def label(self) -> str:
+        """Compact one-line description, e.g. 'tp8 pp16 dp8 mbs1 zero1 selective sp 1f1b'."""
+        parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
+        if self.cp > 1:
+            parts.append(f"cp{self.cp}")
+        if self.vpp > 1:
+            parts.append(f"vpp{self.vpp}")
+        parts += [f"mbs{self.micro_batch_size}", f"zero{self.zero_stage}", self.recompute.value]
+        if self.sequence_parallel:
+            parts.append("sp")
+        parts.append(self.schedule.value)
+        return " ".join(parts)
+
+
+def check_plan_divides_model(
+    plan: ParallelPlan, *, num_layers: int, num_attention_heads: int, num_query_groups: int
+) -> str | None:
+    """Return why ``plan`` cannot split the model, or None when it can.
+
+    Checks: layers split evenly over pp * vpp stages; heads and query groups over tp.
+    """
+    if num_layers % plan.num_stages:
+        return (
+            f"num_layers({num_layers}) is not divisible by pp({plan.pp}) * vpp({plan.vpp})"
+            f" = {plan.num_stages}"
+        )
+    if num_attention_heads % plan.tp:
+        return f"num_attention_heads({num_attention_heads}) is not divisible by tp({plan.tp})"
+    if num_query_groups % plan.tp and plan.tp % num_query_groups:
+        return (
+            f"num_query_groups({num_query_groups}) and tp({plan.tp}) do not divide one another"
+        )
+    return None

@@ -1,0 +1,128 @@
+"""The work one simulated pipeline replica has to do: the contract between costing and engine.
+
+``plansim.analytic.cost`` turns (ModelSpec, ParallelPlan, HardwareProfile) into a
+:class:`PipelineWork`; ``plansim.sim.engine`` executes it along per-rank action lists.
+Everything here is already in seconds and bytes; the engine does no modelling of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plansim.errors import SpecError
+
+#: Streams a rank has. Compute segments and blocking TP collectives run on "compute"/"tp"
+#: one after another (TP collectives block the compute stream, as in Megatron);
+#: "pp_send"/"pp_recv" and "dp" run concurrently with compute.
+STREAMS = ("compute", "tp", "pp_send", "pp_recv", "dp")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Segment:
+    """One piece of an action, executed in order with the other segments of that action.
+
+    Attributes:
+        kind: what it is: ``forward``, ``backward``, ``backward_input``, ``backward_weight``,
+            ``recompute``, ``tp_comm``, ``dp_comm``, ``optimizer``, ...
+        stream: one of STREAMS; ``tp`` segments hold the compute stream too (blocking).
+        duration_s: seconds.
+        num_bytes: bytes moved (communication) or 0.
+    """
+
+    kind: str
+    stream: str
+    duration_s: float
+    num_bytes: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.stream not in STREAMS:
+            raise SpecError(f"segment.stream={self.stream!r}; choose one of: {', '.join(STREAMS)}")
+        if not self.duration_s >= 0:
+            raise SpecError(f"segment {self.kind}: duration_s must be >= 0, got {self.duration_s}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class P2P:
+    """A point-to-point transfer between neighbouring pipeline stages, per micro-batch."""
+
+    duration_s: float
+    num_bytes: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageWork:
+    """Per-micro-batch work of one pipeline stage (model chunk), TP folded in.
+
+    Attributes:
+        forward: segments of action F.
+        backward: segments of action B (full backward: recompute + input-grad + weight-grad).
+        backward_input: segments of action I (input-grad only, zero-bubble split).
+        backward_weight: segments of action W (weight-grad only).
+        send_forward: activation sent to the next stage after F (none on the last stage).
+        send_backward: gradient sent to the previous stage after B/I (none on the first stage).
+        activation_bytes: bytes stored from F until the matching B (or W) frees them.
+    """
+
+    forward: tuple[Segment, ...]
+    backward: tuple[Segment, ...]
+    backward_input: tuple[Segment, ...]
+    backward_weight: tuple[Segment, ...]
+    send_forward: P2P
+    send_backward: P2P
+    activation_bytes: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankWork:
+    """Once-per-step work of one pipeline rank outside the micro-batch loop.
+
+    Attributes:
+        static_bytes: weights, gradients, optimizer states, buffers and reserve on this rank
+            (the part of memory that does not depend on micro-batches in flight).
+        grad_sync: DP gradient reduction (all-reduce or ZeRO reduce-scatter) after the last
+            backward of the rank, on the ``dp`` stream.
+        optimizer: optimizer step (and ZeRO-1/2 parameter all-gather), after grad_sync.
+    """
+
+    static_bytes: float
+    grad_sync: tuple[Segment, ...]
+    optimizer: tuple[Segment, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelineWork:
+    """All the work of one representative pipeline replica for one optimizer step.
+
+    Stage ``s`` (0 <= s < num_stages) lives on rank ``s % num_ranks`` (Megatron's interleaved
+    placement; with vpp = 1 stage s is rank s).
+
+    Raises:
+        SpecError: stage count not a multiple of rank count, or no micro-batches.
+    """
+
+    stages: tuple[StageWork, ...]
+    ranks: tuple[RankWork, ...]
+    num_microbatches: int
+
+    def __post_init__(self) -> None:
+        if not self.ranks or len(self.stages) % len(self.ranks):
+            raise SpecError(
+                f"pipeline has {len(self.stages)} stages for {len(self.ranks)} ranks; "
+                "stages must be a positive multiple of ranks"
+            )
+        if self.num_microbatches < 1:
+            raise SpecError(f"num_microbatches must be >= 1, got {self.num_microbatches}")
+
+    @property
+    def num_ranks(self) -> int:
+        """Pipeline-parallel ranks (pp)."""
+        return len(self.ranks)
+
+    @property
+    def num_stages(self) -> int:
+        """Model chunks (pp * vpp)."""
+        return len(self.stages)
+
+    def rank_of_stage(self, stage: int) -> int:
+        """Rank holding ``stage``."""
+        return stage % self.num_ranks
