@@ -7,9 +7,10 @@ from plansim.specs.hardware import (
     LinkTier,
 )
 from plansim.specs.model import Activation, ModelSpec, Normalization, PositionEmbedding
-from plansim.specs.plan import ParallelPlan, Precision, Recompute, Schedule
+from plansim.specs.plan import AttentionKernel, ParallelPlan, Precision, Recompute, Schedule
 
 __all__ = [
+    "AttentionKernel",
     "Activation",
     "CollectiveCurve",
     "Curve",

@@ -34,6 +34,14 @@ class Recompute(enum.Enum):
     FULL = "full"
 
 
+class AttentionKernel(enum.Enum):
+    """Attention implementation: fused FlashAttention (Dao et al. 2022) or the unfused
+    softmax(QK^T)V that materialises the s x s scores (Megatron-LM before FlashAttention)."""
+
+    FLASH = "flash"
+    UNFUSED = "unfused"
+
+
 class Schedule(enum.Enum):
     """Pipeline schedule; action lists are built by ``plansim.schedule.builders``."""
 
@@ -70,6 +78,7 @@ class ParallelPlan:
         sequence_parallel: Megatron sequence parallelism (needs tp > 1).
         schedule: pipeline schedule.
         precision: matmul precision.
+        attention: attention kernel (FlashAttention drops the s x s activations and traffic).
 
     Raises:
         SpecError: a degree is not a positive integer, the global batch does not split into
@@ -88,6 +97,7 @@ class ParallelPlan:
     sequence_parallel: bool = False
     schedule: Schedule = Schedule.ONE_F_ONE_B
     precision: Precision = Precision.BF16
+    attention: AttentionKernel = AttentionKernel.FLASH
 
     def __post_init__(self) -> None:
         for field in ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "global_batch_size"):
@@ -98,6 +108,7 @@ class ParallelPlan:
             ("recompute", Recompute),
             ("schedule", Schedule),
             ("precision", Precision),
+            ("attention", AttentionKernel),
         ):
             if not isinstance(getattr(self, field), cls):
                 raise choice_error(f"plan.{field}", getattr(self, field), [m.value for m in cls])
@@ -140,6 +151,8 @@ class ParallelPlan:
         if self.sequence_parallel:
             parts.append("sp")
         parts.append(self.schedule.value)
+        if self.attention is AttentionKernel.UNFUSED:
+            parts.append("unfused-attn")
         return " ".join(parts)
 
 

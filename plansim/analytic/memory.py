@@ -1,0 +1,228 @@
+"""Per-rank memory of a plan: model states, activations, transients, reserve (pure).
+
+Model states follow the ZeRO paper (Rajbhandari et al. SC20, §5: stage 1 shards optimizer
+states over DP, stage 2 also gradients, stage 3 also parameters) with the bytes per parameter
+of Megatron-LM mixed precision (M02, ``docs/user-guide/features/dist_optimizer.md``):
+fp16 params/grads: 2 + 2 + 16 (fp32 main params, fp32 grad copy, Adam m, v); bf16 params with
+fp32 main grads: 2 + 4 + 12. Activations: ``plansim.analytic.activations`` times the
+micro-batches in flight on the rank (GPipe: m; 1F1B: min(p - r, m), so stage 0 holds the
+equivalent of all L layers, Korthikanti §4.2), plus the embedding output on the first stage
+and logits on the last (Korthikanti §4.3). The profile's reserve covers CUDA context, NCCL
+buffers and fragmentation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plansim.analytic.activations import layer_activations
+from plansim.analytic.params import count_parameters
+from plansim.specs.hardware import HardwareProfile
+from plansim.specs.model import ModelSpec
+from plansim.specs.plan import AttentionKernel, ParallelPlan, Precision, Schedule
+from plansim.units import bytes_to_gib
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StateBytesPerParam:
+    """Bytes per parameter of each model state before sharding."""
+
+    param: float
+    grad: float
+    optimizer: float
+
+
+def state_bytes_per_param(precision: Precision) -> StateBytesPerParam:
+    """Megatron-LM mixed-precision Adam bytes per parameter (M02 dist_optimizer table).
+
+    fp16: 2 (param) + 2 (grad) + 16 (fp32 param, fp32 grad, m, v) = 20;
+    bf16 and fp8 (bf16 weights): 2 + 4 (fp32 main grad) + 12 (fp32 param, m, v) = 18.
+    """
+    if precision is Precision.FP16:
+        return StateBytesPerParam(param=2.0, grad=2.0, optimizer=16.0)
+    return StateBytesPerParam(param=2.0, grad=4.0, optimizer=12.0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelStates:
+    """Bytes of weights, gradients and optimizer states on one rank."""
+
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+
+
+def model_state_bytes(
+    num_params: float, *, dp: int, zero_stage: int, per_param: StateBytesPerParam
+) -> ModelStates:
+    """Model-state bytes of ``num_params`` parameters on one DP rank (ZeRO paper §5).
+
+    Baseline (stage 0) keeps everything; stage >= 1 divides optimizer states by dp,
+    stage >= 2 also gradients, stage 3 also parameters. With per_param = (2, 2, 12) this is
+    the ZeRO paper's 4*Psi + K*Psi/N_d, 2*Psi + (2+K)*Psi/N_d and (4+K)*Psi/N_d.
+    """
+    opt_div = dp if zero_stage >= 1 else 1
+    grad_div = dp if zero_stage >= 2 else 1
+    param_div = dp if zero_stage >= 3 else 1
+    return ModelStates(
+        weights_bytes=num_params * per_param.param / param_div,
+        gradients_bytes=num_params * per_param.grad / grad_div,
+        optimizer_bytes=num_params * per_param.optimizer / opt_div,
+    )
+
+
+def rank_parameters(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float:
+    """Parameters held by pipeline rank ``rank`` on one TP rank.
+
+    Linear weights, word embedding and output layer are split over tp (Megatron
+    column/row/vocab parallel); norms and learned position embeddings are replicated.
+    Rank 0 holds the embeddings; the last rank the final norm and the output layer (a copy of
+    the word embedding when tied and pp > 1, as Megatron keeps one for the tied gradient).
+    """
+    counts = count_parameters(model)
+    layers = model.num_layers // plan.pp
+    sharded = layers * (counts.attention_per_layer + counts.mlp_per_layer)
+    replicated = layers * counts.norms_per_layer
+    if rank == 0:
+        sharded += counts.embedding
+        replicated += counts.position_embedding
+    if rank == plan.pp - 1:
+        replicated += counts.final_norm
+        if counts.output_layer:
+            sharded += counts.output_layer
+        elif plan.pp > 1:
+            sharded += counts.embedding
+    return sharded / plan.tp + replicated
+
+
+def microbatches_in_flight(plan: ParallelPlan, *, rank: int) -> int:
+    """Micro-batches whose activations rank ``rank`` holds at its peak.
+
+    GPipe: all m (Huang et al. 2019); 1F1B: min(p - rank, m) (Narayanan et al. SC21 §2.2).
+    """
+    m = plan.num_microbatches
+    if plan.schedule is Schedule.GPIPE:
+        return m
+    return min(plan.pp - rank, m)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryBreakdown:
+    """Peak memory of one pipeline rank, by component (bytes)."""
+
+    rank: int
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    transient_bytes: float
+    reserve_bytes: float
+
+    @property
+    def total_bytes(self) -> float:
+        """Sum of all components."""
+        return sum(self.as_dict().values())
+
+    @property
+    def static_bytes(self) -> float:
+        """Everything except stored activations (what does not depend on micro-batches)."""
+        return self.total_bytes - self.activations_bytes
+
+    def as_dict(self) -> dict[str, float]:
+        """Path-keyed components in bytes, largest first order fixed for reports."""
+        return {
+            "activations": self.activations_bytes,
+            "optimizer": self.optimizer_bytes,
+            "weights": self.weights_bytes,
+            "gradients": self.gradients_bytes,
+            "transient": self.transient_bytes,
+            "reserve": self.reserve_bytes,
+        }
+
+    def describe(self, *, capacity_bytes: float) -> str:
+        """'stage 0 needs 93.1 GiB, 80.0 GiB available: activations 51.2, optimizer 28.0, ...'."""
+        parts = ", ".join(f"{k} {bytes_to_gib(v):.1f}" for k, v in self.as_dict().items())
+        return (
+            f"stage {self.rank} needs {bytes_to_gib(self.total_bytes):.1f} GiB, "
+            f"{bytes_to_gib(capacity_bytes):.1f} GiB available: {parts}"
+        )
+
+
+def rank_memory(
+    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *, rank: int
+) -> MemoryBreakdown:
+    """Peak memory of pipeline rank ``rank`` (one GPU) under ``plan``."""
+    params = rank_parameters(model, plan, rank=rank)
+    states = model_state_bytes(
+        params,
+        dp=plan.dp,
+        zero_stage=plan.zero_stage,
+        per_param=state_bytes_per_param(plan.precision),
+    )
+    return MemoryBreakdown(
+        rank=rank,
+        weights_bytes=states.weights_bytes,
+        gradients_bytes=states.gradients_bytes,
+        optimizer_bytes=states.optimizer_bytes,
+        activations_bytes=stored_activation_bytes(model, plan, rank=rank),
+        transient_bytes=transient_bytes(model, plan, rank=rank),
+        reserve_bytes=profile.memory_reserve_bytes,
+    )
+
+
+def microbatch_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float:
+    """Bytes one micro-batch's forward leaves stored on ``rank`` until its backward."""
+    act = layer_activations(
+        model,
+        micro_batch_size=plan.micro_batch_size,
+        tp=plan.tp,
+        sequence_parallel=plan.sequence_parallel,
+        recompute=plan.recompute,
+        flash=plan.attention is AttentionKernel.FLASH,
+    )
+    per_mb = act.stored_bytes * (model.num_layers // plan.pp)
+    if rank == 0:  # embedding output (dropout mask), Korthikanti §4.3
+        sbh = model.seq_length * plan.micro_batch_size * model.hidden_size
+        per_mb += sbh / (plan.tp if plan.sequence_parallel else 1)
+    return per_mb
+
+
+def stored_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float:
+    """Activations stored at the rank's peak: per micro-batch bytes x micro-batches in flight."""
+    per_mb = microbatch_activation_bytes(model, plan, rank=rank)
+    return per_mb * microbatches_in_flight(plan, rank=rank)
+
+
+def transient_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float:
+    """Short-lived buffers at the peak: recompute working set, logits, ZeRO-3 gathered layer.
+
+    Full recompute re-materialises one layer (Korthikanti §5); the last rank holds fp32
+    logits 4*s*b*V/t for the cross-entropy plus the final-norm and output-layer inputs
+    (Korthikanti §4.3); ZeRO-3 holds one gathered layer and one prefetched layer.
+    """
+    s, b, h = model.seq_length, plan.micro_batch_size, model.hidden_size
+    act = layer_activations(
+        model,
+        micro_batch_size=b,
+        tp=plan.tp,
+        sequence_parallel=plan.sequence_parallel,
+        recompute=plan.recompute,
+        flash=plan.attention is AttentionKernel.FLASH,
+    )
+    total = act.working_bytes
+    if rank == plan.pp - 1:
+        total += 4.0 * s * b * model.vocab_size / plan.tp + 4.0 * s * b * h / plan.tp
+    if plan.zero_stage == 3:
+        counts = count_parameters(model)
+        layer = (counts.attention_per_layer + counts.mlp_per_layer) / plan.tp
+        total += 2 * layer * state_bytes_per_param(plan.precision).param
+    return total
+
+
+def worst_rank_memory(
+    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
+) -> MemoryBreakdown:
+    """The pipeline rank with the highest peak (ties: the lowest rank)."""
+    candidates = {0, plan.pp - 1}
+    per_rank = [rank_memory(model, plan, profile, rank=r) for r in sorted(candidates)]
+    return max(per_rank, key=lambda m: (m.total_bytes, -m.rank))

@@ -1,0 +1,75 @@
+"""Rank groups of a layout and the network tiers they span (pure).
+
+Rank order is tp -> cp -> dp -> pp (Megatron-LM ``RankGenerator`` with order "tp-cp-dp-pp"):
+global rank = tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank)).
+
+Worked example: tp=2, dp=2, pp=2 on nodes of 4 GPUs. TP groups {0,1} {2,3} {4,5} {6,7};
+DP groups {0,2} {1,3} {4,6} {5,7} (stride tp = 2, both members in one node);
+PP groups {0,4} {1,5} {2,6} {3,7} (stride tp*dp = 4: each hop crosses a node).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plansim.specs.hardware import LinkTier
+from plansim.specs.plan import ParallelPlan
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupSpan:
+    """Where a process group's members sit.
+
+    Attributes:
+        size: members in the group.
+        members_per_node: members sharing one node (one scale-up domain).
+        num_nodes: nodes the group spans.
+    """
+
+    size: int
+    members_per_node: int
+    num_nodes: int
+
+    @property
+    def tier(self) -> LinkTier:
+        """Slowest tier the group crosses."""
+        return LinkTier.INTRA_NODE if self.num_nodes == 1 else LinkTier.INTER_NODE
+
+
+def group_span(*, size: int, stride: int, gpus_per_node: int) -> GroupSpan:
+    """Span of a group of ``size`` ranks spaced ``stride`` apart, from rank 0 of a node.
+
+    Members i * stride for i < size; nodes hold ``gpus_per_node`` consecutive ranks.
+    """
+    if size == 1:
+        return GroupSpan(size=1, members_per_node=1, num_nodes=1)
+    if stride >= gpus_per_node:
+        return GroupSpan(size=size, members_per_node=1, num_nodes=size)
+    per_node = min(size, max(1, gpus_per_node // stride))
+    num_nodes = -(-size // per_node)
+    return GroupSpan(size=size, members_per_node=per_node, num_nodes=num_nodes)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayoutGroups:
+    """Spans of the TP, DP and PP groups of a plan (all groups of a kind are alike)."""
+
+    tp: GroupSpan
+    dp: GroupSpan
+    pp: GroupSpan
+
+    @property
+    def pp_hop_tier(self) -> LinkTier:
+        """Tier of a send between neighbouring pipeline stages (the slowest hop)."""
+        return self.pp.tier
+
+
+def layout_groups(plan: ParallelPlan, *, gpus_per_node: int) -> LayoutGroups:
+    """TP, DP and PP group spans for ``plan`` with rank order tp -> cp -> dp -> pp."""
+    return LayoutGroups(
+        tp=group_span(size=plan.tp, stride=1, gpus_per_node=gpus_per_node),
+        dp=group_span(size=plan.dp, stride=plan.tp * plan.cp, gpus_per_node=gpus_per_node),
+        pp=group_span(
+            size=plan.pp, stride=plan.tp * plan.cp * plan.dp, gpus_per_node=gpus_per_node
+        ),
+    )
