@@ -125,7 +125,9 @@ def _tp_layer_pass_s(
         return 0.0
     message = 2.0 * model.seq_length * plan.micro_batch_size * model.hidden_size
     if plan.sequence_parallel:
-        ag = collective_time_s(profile, collective="all_gather", message_bytes=message, span=groups.tp)
+        ag = collective_time_s(
+            profile, collective="all_gather", message_bytes=message, span=groups.tp
+        )
         rs = collective_time_s(
             profile, collective="reduce_scatter", message_bytes=message, span=groups.tp
         )
@@ -167,7 +169,9 @@ def edge_times(
     ce_tp = 0.0
     if tp > 1:
         kind = "reduce_scatter" if plan.sequence_parallel else "all_reduce"
-        emb_tp = collective_time_s(profile, collective=kind, message_bytes=act_bytes, span=groups.tp)
+        emb_tp = collective_time_s(
+            profile, collective=kind, message_bytes=act_bytes, span=groups.tp
+        )
         ce_tp = 3 * collective_time_s(
             profile, collective="all_reduce", message_bytes=4.0 * tokens, span=groups.tp
         )
@@ -324,9 +328,7 @@ def build_pipeline_work(
     zero3 = _zero3_microbatch_s(model, plan, profile, groups)
     p2p_bytes = 2.0 * model.seq_length * plan.micro_batch_size * model.hidden_size / plan.tp
     p2p = P2P(
-        duration_s=p2p_time_s(
-            profile, message_bytes=p2p_bytes, inter_node=groups.pp.num_nodes > 1
-        ),
+        duration_s=p2p_time_s(profile, message_bytes=p2p_bytes, inter_node=groups.pp.num_nodes > 1),
         num_bytes=p2p_bytes,
     )
     stages = tuple(
@@ -338,8 +340,7 @@ def build_pipeline_work(
             edges=edges,
             zero3=zero3,
             p2p=p2p,
-            activation_bytes=microbatch_activation_bytes(model, plan, rank=s % plan.pp)
-            / plan.vpp,
+            activation_bytes=microbatch_activation_bytes(model, plan, rank=s % plan.pp) / plan.vpp,
         )
         for s in range(plan.num_stages)
     )

@@ -1,0 +1,95 @@
+"""plansim simulate: simulate one plan as events and report its metrics and memory."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import pandas as pd
+
+from plansim.commands.common import add_model_args, resolve
+from plansim.errors import SpecError, require_positive_int
+from plansim.planner.evaluate import Rejected, evaluate
+from plansim.report.tables import evaluation_dict, memory_table, plan_row, render
+from plansim.specs.plan import AttentionKernel, ParallelPlan, Precision, Recompute, Schedule
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``plansim simulate``."""
+    p = sub.add_parser("simulate", help="simulate one plan", description=__doc__)
+    add_model_args(p)
+    p.add_argument("--tp", type=int, required=True, help="tensor-parallel size")
+    p.add_argument("--pp", type=int, required=True, help="pipeline-parallel size")
+    p.add_argument("--dp", type=int, default=None, help="data-parallel size (default: derived)")
+    p.add_argument("--cp", type=int, default=1, help="context-parallel size (1 only for now)")
+    p.add_argument("--vpp", type=int, default=1, help="virtual pipeline stages per rank")
+    p.add_argument("--mbs", type=int, required=True, help="micro-batch size (sequences)")
+    p.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 (default 0)")
+    p.add_argument("--recompute", choices=[r.value for r in Recompute], default="none")
+    p.add_argument("--sequence-parallel", action="store_true", help="Megatron SP (tp > 1)")
+    p.add_argument("--schedule", choices=[s.value for s in Schedule], default="1f1b")
+    p.add_argument("--attention", choices=[a.value for a in AttentionKernel], default="flash")
+    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.set_defaults(func=run)
+
+
+def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
+    """Build the ParallelPlan the flags describe; SpecError names inconsistent values."""
+    for name in ("gpus", "gbs", "tp", "pp", "cp", "vpp", "mbs"):
+        require_positive_int(f"--{name}", getattr(args, name))
+    model_parallel = args.tp * args.pp * args.cp
+    if args.gpus % model_parallel:
+        raise SpecError(
+            f"--gpus({args.gpus}) is not divisible by tp({args.tp}) * pp({args.pp}) * "
+            f"cp({args.cp}) = {model_parallel}"
+        )
+    dp = args.gpus // model_parallel
+    if args.dp is not None and args.dp != dp:
+        raise SpecError(
+            f"tp({args.tp}) * pp({args.pp}) * dp({args.dp}) * cp({args.cp}) = "
+            f"{model_parallel * args.dp} != --gpus({args.gpus})"
+        )
+    return ParallelPlan(
+        dp=dp,
+        tp=args.tp,
+        pp=args.pp,
+        cp=args.cp,
+        vpp=args.vpp,
+        micro_batch_size=args.mbs,
+        global_batch_size=args.gbs,
+        zero_stage=args.zero,
+        recompute=Recompute(args.recompute),
+        sequence_parallel=args.sequence_parallel,
+        schedule=Schedule(args.schedule),
+        precision=Precision(args.precision),
+        attention=AttentionKernel(args.attention),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Simulate and print; exit 1 when the plan is rejected (e.g. out of memory)."""
+    plan = plan_from_args(args)
+    model, profile = resolve(args)
+    outcome = evaluate(model, plan, profile)
+    out = sys.stdout
+    if isinstance(outcome, Rejected):
+        if args.format == "json":
+            doc = {"status": "rejected", "category": outcome.category, "reason": outcome.reason}
+            out.write(json.dumps(doc, indent=2) + "\n")
+        else:
+            out.write(f"rejected ({outcome.category}): {outcome.reason}\n")
+        return 1
+    if args.format == "json":
+        doc = {"status": "ok", "model": model.name, "profile": profile.name}
+        doc.update(evaluation_dict(outcome))
+        out.write(json.dumps(doc, indent=2) + "\n")
+        return 0
+    out.write(f"{model.name} on {plan.num_gpus} x {profile.name}: {plan.label()}\n\n")
+    row = plan_row(outcome)
+    out.write(
+        render(pd.DataFrame([row]).T.reset_index().set_axis(["metric", "value"], axis=1), "table")
+    )
+    out.write(f"\nmemory of the worst pipeline rank (stage {outcome.memory.rank}), GiB:\n")
+    out.write(render(memory_table(outcome), "table"))
+    return 0

@@ -1,0 +1,142 @@
+"""Evaluate one plan: feasibility checks, memory, costing, event simulation, metrics.
+
+Infeasible plans are results (:class:`Rejected` with a reason and a category for counts),
+not exceptions; a feasible plan becomes an :class:`Evaluation`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from plansim.analytic.cost import build_pipeline_work
+from plansim.analytic.flops import hardware_flops_per_step, model_flops_per_step
+from plansim.analytic.memory import MemoryBreakdown, rank_memory, worst_rank_memory
+from plansim.schedule.builders import build_actions
+from plansim.sim.engine import SimResult, simulate
+from plansim.specs.hardware import HardwareProfile
+from plansim.specs.model import ModelSpec
+from plansim.specs.plan import ParallelPlan, check_plan_divides_model
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rejected:
+    """A plan that cannot run, with a human-readable reason and a category for counts."""
+
+    plan: ParallelPlan
+    category: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Evaluation:
+    """A simulated plan and its headline metrics.
+
+    Attributes:
+        step_time_s: simulated seconds per optimizer step.
+        tokens_per_s: global_batch_size * seq_length / step_time_s.
+        mfu: model FLOPs per step / (step time * GPUs * dense peak) (Korthikanti App. A).
+        hfu: the same with hardware FLOPs (recompute included).
+        bubble_fraction: pipeline idle fraction measured on the simulated events.
+        peak_memory_bytes: highest per-GPU peak over the pipeline ranks (simulated events).
+        memory: analytic breakdown of the worst rank.
+        result: the full simulation (timeline and memory samples).
+    """
+
+    plan: ParallelPlan
+    step_time_s: float
+    tokens_per_s: float
+    mfu: float
+    hfu: float
+    bubble_fraction: float
+    peak_memory_bytes: float
+    memory: MemoryBreakdown
+    result: SimResult = field(repr=False)
+
+
+def check_plan(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile) -> Rejected | None:
+    """Why ``plan`` cannot run ``model`` on ``profile`` (divisibility, dtype, memory), or None."""
+    reason = check_plan_divides_model(
+        plan,
+        num_layers=model.num_layers,
+        num_attention_heads=model.num_attention_heads,
+        num_query_groups=model.num_query_groups,
+    )
+    if reason:
+        return Rejected(plan=plan, category="layout does not divide the model", reason=reason)
+    if model.ffn_hidden_size % plan.tp:
+        return Rejected(
+            plan=plan,
+            category="layout does not divide the model",
+            reason=f"ffn_hidden_size({model.ffn_hidden_size}) is not divisible by tp({plan.tp})",
+        )
+    if plan.tp > profile.gpus_per_node:
+        return Rejected(
+            plan=plan,
+            category="tp spans nodes",
+            reason=f"tp({plan.tp}) > GPUs per node({profile.gpus_per_node}) of {profile.name}",
+        )
+    if plan.precision.value not in profile.matmul_efficiency:
+        return Rejected(
+            plan=plan,
+            category="precision not supported",
+            reason=f"{profile.name} has no {plan.precision.value} matmul data "
+            f"(has: {', '.join(profile.dtypes())})",
+        )
+    worst = worst_rank_memory(model, plan, profile)
+    if worst.total_bytes > profile.hbm_capacity_bytes:
+        return Rejected(
+            plan=plan,
+            category="out of memory",
+            reason=worst.describe(capacity_bytes=profile.hbm_capacity_bytes),
+        )
+    return None
+
+
+def evaluate(
+    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
+) -> Evaluation | Rejected:
+    """Check, cost and simulate ``plan``; a Rejected when it cannot run.
+
+    Raises:
+        SpecError: the schedule builder does not support the plan's schedule/vpp.
+    """
+    rejected = check_plan(model, plan, profile)
+    if rejected is not None:
+        return rejected
+    work = build_pipeline_work(model, plan, profile)
+    actions = build_actions(
+        plan.schedule, num_ranks=plan.pp, num_microbatches=plan.num_microbatches, vpp=plan.vpp
+    )
+    result = simulate(actions, work)
+    peak = max(result.peak_memory_bytes)
+    if peak > profile.hbm_capacity_bytes:
+        worst_rank = result.peak_memory_bytes.index(peak)
+        breakdown = rank_memory(model, plan, profile, rank=worst_rank)
+        return Rejected(
+            plan=plan,
+            category="out of memory",
+            reason=breakdown.describe(capacity_bytes=profile.hbm_capacity_bytes),
+        )
+    return _metrics(model, plan, profile, result)
+
+
+def _metrics(
+    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, result: SimResult
+) -> Evaluation:
+    step = result.step_time_s
+    peak_flops = profile.peak_flops_per_s[plan.precision.value] * plan.num_gpus
+    model_flops = model_flops_per_step(model, global_batch_size=plan.global_batch_size)
+    hw_flops = hardware_flops_per_step(
+        model, global_batch_size=plan.global_batch_size, recompute=plan.recompute
+    )
+    return Evaluation(
+        plan=plan,
+        step_time_s=step,
+        tokens_per_s=plan.global_batch_size * model.seq_length / step,
+        mfu=model_flops / (step * peak_flops),
+        hfu=hw_flops / (step * peak_flops),
+        bubble_fraction=result.bubble_fraction,
+        peak_memory_bytes=max(result.peak_memory_bytes),
+        memory=worst_rank_memory(model, plan, profile),
+        result=result,
+    )

@@ -1,0 +1,112 @@
+"""Search: enumerate, prune (divisibility, memory), estimate, simulate, rank by step time.
+
+Every candidate is checked (cheap, analytic). Feasible ones get an analytic estimate of the
+step time from their PipelineWork, (m + p - 1) x the slowest stage's F + B + sends, plus the
+slowest rank's gradient sync and optimizer (the 1F1B/GPipe critical path with uniform
+stages; Narayanan et al. SC21 §2.2). The ``simulate_top`` best estimates are then simulated
+as events and ranked by simulated step time; the rest are counted as not simulated.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from plansim.analytic.cost import build_pipeline_work
+from plansim.planner.enumerate import SearchSpace, enumerate_plans
+from plansim.planner.evaluate import Evaluation, Rejected, check_plan, evaluate
+from plansim.specs.hardware import HardwareProfile
+from plansim.specs.model import ModelSpec
+from plansim.specs.plan import ParallelPlan
+from plansim.specs.work import PipelineWork
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchResult:
+    """Outcome of a planner search.
+
+    Attributes:
+        ranked: simulated plans, fastest first (ties: lower peak memory, then label).
+        rejection_counts: category -> how many candidates were rejected for it.
+        rejection_examples: category -> the first rejection's full reason.
+        num_candidates: plans enumerated.
+        num_feasible: plans that passed the checks.
+        num_not_simulated: feasible plans whose estimate ranked below ``simulate_top``.
+    """
+
+    ranked: tuple[Evaluation, ...]
+    rejection_counts: dict[str, int]
+    rejection_examples: dict[str, str]
+    num_candidates: int
+    num_feasible: int
+    num_not_simulated: int
+    rejected: tuple[Rejected, ...] = field(default=(), repr=False)
+
+
+def estimate_step_time_s(work: PipelineWork) -> float:
+    """Analytic step time: (m + p - 1) x slowest (F + B + sends) + slowest (sync + optimizer)."""
+    per_mb = max(
+        sum(seg.duration_s for seg in st.forward)
+        + sum(seg.duration_s for seg in st.backward)
+        + st.send_forward.duration_s
+        + st.send_backward.duration_s
+        for st in work.stages
+    )
+    tail = max(
+        sum(seg.duration_s for seg in rk.grad_sync) + sum(seg.duration_s for seg in rk.optimizer)
+        for rk in work.ranks
+    )
+    slots = work.num_microbatches * work.num_stages // work.num_ranks + work.num_ranks - 1
+    return slots * per_mb + tail
+
+
+def search(
+    model: ModelSpec,
+    profile: HardwareProfile,
+    *,
+    num_gpus: int,
+    global_batch_size: int,
+    space: SearchSpace,
+    simulate_top: int = 64,
+    progress: Callable[[int, int], None] | None = None,
+) -> SearchResult:
+    """Rank the layouts of ``model`` on ``num_gpus`` GPUs of ``profile`` by step time."""
+    rejected: list[Rejected] = []
+    estimates: list[tuple[float, str, ParallelPlan]] = []
+    num_candidates = 0
+    for plan in enumerate_plans(
+        num_gpus=num_gpus, global_batch_size=global_batch_size, space=space
+    ):
+        num_candidates += 1
+        why = check_plan(model, plan, profile)
+        if why is not None:
+            rejected.append(why)
+            continue
+        work = build_pipeline_work(model, plan, profile)
+        estimates.append((estimate_step_time_s(work), plan.label(), plan))
+    estimates.sort(key=lambda e: (e[0], e[1]))
+    chosen = estimates[:simulate_top]
+    evaluations: list[Evaluation] = []
+    for i, (_, _, plan) in enumerate(chosen):
+        outcome = evaluate(model, plan, profile)
+        if isinstance(outcome, Rejected):
+            rejected.append(outcome)
+        else:
+            evaluations.append(outcome)
+        if progress is not None:
+            progress(i + 1, len(chosen))
+    evaluations.sort(key=lambda e: (e.step_time_s, e.peak_memory_bytes, e.plan.label()))
+    counts = Counter(r.category for r in rejected)
+    examples: dict[str, str] = {}
+    for r in rejected:
+        examples.setdefault(r.category, r.reason)
+    return SearchResult(
+        ranked=tuple(evaluations),
+        rejection_counts=dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))),
+        rejection_examples=examples,
+        num_candidates=num_candidates,
+        num_feasible=len(estimates),
+        num_not_simulated=max(0, len(estimates) - len(chosen)),
+        rejected=tuple(rejected),
+    )

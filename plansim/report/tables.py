@@ -1,0 +1,92 @@
+"""Tables for people: pandas DataFrames in edge units (ms, GiB, TFLOP/s, %), and renderers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+
+from plansim.planner.evaluate import Evaluation
+from plansim.units import bytes_to_gib
+
+
+def plan_row(ev: Evaluation) -> dict[str, Any]:
+    """One ranked-table row for an evaluated plan (edge units in the column names)."""
+    p = ev.plan
+    return {
+        "tp": p.tp,
+        "pp": p.pp,
+        "dp": p.dp,
+        "vpp": p.vpp,
+        "mbs": p.micro_batch_size,
+        "num_microbatches": p.num_microbatches,
+        "zero": p.zero_stage,
+        "recompute": p.recompute.value,
+        "sp": "yes" if p.sequence_parallel else "no",
+        "schedule": p.schedule.value,
+        "step_time_s": round(ev.step_time_s, 3),
+        "tokens_per_s": round(ev.tokens_per_s),
+        "mfu_pct": round(100 * ev.mfu, 1),
+        "hfu_pct": round(100 * ev.hfu, 1),
+        "bubble_pct": round(100 * ev.bubble_fraction, 1),
+        "peak_mem_gib": round(bytes_to_gib(ev.peak_memory_bytes), 1),
+    }
+
+
+def ranked_table(evaluations: Sequence[Evaluation]) -> pd.DataFrame:
+    """Ranked plans, fastest first, with a 1-based ``rank`` column."""
+    rows = [{"rank": i + 1, **plan_row(ev)} for i, ev in enumerate(evaluations)]
+    return pd.DataFrame(rows)
+
+
+def evaluation_dict(ev: Evaluation) -> dict[str, Any]:
+    """Machine-readable summary of one simulated plan (SI units)."""
+    p = ev.plan
+    return {
+        "plan": {
+            "tp": p.tp,
+            "pp": p.pp,
+            "dp": p.dp,
+            "cp": p.cp,
+            "vpp": p.vpp,
+            "micro_batch_size": p.micro_batch_size,
+            "global_batch_size": p.global_batch_size,
+            "num_microbatches": p.num_microbatches,
+            "zero_stage": p.zero_stage,
+            "recompute": p.recompute.value,
+            "sequence_parallel": p.sequence_parallel,
+            "schedule": p.schedule.value,
+            "precision": p.precision.value,
+            "attention": p.attention.value,
+            "num_gpus": p.num_gpus,
+        },
+        "step_time_s": ev.step_time_s,
+        "tokens_per_s": ev.tokens_per_s,
+        "mfu": ev.mfu,
+        "hfu": ev.hfu,
+        "bubble_fraction": ev.bubble_fraction,
+        "peak_memory_bytes": ev.peak_memory_bytes,
+        "per_rank_peak_memory_bytes": list(ev.result.peak_memory_bytes),
+        "memory_breakdown_bytes": {"rank": ev.memory.rank, **ev.memory.as_dict()},
+        "busy_s_by_kind": dict(sorted(ev.result.busy_s_by_kind.items())),
+    }
+
+
+def memory_table(ev: Evaluation) -> pd.DataFrame:
+    """Memory breakdown of the worst rank in GiB."""
+    rows = [
+        {"component": k, "gib": round(bytes_to_gib(v), 2)} for k, v in ev.memory.as_dict().items()
+    ]
+    rows.append({"component": "total", "gib": round(bytes_to_gib(ev.memory.total_bytes), 2)})
+    return pd.DataFrame(rows)
+
+
+def render(df: pd.DataFrame, fmt: str) -> str:
+    """Render a table as aligned text, CSV or JSON records."""
+    if fmt == "csv":
+        return str(df.to_csv(index=False))
+    if fmt == "json":
+        return json.dumps(df.to_dict(orient="records"), indent=2, sort_keys=False) + "\n"
+    return str(df.to_string(index=False)) + "\n"
