@@ -1,0 +1,79 @@
+"""plansim backtest: predict published runs and report the step-time error."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import pandas as pd
+
+from plansim.io.runs import read_runs, write_predictions
+from plansim.planner.backtest import Prediction, predict_row
+from plansim.report.tables import render
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``plansim backtest``."""
+    p = sub.add_parser(
+        "backtest",
+        help="predict published runs and report errors",
+        description="Predict every run of a runs CSV (blank knobs are searched), print a "
+        "per-row table and the error summary, optionally write predictions.",
+    )
+    p.add_argument("runs", help="runs CSV (schema: ../shared/reference/README.md)")
+    p.add_argument("--out", default=None, help="write the rows with prediction columns here")
+    p.add_argument(
+        "--simulate-top", type=int, default=8, help="candidates simulated per searched row"
+    )
+    p.set_defaults(func=run)
+
+
+def _fmt(value: float | None, digits: int) -> str:
+    return "" if value is None else f"{value:.{digits}f}"
+
+
+def run(args: argparse.Namespace) -> int:
+    """Predict each row, print the table and the summary line."""
+    header, rows = read_runs(args.runs)
+    out_rows: list[dict[str, str]] = []
+    table: list[dict[str, str]] = []
+    errors: list[float] = []
+    for row in rows:
+        pred: Prediction = predict_row(row, simulate_top=args.simulate_top)
+        cells = dict(row.cells)
+        cells.update(
+            status=pred.status,
+            note=pred.note,
+            predicted_step_time_s=_fmt(pred.predicted_step_time_s, 4),
+            step_time_error_pct=_fmt(pred.step_time_error_pct, 2),
+            predicted_peak_memory_gib=_fmt(pred.predicted_peak_memory_gib, 2),
+        )
+        out_rows.append(cells)
+        if pred.step_time_error_pct is not None:
+            errors.append(abs(pred.step_time_error_pct))
+        table.append(
+            {
+                "row": row.row_id,
+                "model": (row.text("model_name") or "")[:28],
+                "gpus": row.text("num_gpus") or "",
+                "measured_s": row.text("step_time_s") or "",
+                "predicted_s": _fmt(pred.predicted_step_time_s, 2),
+                "error_pct": _fmt(pred.step_time_error_pct, 1),
+                "status": pred.status,
+                "plan / reason": pred.plan_label if pred.status == "ok" else pred.note,
+            }
+        )
+    if args.out:
+        write_predictions(args.out, header, out_rows)
+    sys.stdout.write(render(pd.DataFrame(table), "table"))
+    skipped = len(rows) - len(errors)
+    if errors:
+        summary = (
+            f"mean |error| {statistics.fmean(errors):.1f}%, "
+            f"median {statistics.median(errors):.1f}%, max {max(errors):.1f}%"
+        )
+    else:
+        summary = "no run predicted"
+    sys.stdout.write(f"backtest: {len(rows)} runs, {skipped} skipped, {summary}\n")
+    return 0

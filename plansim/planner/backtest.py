@@ -1,0 +1,176 @@
+"""Predict published runs: map a runs-CSV row to a model and a search space, pick the best.
+
+Row -> ModelSpec (schema in ../shared/reference/README.md): blank ``num_kv_heads`` means as
+many as the heads, blank ``ffn_hidden_size`` 4 x hidden, blank ``ffn_activation`` gelu (the
+schema's own definitions). The schema has no columns for norms, biases, embeddings or
+positions: GELU/ReLU rows are taken as GPT-style (LayerNorm, biases, learned positions, tied
+embeddings), SwiGLU rows as Llama-style (RMSNorm, no biases, RoPE, untied); the note says so.
+A blank vocabulary is taken from the preset with the same (layers, hidden, heads), noted, or
+the row is skipped.
+
+Knobs: a blank tp, pp, dp, micro-batch size, recompute, ZeRO stage or sequence-parallel cell
+is searched (the fastest feasible value is used) and the note lists what was searched and
+chosen. The attention kernel follows the framework's year: FlashAttention reached
+Megatron-LM in 2023, so a framework dated before 2023 runs unfused attention.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from plansim.catalog import PRESETS
+from plansim.errors import PlansimError
+from plansim.io.profiles import load_profile
+from plansim.io.runs import RunRow
+from plansim.planner.enumerate import SearchSpace
+from plansim.planner.search import search
+from plansim.specs.model import Activation, ModelSpec, Normalization, PositionEmbedding
+from plansim.specs.plan import AttentionKernel, Precision, Recompute
+
+FLASH_IN_MEGATRON_YEAR = 2023
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prediction:
+    """Outcome of one row: ok with a prediction, or skipped with the reason in ``note``."""
+
+    status: str
+    note: str
+    predicted_step_time_s: float | None = None
+    step_time_error_pct: float | None = None
+    predicted_peak_memory_gib: float | None = None
+    plan_label: str = ""
+
+
+class Skip(PlansimError):
+    """A row that cannot be modelled; the message is the reason."""
+
+
+def _model(row: RunRow, notes: list[str]) -> ModelSpec:
+    layers, hidden = row.integer("num_layers"), row.integer("hidden_size")
+    heads, seq = row.integer("num_attention_heads"), row.integer("seq_len_tokens")
+    if not (layers and hidden and heads and seq):
+        raise Skip("model shape incomplete (layers, hidden, heads, seq_len)")
+    act_text = row.text("ffn_activation") or "gelu"
+    try:
+        activation = Activation(act_text)
+    except ValueError:
+        raise Skip(f"ffn_activation {act_text!r} not modelled") from None
+    vocab = row.integer("vocab_size")
+    if vocab is None:
+        vocab = _preset_vocab(layers, hidden, heads, notes)
+    llama = activation is Activation.SWIGLU
+    notes.append("llama-style model (rmsnorm, rope, untied)" if llama else "gpt-style model")
+    return ModelSpec(
+        name=row.text("model_name") or row.row_id,
+        num_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_query_groups=row.integer("num_kv_heads") or heads,
+        ffn_hidden_size=row.integer("ffn_hidden_size") or 4 * hidden,
+        activation=activation,
+        seq_length=seq,
+        vocab_size=vocab,
+        tied_embeddings=not llama,
+        normalization=Normalization.RMSNORM if llama else Normalization.LAYERNORM,
+        position_embedding=PositionEmbedding.ROPE if llama else PositionEmbedding.LEARNED,
+        add_bias_linear=not llama,
+    )
+
+
+def _preset_vocab(layers: int, hidden: int, heads: int, notes: list[str]) -> int:
+    for name in sorted(PRESETS):
+        spec = PRESETS[name]()
+        if (spec.num_layers, spec.hidden_size, spec.num_attention_heads) == (layers, hidden, heads):
+            notes.append(f"vocab blank: {spec.vocab_size} from preset {name}")
+            return spec.vocab_size
+    raise Skip("vocab_size blank and no preset has this shape")
+
+
+def _fixed(row: RunRow, column: str, notes: list[str], label: str) -> tuple[int, ...] | None:
+    value = row.integer(column)
+    if value is None:
+        notes.append(f"{label} searched")
+        return None
+    return (value,)
+
+
+def _attention(row: RunRow, notes: list[str]) -> AttentionKernel:
+    match = re.search(r"(19|20)\d\d", row.text("framework") or "")
+    if match and int(match.group(0)) < FLASH_IN_MEGATRON_YEAR:
+        notes.append("unfused attention (framework before 2023)")
+        return AttentionKernel.UNFUSED
+    return AttentionKernel.FLASH
+
+
+def _space(row: RunRow, notes: list[str]) -> SearchSpace:
+    precision_text = row.text("precision") or ""
+    if precision_text not in {p.value for p in Precision}:
+        raise Skip(f"precision {precision_text or 'blank'} not modelled")
+    vpp = row.integer("virtual_pipeline_size")
+    if vpp is not None and vpp > 1:
+        raise Skip(f"interleaved 1F1B (virtual_pipeline_size={vpp}) not modelled yet")
+    cp = row.integer("cp")
+    if cp is not None and cp > 1:
+        raise Skip(f"context parallelism (cp={cp}) not modelled yet")
+    recompute = row.text("recompute")
+    zero = row.integer("zero_stage")
+    sp = row.flag("sequence_parallel")
+    for label, value in (("recompute", recompute), ("zero_stage", zero), ("sp", sp)):
+        if value is None:
+            notes.append(f"{label} searched")
+    if recompute is not None and recompute not in {r.value for r in Recompute}:
+        raise Skip(f"recompute {recompute!r} not modelled")
+    return SearchSpace(
+        tp=_fixed(row, "tp", notes, "tp"),
+        pp=_fixed(row, "pp", notes, "pp"),
+        dp=_fixed(row, "dp", notes, "dp"),
+        micro_batch_size=_fixed(row, "micro_batch_size_seqs", notes, "mbs"),
+        zero_stages=(zero,) if zero is not None else (0, 1, 2, 3),
+        recomputes=(Recompute(recompute),) if recompute else tuple(Recompute),
+        sequence_parallel=(sp,) if sp is not None else (False, True),
+        precision=Precision(precision_text),
+        attention=_attention(row, notes),
+    )
+
+
+def predict_row(row: RunRow, *, simulate_top: int = 8) -> Prediction:
+    """Predict one run; a Prediction with status 'skipped' and the reason when it cannot."""
+    notes: list[str] = []
+    try:
+        measured = row.number("step_time_s")
+        if measured is None:
+            raise Skip("no measured step_time_s")
+        model = _model(row, notes)
+        try:
+            profile = load_profile(row.text("gpu_type") or "")
+        except PlansimError:
+            raise Skip(f"unknown hardware profile {row.text('gpu_type')!r}") from None
+        space = _space(row, notes)
+        num_gpus, gbs = row.integer("num_gpus"), row.integer("global_batch_size_seqs")
+        if not num_gpus or not gbs:
+            raise Skip("num_gpus or global_batch_size_seqs blank")
+        result = search(
+            model,
+            profile,
+            num_gpus=num_gpus,
+            global_batch_size=gbs,
+            space=space,
+            simulate_top=simulate_top,
+        )
+    except Skip as exc:
+        return Prediction(status="skipped", note=str(exc))
+    if not result.ranked:
+        first = next(iter(result.rejection_examples.values()), "no candidate layout")
+        return Prediction(status="skipped", note=f"no feasible layout: {first}")
+    best = result.ranked[0]
+    notes.append(f"chosen: {best.plan.label()}")
+    return Prediction(
+        status="ok",
+        note="; ".join(notes),
+        predicted_step_time_s=best.step_time_s,
+        step_time_error_pct=100.0 * (best.step_time_s - measured) / measured,
+        predicted_peak_memory_gib=best.peak_memory_bytes / 2**30,
+        plan_label=best.plan.label(),
+    )
