@@ -45,20 +45,34 @@ def _ffn_sharded_coeff(model: ModelSpec) -> float:
     return per_matrix * (3 if model.activation is Activation.SWIGLU else 2)
 
 
+def _layer_bytes(
+    model: ModelSpec, *, micro_batch_size: int, tp: int, sequence_parallel: bool, core: float
+) -> float:
+    """s*b*h*(10/(t if SP) + (24-equivalent + core)/t) for an attention-core coefficient."""
+    h = model.hidden_size
+    sbh = model.seq_length * micro_batch_size * h
+    replicated = 10.0
+    sharded = 2.0 + 4.0 * model.kv_size / h + 2.0 + _ffn_sharded_coeff(model)
+    rep_div = tp if sequence_parallel else 1
+    return sbh * (replicated / rep_div + (sharded + core) / tp)
+
+
 def full_layer_bytes(
     model: ModelSpec, *, micro_batch_size: int, tp: int, sequence_parallel: bool, flash: bool
 ) -> float:
     """Bytes a layer stores without recompute (Korthikanti Eq. 2/4, generalised)."""
     h = model.hidden_size
-    sbh = model.seq_length * micro_batch_size * h
-    replicated = 10.0
-    sharded = 2.0 + 4.0 * model.kv_size / h + 2.0 + _ffn_sharded_coeff(model)
     if flash:
         core = 4.0 * model.num_attention_heads / h  # fp32 log-sum-exp per (token, head)
     else:
         core = 5.0 * model.num_attention_heads * model.seq_length / h
-    rep_div = tp if sequence_parallel else 1
-    return sbh * (replicated / rep_div + (sharded + core) / tp)
+    return _layer_bytes(
+        model,
+        micro_batch_size=micro_batch_size,
+        tp=tp,
+        sequence_parallel=sequence_parallel,
+        core=core,
+    )
 
 
 def layer_activations(
@@ -83,12 +97,13 @@ def layer_activations(
         stored = 2.0 * sbh / (tp if sequence_parallel else 1)
         return LayerActivations(stored_bytes=stored, working_bytes=full)
     if recompute is Recompute.SELECTIVE:
-        no_core = full_layer_bytes(
+        lse = 4.0 * model.num_attention_heads / model.hidden_size if flash else 0.0
+        no_core = _layer_bytes(
             model,
             micro_batch_size=micro_batch_size,
             tp=tp,
             sequence_parallel=sequence_parallel,
-            flash=True,
+            core=lse,
         )
         return LayerActivations(stored_bytes=no_core, working_bytes=0.0)
     return LayerActivations(stored_bytes=full, working_bytes=0.0)

@@ -1,0 +1,139 @@
+"""Parameter counts of a dense decoder-only transformer, split by component.
+
+Pure functions of :class:`~plansim.specs.model.ModelSpec`; no I/O.
+
+For a GPT-style model (MHA, ffn = 4h, GELU, LayerNorm, biases, learned positions, tied
+embeddings) the total equals Narayanan et al. SC21 Eq. 2,
+
+    P = 12*L*h^2 * (1 + 13/(12h) + (V + s)/(12*L*h)) = 12*L*h^2 + 13*L*h + (V + s)*h,
+
+plus the final LayerNorm (2h), which Eq. 2 leaves out. GQA shrinks the K and V projections to
+``kv_size = num_query_groups * head_dim`` columns each; SwiGLU adds a third h x ffn matrix.
+
+Modelling limits: no MoE, no QKV-only biases (Qwen2 has biases on Q, K and V but not on the
+output or MLP), no embedding LayerNorm (BLOOM has one, 2h parameters), no vocabulary padding
+(Megatron pads V to a multiple of 128 x tp).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plansim.specs.model import ModelSpec, PositionEmbedding
+
+#: Norm layers per transformer layer (pre-attention and pre-MLP; Narayanan SC21 Eq. 2's 13h
+#: counts 2 LayerNorms x 2h).
+NORMS_PER_LAYER = 2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParamCounts:
+    """Parameter counts (a count of scalars, not bytes) of one model.
+
+    Attributes:
+        attention_per_layer: Q (h x h), K and V (h x kv_size each), output (h x h), plus
+            biases h + 2*kv_size (QKV) and h (output) when the linears carry biases.
+        mlp_per_layer: num_ffn_matrices * h * ffn, plus biases ffn * (num_ffn_matrices - 1)
+            (up, and gate for SwiGLU) and h (down) when the linears carry biases.
+        norms_per_layer: 2 norms x params_per_hidden (2 for LayerNorm, 1 for RMSNorm) x h.
+        embedding: word embedding V x h.
+        position_embedding: s x h for learned absolute positions, 0 for RoPE.
+        final_norm: the norm after the last layer, params_per_hidden x h.
+        output_layer: V x h for an untied output projection, 0 when tied to the embedding.
+        num_layers: transformer layers L.
+    """
+
+    attention_per_layer: int
+    mlp_per_layer: int
+    norms_per_layer: int
+    embedding: int
+    position_embedding: int
+    final_norm: int
+    output_layer: int
+    num_layers: int
+
+    @property
+    def per_layer(self) -> int:
+        """Parameters of one transformer layer: attention + MLP + norms."""
+        return self.attention_per_layer + self.mlp_per_layer + self.norms_per_layer
+
+    @property
+    def transformer(self) -> int:
+        """Parameters of all L transformer layers."""
+        return self.num_layers * self.per_layer
+
+    @property
+    def total(self) -> int:
+        """All parameters: layers, embeddings, final norm and (untied) output layer."""
+        return (
+            self.transformer
+            + self.embedding
+            + self.position_embedding
+            + self.final_norm
+            + self.output_layer
+        )
+
+    def as_dict(self) -> dict[str, int]:
+        """Path-keyed breakdown for tables, e.g. ``{"layer/attention": ..., "total": ...}``."""
+        return {
+            "layer/attention": self.attention_per_layer,
+            "layer/mlp": self.mlp_per_layer,
+            "layer/norms": self.norms_per_layer,
+            "layer/total": self.per_layer,
+            "layers": self.transformer,
+            "embedding/word": self.embedding,
+            "embedding/position": self.position_embedding,
+            "final_norm": self.final_norm,
+            "output_layer": self.output_layer,
+            "total": self.total,
+        }
+
+
+def attention_params_per_layer(model: ModelSpec) -> int:
+    """Self-attention parameters of one layer.
+
+    Q and output projections are h x h; K and V are h x kv_size each (GQA: kv_size =
+    num_query_groups * head_dim; MHA: kv_size = h, giving Narayanan SC21's 4h^2 + 4h).
+    """
+    h, kv = model.hidden_size, model.kv_size
+    weights = 2 * h * h + 2 * h * kv
+    biases = (h + 2 * kv) + h if model.add_bias_linear else 0
+    return weights + biases
+
+
+def mlp_params_per_layer(model: ModelSpec) -> int:
+    """MLP parameters of one layer.
+
+    num_ffn_matrices matrices of h x ffn (2 for GELU/ReLU: up, down; 3 for SwiGLU: up, gate,
+    down). Biases: ffn outputs for each of the up/gate projections and h for the down one
+    (GPT ffn = 4h: 8h^2 + 5h, Narayanan SC21 Eq. 2).
+    """
+    h, ffn, n = model.hidden_size, model.ffn_hidden_size, model.activation.num_ffn_matrices
+    weights = n * h * ffn
+    biases = ffn * (n - 1) + h if model.add_bias_linear else 0
+    return weights + biases
+
+
+def count_parameters(model: ModelSpec) -> ParamCounts:
+    """Count the parameters of ``model`` by component.
+
+    Args:
+        model: the transformer.
+
+    Returns:
+        ParamCounts; ``total`` equals Narayanan et al. SC21 Eq. 2 plus the final LayerNorm (2h)
+        for a GPT-style model.
+    """
+    h, vocab = model.hidden_size, model.vocab_size
+    norm = model.normalization.params_per_hidden * h
+    learned = model.position_embedding is PositionEmbedding.LEARNED
+    return ParamCounts(
+        attention_per_layer=attention_params_per_layer(model),
+        mlp_per_layer=mlp_params_per_layer(model),
+        norms_per_layer=NORMS_PER_LAYER * norm,
+        embedding=vocab * h,
+        position_embedding=model.seq_length * h if learned else 0,
+        final_norm=norm,
+        output_layer=0 if model.tied_embeddings else vocab * h,
+        num_layers=model.num_layers,
+    )

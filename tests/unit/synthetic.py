@@ -1,0 +1,32 @@
+"""The round-number synthetic profile: 100 TFLOP/s, 100 GB/s, 10 us (ARCHITECTURE.md)."""
+
+from __future__ import annotations
+
+from plansim.specs.hardware import CollectiveCurve, Curve, HardwareProfile
+
+
+def round_profile(*, gpus_per_node: int = 8, hbm_gib: float = 80.0) -> HardwareProfile:
+    """Flat curves: every GEMM at 100 TFLOP/s, HBM 1000 GB/s, collectives 100 GB/s busbw with
+    10 us latency, NIC 10 GB/s with 5 us, no launch overhead, no reserve."""
+    flat = Curve(x=(1.0,), y=(1.0,), source="synthetic")
+    bw = Curve(x=(1.0,), y=(100e9,), source="synthetic")
+    intra = {
+        c: CollectiveCurve(collective=c, latency_s=10e-6, busbw_bytes_per_s=bw)
+        for c in ("all_reduce", "all_gather", "reduce_scatter", "sendrecv")
+    }
+    return HardwareProfile(
+        name="round-numbers",
+        description="synthetic round-number profile for tests",
+        peak_flops_per_s={"bf16": 100e12, "fp16": 100e12},
+        matmul_efficiency={"bf16": flat, "fp16": flat},
+        hbm_capacity_bytes=hbm_gib * 2**30,
+        hbm_bytes_per_s=1000e9,
+        hbm_efficiency_fraction=1.0,
+        memory_reserve_bytes=0.0,
+        gpus_per_node=gpus_per_node,
+        intra_node=intra,
+        nic_bytes_per_s=10e9,
+        nic_latency_s=5e-6,
+        pcie_bytes_per_s=25e9,
+        kernel_launch_s=0.0,
+    )

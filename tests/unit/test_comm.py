@@ -1,0 +1,63 @@
+"""Rank-group spans and collective pricing on the round-number synthetic profile."""
+
+from __future__ import annotations
+
+import pytest
+
+from plansim.analytic.comm import collective_time_s, p2p_time_s
+from plansim.analytic.ranks import GroupSpan, group_span, layout_groups
+from plansim.specs.hardware import LinkTier, bus_factor
+from plansim.specs.plan import ParallelPlan
+from tests.unit.synthetic import round_profile
+
+
+def test_rank_order_tp_cp_dp_pp_worked_example() -> None:
+    plan = ParallelPlan(dp=2, tp=2, pp=2, micro_batch_size=1, global_batch_size=2)
+    groups = layout_groups(plan, gpus_per_node=4)
+    assert groups.tp == GroupSpan(size=2, members_per_node=2, num_nodes=1)
+    assert groups.dp == GroupSpan(size=2, members_per_node=2, num_nodes=1)
+    assert groups.pp == GroupSpan(size=2, members_per_node=1, num_nodes=2)
+    assert groups.pp_hop_tier is LinkTier.INTER_NODE
+
+
+def test_gpt3_layout_spans() -> None:
+    plan = ParallelPlan(dp=8, tp=8, pp=16, micro_batch_size=1, global_batch_size=1536)
+    groups = layout_groups(plan, gpus_per_node=8)
+    assert groups.tp.num_nodes == 1
+    assert groups.dp == GroupSpan(size=8, members_per_node=1, num_nodes=8)
+    assert group_span(size=384, stride=1, gpus_per_node=8) == GroupSpan(
+        size=384, members_per_node=8, num_nodes=48
+    )
+
+
+def test_bus_factors() -> None:
+    assert bus_factor("all_reduce", 8) == pytest.approx(1.75)
+    assert bus_factor("all_gather", 4) == pytest.approx(0.75)
+    assert bus_factor("sendrecv", 2) == 1.0
+
+
+def test_intra_node_alpha_beta_round_numbers() -> None:
+    prof = round_profile()  # 100 GB/s busbw, 10 us latency
+    span = GroupSpan(size=8, members_per_node=8, num_nodes=1)
+    t = collective_time_s(prof, collective="all_reduce", message_bytes=1e9, span=span)
+    assert t == pytest.approx(10e-6 + 1.75 * 1e9 / 100e9)
+    assert collective_time_s(prof, collective="all_reduce", message_bytes=1e9, span=GroupSpan(
+        size=1, members_per_node=1, num_nodes=1)) == 0.0
+
+
+def test_inter_node_bottleneck_is_nics_of_local_members() -> None:
+    prof = round_profile()  # NIC 10 GB/s per GPU, 5 us
+    one_per_node = GroupSpan(size=4, members_per_node=1, num_nodes=4)
+    t1 = collective_time_s(prof, collective="all_gather", message_bytes=1e9, span=one_per_node)
+    assert t1 == pytest.approx(10e-6 + 5e-6 * 2 * 2 + 0.75 * 1e9 / 10e9)
+    eight_per_node = GroupSpan(size=16, members_per_node=8, num_nodes=2)
+    t8 = collective_time_s(prof, collective="all_gather", message_bytes=1e9, span=eight_per_node)
+    # 8 NICs x 10 GB/s = 80 GB/s < 100 GB/s NVLink: the NICs bound it
+    assert t8 == pytest.approx(10e-6 + 5e-6 * 2 * 1 + (15 / 16) * 1e9 / 80e9)
+
+
+def test_p2p_tiers() -> None:
+    prof = round_profile()
+    assert p2p_time_s(prof, message_bytes=1e8, inter_node=True) == pytest.approx(5e-6 + 1e-2)
+    assert p2p_time_s(prof, message_bytes=1e8, inter_node=False) == pytest.approx(10e-6 + 1e-3)
+    assert p2p_time_s(prof, message_bytes=0, inter_node=True) == 0.0

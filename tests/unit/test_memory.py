@@ -1,0 +1,121 @@
+"""Memory model oracles: ZeRO paper Table 1, Korthikanti et al. 2022 Table 2, stage placement."""
+
+from __future__ import annotations
+
+import pytest
+
+from plansim.analytic.activations import full_layer_bytes, layer_activations
+from plansim.analytic.memory import (
+    StateBytesPerParam,
+    microbatches_in_flight,
+    model_state_bytes,
+    rank_parameters,
+    state_bytes_per_param,
+)
+from plansim.analytic.params import count_parameters
+from plansim.catalog import resolve_model
+from plansim.specs.plan import ParallelPlan, Precision, Recompute, Schedule
+
+ZERO_PAPER = StateBytesPerParam(param=2.0, grad=2.0, optimizer=12.0)  # K = 12 (M01 §5)
+
+
+def _gb(states) -> float:  # ZeRO Table 1 reports GB = 1e9 bytes
+    return (states.weights_bytes + states.gradients_bytes + states.optimizer_bytes) / 1e9
+
+
+@pytest.mark.parametrize(
+    ("psi", "dp", "stage", "table_gb"),
+    [
+        (7.5e9, 1, 1, 120),
+        (7.5e9, 64, 1, 31.4),
+        (7.5e9, 64, 2, 16.6),
+        (7.5e9, 64, 3, 1.88),
+        (7.5e9, 4, 3, 30),
+        (128e9, 16, 1, 608),
+        (128e9, 1024, 2, 257),
+        (1e12, 1024, 3, 15.6),
+        (1e12, 256, 1, 4046),
+    ],
+)
+def test_zero_table1_model_states(psi: float, dp: int, stage: int, table_gb: float) -> None:
+    got = _gb(model_state_bytes(psi, dp=dp, zero_stage=stage, per_param=ZERO_PAPER))
+    assert got == pytest.approx(table_gb, rel=0.01)
+
+
+def test_megatron_bytes_per_param_table() -> None:
+    # M02 dist_optimizer table: fp16 20 -> 4 + 16/d; bf16 18 -> 6 + 12/d
+    bf16 = state_bytes_per_param(Precision.BF16)
+    fp16 = state_bytes_per_param(Precision.FP16)
+    assert bf16.param + bf16.grad + bf16.optimizer == 18
+    assert fp16.param + fp16.grad + fp16.optimizer == 20
+    dist = model_state_bytes(1.0, dp=8, zero_stage=1, per_param=bf16)
+    assert dist.weights_bytes + dist.gradients_bytes + dist.optimizer_bytes == pytest.approx(
+        6 + 12 / 8
+    )
+
+
+GPT3 = resolve_model("gpt3-175b")
+S, H, A = 2048, 12288, 96
+
+
+@pytest.mark.parametrize("tp", [1, 2, 8])
+@pytest.mark.parametrize("b", [1, 4])
+def test_korthikanti_eq2_tp_only(tp: int, b: int) -> None:
+    sbh = S * b * H
+    expected = sbh * (10 + 24 / tp + 5 * A * S / (H * tp))
+    got = full_layer_bytes(GPT3, micro_batch_size=b, tp=tp, sequence_parallel=False, flash=False)
+    assert got == pytest.approx(expected, rel=1e-12)
+
+
+def test_korthikanti_eq4_tp_sp_and_eq6_selective() -> None:
+    sbh, t = S * 1 * H, 8
+    sp = full_layer_bytes(GPT3, micro_batch_size=1, tp=t, sequence_parallel=True, flash=False)
+    assert sp == pytest.approx(sbh / t * (34 + 5 * A * S / H), rel=1e-12)
+    sel = layer_activations(
+        GPT3,
+        micro_batch_size=1,
+        tp=t,
+        sequence_parallel=True,
+        recompute=Recompute.SELECTIVE,
+        flash=False,
+    )
+    assert sel.stored_bytes == pytest.approx(34 * sbh / t, rel=1e-12)
+    full = layer_activations(
+        GPT3, micro_batch_size=1, tp=t, sequence_parallel=False, recompute=Recompute.FULL, flash=False
+    )
+    assert full.stored_bytes == 2 * sbh
+    # Korthikanti: selective recompute saves 70% of GPT-3's activation memory (5as/h = 80)
+    assert 1 - sel.stored_bytes / sp == pytest.approx(80 / 114, rel=1e-9)
+
+
+def test_gqa_swiglu_change_only_their_terms() -> None:
+    llama = resolve_model("llama3-8b")
+    s, h = llama.seq_length, llama.hidden_size
+    got = full_layer_bytes(llama, micro_batch_size=1, tp=1, sequence_parallel=False, flash=True)
+    sharded = 2 + 4 * 1024 / h + 2 + 6 * llama.ffn_hidden_size / h
+    lse = 4 * llama.num_attention_heads / h
+    assert got == pytest.approx(s * h * (10 + sharded + lse), rel=1e-12)
+
+
+def _plan(**kw) -> ParallelPlan:
+    base = dict(dp=8, tp=8, pp=16, micro_batch_size=1, global_batch_size=1536)
+    base.update(kw)
+    return ParallelPlan(**base)
+
+
+def test_inflight_microbatches_1f1b_and_gpipe() -> None:
+    plan = _plan()
+    assert microbatches_in_flight(plan, rank=0) == 16
+    assert microbatches_in_flight(plan, rank=15) == 1
+    assert microbatches_in_flight(_plan(schedule=Schedule.GPIPE), rank=15) == 192
+    short = _plan(global_batch_size=64)  # m = 8 < p
+    assert microbatches_in_flight(short, rank=0) == 8
+
+
+def test_stage_parameters_sum_to_model_with_tied_copy() -> None:
+    plan = _plan(tp=1, dp=64)
+    counts = count_parameters(GPT3)
+    per_rank = [rank_parameters(GPT3, plan, rank=r) for r in range(plan.pp)]
+    # the last stage keeps a copy of the tied word embedding for the output layer (Megatron)
+    assert sum(per_rank) == pytest.approx(counts.total + counts.embedding, rel=1e-12)
+    assert per_rank[0] > per_rank[1] and per_rank[-1] > per_rank[1]
