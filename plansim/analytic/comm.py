@@ -11,7 +11,8 @@ pipelines the intra- and inter-node hops, so the busbw is the slower of the two 
     time = alpha + bus_factor(collective, n) * S / busbw
     busbw = intra-node busbw(S)                            (one node)
           = min(intra-node busbw(S), members_per_node * nic_bytes_per_s)   (several nodes)
-    alpha = intra-node latency + nic_latency_s * 2 * ceil(log2(num_nodes))  (tree latency)
+    alpha = intra-node latency + nic_latency_s * ceil(log2(num_nodes))  (tree depth; N02:
+            a 2-node all_reduce of 8 B takes one nic_latency_s)
 
 Limits: no congestion between concurrent collectives (issue 3), no NVLS/SHARP special cases
 beyond what the measured curves contain, no degradation at very large node counts.
@@ -45,7 +46,7 @@ def collective_time_s(
         curve.busbw_bytes_per_s(message_bytes),
         span.members_per_node * profile.nic_bytes_per_s,
     )
-    alpha = curve.latency_s + profile.nic_latency_s * 2 * math.ceil(math.log2(span.num_nodes))
+    alpha = curve.latency_s + profile.nic_latency_s * math.ceil(math.log2(span.num_nodes))
     return alpha + bus_factor(collective, span.size) * message_bytes / busbw
 
 

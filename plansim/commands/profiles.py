@@ -1,0 +1,146 @@
+"""``plansim profiles list`` and ``plansim profiles show NAME_OR_PATH``.
+
+``list`` prints one row per shipped profile (``hardware_profiles/*.yaml``); ``show`` prints
+every number of one profile in edge units (the units of its YAML keys) next to its
+provenance, then each curve point by point. Reading and validation are in
+:mod:`plansim.io.profiles`; errors reach the user through ``plansim.cli.main`` as one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import pandas as pd
+
+from plansim.io.profiles import list_profiles, load_profile, profile_to_dict
+from plansim.specs.hardware import HardwareProfile
+from plansim.units import (
+    bytes_per_s_to_gb_per_s,
+    bytes_to_gib,
+    flops_per_s_to_tflops,
+    s_to_us,
+)
+
+#: Top-level YAML keys that are shown as curves, not as scalar rows.
+_CURVE_SECTIONS = ("matmul_efficiency", "intra_node")
+_TEXT_KEYS = ("schema_version", "name", "description", "provenance")
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``profiles`` with its ``list`` and ``show`` actions (each sets ``func``)."""
+    parser = subparsers.add_parser(
+        "profiles",
+        help="list or show hardware profiles",
+        description="List the shipped hardware profiles or show one with its provenance.",
+    )
+    actions = parser.add_subparsers(dest="profiles_action", metavar="ACTION")
+    actions.required = True
+    list_parser = actions.add_parser("list", help="one row per shipped profile")
+    list_parser.set_defaults(func=run_list)
+    show_parser = actions.add_parser(
+        "show", help="every number of one profile, in edge units, with its source"
+    )
+    show_parser.add_argument(
+        "profile",
+        metavar="NAME_OR_PATH",
+        help="a name from 'plansim profiles list' or a .yaml path",
+    )
+    show_parser.set_defaults(func=run_show)
+
+
+def summary_row(profile: HardwareProfile) -> dict[str, Any]:
+    """The ``profiles list`` row of one profile (edge units in the column names)."""
+    return {
+        "name": profile.name,
+        "hbm_gib": round(bytes_to_gib(profile.hbm_capacity_bytes), 1),
+        "usable_gib": round(bytes_to_gib(profile.usable_memory_bytes), 1),
+        "bf16_tflops": round(flops_per_s_to_tflops(profile.peak_flops_per_s.get("bf16", 0.0)), 1),
+        "hbm_tb_per_s": round(bytes_per_s_to_gb_per_s(profile.hbm_bytes_per_s) / 1000, 3),
+        "gpus_per_node": profile.gpus_per_node,
+        "nic_gb_per_s": round(bytes_per_s_to_gb_per_s(profile.nic_bytes_per_s), 2),
+        "description": profile.description,
+    }
+
+
+def run_list(args: argparse.Namespace) -> int:
+    """Print the table of shipped profiles; returns 0."""
+    rows = [summary_row(load_profile(name)) for name in list_profiles()]
+    if not rows:
+        print("no hardware profiles found")
+        return 0
+    table = pd.DataFrame(rows)
+    width = int(table["description"].str.len().max())
+    print(table.to_string(index=False, formatters={"description": f"{{:<{width}}}".format}))
+    return 0
+
+
+def _scalar_rows(data: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(dotted key, value, provenance) for every number outside the curves."""
+    prov: dict[str, str] = data["provenance"]
+    rows: list[tuple[str, str, str]] = []
+    for key, value in data.items():
+        if key in _TEXT_KEYS or key in _CURVE_SECTIONS:
+            continue
+        if isinstance(value, dict):
+            rows += [(f"{key}.{k}", f"{v:g}", prov.get(f"{key}.{k}", "")) for k, v in value.items()]
+        else:
+            rows.append((key, f"{value:g}", prov.get(key, "")))
+    return rows
+
+
+def _print_rows(rows: list[tuple[str, str, str]]) -> None:
+    key_w = max(len(r[0]) for r in rows)
+    val_w = max(len(r[1]) for r in rows)
+    for key, value, source in rows:
+        print(f"  {key:<{key_w}}  {value:>{val_w}}  {source}")
+
+
+def _matmul_tables(profile: HardwareProfile) -> None:
+    for dtype, curve in sorted(profile.matmul_efficiency.items()):
+        peak = profile.peak_flops_per_s[dtype]
+        table = pd.DataFrame(
+            {
+                "gemm_flops": [int(x) for x in curve.x],
+                "square_n": [round((x / 2) ** (1 / 3)) for x in curve.x],
+                "fraction_of_peak": curve.y,
+                "tflops": [round(flops_per_s_to_tflops(peak * y), 1) for y in curve.y],
+            }
+        )
+        print(
+            f"\nmatmul_efficiency.{dtype}: {profile.provenance.get(f'matmul_efficiency.{dtype}')}"
+        )
+        print(table.to_string(index=False, formatters={"fraction_of_peak": "{:g}".format}))
+
+
+def _collective_tables(profile: HardwareProfile) -> None:
+    ranks = profile.gpus_per_node
+    for name, coll in profile.intra_node.items():
+        curve = coll.busbw_bytes_per_s
+        table = pd.DataFrame(
+            {
+                "message_bytes": [int(x) for x in curve.x],
+                "busbw_gb_per_s": [bytes_per_s_to_gb_per_s(y) for y in curve.y],
+                f"time_us_{ranks}_ranks": [
+                    round(s_to_us(coll.time_s(x, ranks)), 2) for x in curve.x
+                ],
+            }
+        )
+        print(f"\nintra_node.{name}: {profile.provenance.get(f'intra_node.{name}')}")
+        print(
+            f"  latency_us {s_to_us(coll.latency_s):g}: "
+            f"{profile.provenance.get(f'intra_node.{name}.latency_us')}"
+        )
+        print(table.to_string(index=False, formatters={"busbw_gb_per_s": "{:g}".format}))
+
+
+def run_show(args: argparse.Namespace) -> int:
+    """Print one profile: scalars with provenance, then every curve; returns 0."""
+    profile = load_profile(args.profile)
+    data = profile_to_dict(profile)
+    print(f"{profile.name}: {profile.description}")
+    print(f"  usable memory {bytes_to_gib(profile.usable_memory_bytes):.2f} GiB (HBM - reserve)\n")
+    _print_rows(_scalar_rows(data))
+    _matmul_tables(profile)
+    _collective_tables(profile)
+    return 0
