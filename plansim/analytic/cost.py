@@ -3,7 +3,8 @@
 Pure. Each piece prices a mechanism with the profile's curves:
 
 * GEMMs (``plansim.analytic.flops``): roofline per GEMM, max(FLOPs / achievable FLOP/s at that
-  GEMM's size, bytes of A, B and C / streaming HBM bandwidth) + one kernel launch. Backward:
+  GEMM's size (launch overhead included in the curve), bytes of A, B and C / streaming HBM
+  bandwidth). Backward:
   input-grad and weight-grad GEMMs each cost one forward (2x forward in all).
   FlashAttention's backward runs five GEMMs to the forward's two (Dao 2023, FlashAttention-2
   §3.1.2): 2.5x the forward attention-core GEMMs, the recompute included.
@@ -57,11 +58,12 @@ class PassTimes:
 
 
 def gemm_time_s(gemm: fl.Gemm, profile: HardwareProfile, *, dtype: str) -> float:
-    """Roofline time of ``gemm`` (all ``count`` instances): compute- or HBM-bound, + launch."""
+    """Roofline time of ``gemm`` (all ``count`` instances): compute- or HBM-bound."""
     single_flops = 2.0 * gemm.m * gemm.n * gemm.k
     compute_s = gemm.flops / profile.matmul_flops_per_s(dtype, single_flops)
     moved = 2.0 * gemm.count * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
-    return max(compute_s, moved / profile.streaming_bytes_per_s()) + profile.kernel_launch_s
+    # The profile's efficiency curve already includes the launch overhead (roofline + launch).
+    return max(compute_s, moved / profile.streaming_bytes_per_s())
 
 
 def _matmul_dtype(plan: ParallelPlan) -> str:

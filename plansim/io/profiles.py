@@ -1,7 +1,7 @@
 """The only reader/writer of hardware profile YAML (``hardware_profiles/*.yaml``).
 
 A profile file holds numbers in edge units named by their keys (``peak_tflops``,
-``hbm_capacity_gb`` = 1e9 bytes, ``memory_reserve_gib`` = 2**30 bytes, ``latency_us``,
+``hbm_capacity_gib`` = 2**30 bytes, ``memory_reserve_gib`` = 2**30 bytes, ``latency_us``,
 ``busbw_gb_per_s``, ...) and a ``provenance`` mapping from the dotted key of every number to
 its source. This module converts to SI (FLOP/s, bytes, bytes/s, seconds) and builds
 :class:`plansim.specs.hardware.HardwareProfile`; ``profile_to_dict`` converts back.
@@ -67,7 +67,7 @@ class _Scalar:
 
 _SCALARS = (
     _Scalar("kernel_launch_us", "kernel_launch_s", us_to_s, s_to_us),
-    _Scalar("hbm_capacity_gb", "hbm_capacity_bytes", gb_to_bytes, _bytes_to_gb),
+    _Scalar("hbm_capacity_gib", "hbm_capacity_bytes", gib_to_bytes, bytes_to_gib),
     _Scalar(
         "hbm_bandwidth_gb_per_s",
         "hbm_bytes_per_s",
@@ -89,7 +89,7 @@ TOP_LEVEL_KEYS = (
     "peak_tflops",
     "matmul_efficiency",
     "kernel_launch_us",
-    "hbm_capacity_gb",
+    "hbm_capacity_gib",
     "hbm_bandwidth_gb_per_s",
     "hbm_efficiency_fraction",
     "memory_reserve_gib",

@@ -94,7 +94,7 @@ def test_a100_80gb_matches_hardware_csv() -> None:
     assert p.peak_flops_per_s["tf32"] == 156e12
     assert p.peak_flops_per_s["fp32"] == 19.5e12
     assert "fp8" not in p.peak_flops_per_s
-    assert p.hbm_capacity_bytes == 80e9
+    assert p.hbm_capacity_bytes == 80 * 2**30
     assert p.hbm_bytes_per_s == pytest.approx(2039e9)
     assert p.gpus_per_node == 8
     assert "HW02" in p.provenance["peak_tflops.bf16"]
@@ -169,9 +169,9 @@ def test_write_then_load_gives_the_same_profile(tmp_path: Path) -> None:
 
 def test_write_refuses_a_profile_without_provenance(tmp_path: Path) -> None:
     profile = load_profile("h100-sxm5-80gb")
-    kept = {k: v for k, v in profile.provenance.items() if k != "hbm_capacity_gb"}
+    kept = {k: v for k, v in profile.provenance.items() if k != "hbm_capacity_gib"}
     stripped = dataclasses.replace(profile, provenance=kept)
-    with pytest.raises(InputFileError, match="hbm_capacity_gb"):
+    with pytest.raises(InputFileError, match="hbm_capacity_gib"):
         write_profile(stripped, tmp_path / "bad.yaml")
     assert not list(tmp_path.iterdir())
 
@@ -230,9 +230,9 @@ def test_missing_key_names_file_and_key(tmp_path: Path) -> None:
 
 def test_missing_top_level_key(tmp_path: Path) -> None:
     data = _raw("a100-sxm4-80gb")
-    del data["hbm_capacity_gb"]
+    del data["hbm_capacity_gib"]
     path = _write_yaml(tmp_path / "x.yaml", data)
-    with pytest.raises(InputFileError, match=r"x\.yaml: hbm_capacity_gb: missing required key"):
+    with pytest.raises(InputFileError, match=r"x\.yaml: hbm_capacity_gib: missing required key"):
         load_profile(str(path))
 
 
@@ -254,7 +254,7 @@ def test_wrong_type_in_list_names_file_and_key(tmp_path: Path) -> None:
         (lambda d: d.update(hbm_efficiency_fraction=True), "hbm_efficiency_fraction: expected a"),
         (lambda d: d.update(gpus_per_node=8.0), "gpus_per_node: expected an integer"),
         (lambda d: d.update(schema_version=2), "schema_version: 2 is not supported"),
-        (lambda d: d.update(hbm_capacity_gib=80), r"unknown key\(s\) 'hbm_capacity_gib'"),
+        (lambda d: d.update(hbm_capacity_gb=80), r"unknown key\(s\) 'hbm_capacity_gb'"),
         (lambda d: d["intra_node"].pop("sendrecv"), "intra_node.sendrecv: missing required key"),
         (
             lambda d: d["intra_node"]["sendrecv"]["message_bytes"].pop(),
@@ -326,7 +326,7 @@ def test_cli_list_prints_one_row_per_profile(capsys: pytest.CaptureFixture[str])
     assert lines[0].split()[:3] == ["name", "hbm_gib", "usable_gib"]
     assert [line.split()[0] for line in lines[1:]] == list(SHIPPED)
     a100 = next(line for line in lines if line.startswith("a100-sxm4-80gb"))
-    assert a100.split()[1:8] == ["74.5", "67.8", "312.0", "2.039", "8", "23.5", "NVIDIA"]
+    assert a100.split()[1:8] == ["80.0", "73.3", "312.0", "2.039", "8", "23.5", "NVIDIA"]
 
 
 def test_cli_show_prints_numbers_with_provenance(capsys: pytest.CaptureFixture[str]) -> None:

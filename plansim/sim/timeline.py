@@ -1,0 +1,168 @@
+"""The Timeline schema shared by the simulator and the validator, and what is read from it.
+
+A Timeline is a pandas DataFrame with one row per event and exactly the columns
+:data:`COLUMNS`:
+
+========== ======= =================================================================
+column     dtype   meaning
+========== ======= =================================================================
+rank       int64   pipeline rank (0 .. pp-1) of the representative replica
+stream     str     one of ``plansim.specs.work.STREAMS`` (compute, tp, pp_send, ...)
+kind       str     segment kind (``forward``, ``backward``, ``tp_comm``, ``dp_comm``,
+                   ``optimizer``, ``send_forward``, ``recv_backward``, ...)
+stage      int64   pipeline stage of the action, -1 for events not tied to one
+microbatch int64   micro-batch index, -1 for events not tied to one
+start_s    float64 seconds from the start of the step
+end_s      float64 seconds from the start of the step, >= start_s
+bytes      float64 bytes moved (communication) or 0
+========== ======= =================================================================
+
+Rows are sorted by start_s, then rank, then stream (then end_s, kind, stage, microbatch,
+so the order is total). **Pipeline work** rows are those on the ``compute`` or ``tp``
+stream with ``stage >= 0``: the segments of F/B/I/W actions (TP collectives block compute).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from plansim.errors import PlansimError
+from plansim.specs.work import STREAMS
+
+RANK = "rank"
+STREAM = "stream"
+KIND = "kind"
+STAGE = "stage"
+MICROBATCH = "microbatch"
+START_S = "start_s"
+END_S = "end_s"
+BYTES = "bytes"
+COLUMNS = (RANK, STREAM, KIND, STAGE, MICROBATCH, START_S, END_S, BYTES)
+
+#: stage / microbatch of an event not tied to one (grad sync, optimizer).
+NOT_TIED = -1
+#: Streams whose stage-tied rows are pipeline work (the compute stream is busy).
+COMPUTE_STREAMS = ("compute", "tp")
+
+#: (rank, stream, kind, stage, microbatch, start_s, end_s, bytes)
+TimelineRow = tuple[int, str, str, int, int, float, float, float]
+
+_INT_COLUMNS = (RANK, STAGE, MICROBATCH)
+_FLOAT_COLUMNS = (START_S, END_S, BYTES)
+_DTYPES = {name: "int64" for name in _INT_COLUMNS} | {name: "float64" for name in _FLOAT_COLUMNS}
+#: Row order: start_s, rank, stream, then end_s, kind, stage, microbatch (a total order).
+_ORDER = (START_S, RANK, STREAM, END_S, KIND, STAGE, MICROBATCH)
+
+
+class TimelineError(PlansimError):
+    """A DataFrame does not follow the Timeline schema; the message names the column."""
+
+
+def make_timeline(rows: Iterable[TimelineRow]) -> pd.DataFrame:
+    """Build a Timeline from row tuples in one go (no per-row DataFrame appends).
+
+    Args:
+        rows: ``(rank, stream, kind, stage, microbatch, start_s, end_s, bytes)`` tuples.
+
+    Returns:
+        The sorted Timeline with a fresh RangeIndex.
+    """
+    columns = list(zip(*rows, strict=True)) or [()] * len(COLUMNS)
+    arrays = {
+        name: np.array(values, dtype=_DTYPES.get(name, object))
+        for name, values in zip(COLUMNS, columns, strict=True)
+    }
+    keys = [arrays[name] for name in reversed(_ORDER)]
+    for i, name in enumerate(reversed(_ORDER)):
+        if name in (STREAM, KIND):  # lexsort needs numbers: sorted codes keep string order
+            keys[i] = pd.factorize(arrays[name], sort=True)[0]
+    order = np.lexsort(keys)
+    return pd.DataFrame({name: array[order] for name, array in arrays.items()})
+
+
+def validate_timeline(df: pd.DataFrame) -> None:
+    """Check that ``df`` follows the Timeline schema.
+
+    Raises:
+        TimelineError: wrong columns or dtypes, an unknown stream, a negative or reversed
+            interval, a stage/microbatch below -1, negative bytes, or rows out of order.
+    """
+    if tuple(df.columns) != COLUMNS:
+        raise TimelineError(f"timeline columns are {list(df.columns)}; expected {list(COLUMNS)}")
+    for name in _INT_COLUMNS:
+        if not pd.api.types.is_integer_dtype(df[name]):
+            raise TimelineError(f"timeline column {name!r} must be integer, got {df[name].dtype}")
+    for name in _FLOAT_COLUMNS:
+        if not pd.api.types.is_float_dtype(df[name]) or df[name].isna().any():
+            raise TimelineError(f"timeline column {name!r} must be float without NaN")
+    unknown = sorted(set(df[STREAM]) - set(STREAMS))
+    if unknown:
+        raise TimelineError(f"timeline streams {unknown} unknown; choose from {list(STREAMS)}")
+    problems = {
+        "start_s < 0": df[START_S] < 0,
+        "end_s < start_s": df[END_S] < df[START_S],
+        "rank < 0": df[RANK] < 0,
+        "stage < -1": df[STAGE] < NOT_TIED,
+        "microbatch < -1": df[MICROBATCH] < NOT_TIED,
+        "bytes < 0": df[BYTES] < 0,
+    }
+    for what, mask in problems.items():
+        if mask.any():
+            row = int(np.flatnonzero(mask.to_numpy())[0])
+            raise TimelineError(f"timeline row {row}: {what}: {df.iloc[row].to_dict()}")
+    keys = df[[START_S, RANK, STREAM]]
+    if not keys.equals(keys.sort_values([START_S, RANK, STREAM], kind="stable")):
+        raise TimelineError("timeline rows are not sorted by start_s, rank, stream")
+
+
+def pipeline_work(df: pd.DataFrame) -> pd.DataFrame:
+    """The pipeline-work rows: compute/tp stream segments of F/B/I/W actions (stage >= 0)."""
+    return df[df[STREAM].isin(COMPUTE_STREAMS) & (df[STAGE] >= 0)]
+
+
+def busy_s(df: pd.DataFrame, *, num_ranks: int, until_s: float) -> tuple[float, ...]:
+    """Seconds each rank's compute stream does pipeline work within ``[0, until_s]``.
+
+    Overlapping rows of one rank count once (the union of their intervals).
+    """
+    work = pipeline_work(df)
+    ranks = work[RANK].to_numpy()
+    starts = np.clip(work[START_S].to_numpy(dtype=np.float64), 0.0, until_s)
+    ends = np.clip(work[END_S].to_numpy(dtype=np.float64), 0.0, until_s)
+    return tuple(_union_length(starts[ranks == r], ends[ranks == r]) for r in range(num_ranks))
+
+
+def _union_length(starts: np.ndarray[Any, Any], ends: np.ndarray[Any, Any]) -> float:
+    """Total length of the union of intervals [starts[i], ends[i]]."""
+    order = np.argsort(starts, kind="stable")
+    total = 0.0
+    cur_start = cur_end = -np.inf
+    for start, end in zip(starts[order].tolist(), ends[order].tolist(), strict=True):
+        if start > cur_end:
+            if cur_end > cur_start:
+                total += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    if cur_end > cur_start:
+        total += cur_end - cur_start
+    return total
+
+
+def bubble_fractions(
+    df: pd.DataFrame, *, num_ranks: int, pipeline_time_s: float
+) -> tuple[float, ...]:
+    """Per rank, compute-stream idle time within ``[0, pipeline_time_s]`` / pipeline_time_s.
+
+    Read from the events (pipeline-work rows), never from a closed form; with uniform costs
+    it reproduces (p-1)/(m+p-1) for GPipe and 1F1B (Narayanan et al. SC21 §2.2).
+    Returns zeros when ``pipeline_time_s`` is 0.
+    """
+    if pipeline_time_s <= 0:
+        return (0.0,) * num_ranks
+    busy = busy_s(df, num_ranks=num_ranks, until_s=pipeline_time_s)
+    return tuple((pipeline_time_s - b) / pipeline_time_s for b in busy)
