@@ -10,8 +10,12 @@ the row is skipped.
 
 Knobs: a blank tp, pp, dp, micro-batch size, recompute, ZeRO stage or sequence-parallel cell
 is searched (the fastest feasible value is used) and the note lists what was searched and
-chosen. The attention kernel follows the framework's year: FlashAttention reached
-Megatron-LM in 2023, so a framework dated before 2023 runs unfused attention.
+chosen. A search only offers what existed when the run was made: the row is dated by its
+``framework`` column, else by its ``source_locator`` (a conference tag such as SC21 or
+MLSys 2023, or an arXiv id YYMM.NNNNN). Sequence parallelism and selective recompute entered
+Megatron-LM with Korthikanti et al. (arXiv:2205.05198, 2022); FlashAttention was published in
+2022 (Dao et al., arXiv:2205.14135) and became Megatron-LM's default path in 2023. An undated
+row is searched over everything.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from plansim.specs.model import Activation, ModelSpec, Normalization, PositionEm
 from plansim.specs.plan import AttentionKernel, Precision, Recompute
 
 FLASH_IN_MEGATRON_YEAR = 2023
+SP_AND_SELECTIVE_YEAR = 2022
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,10 +101,27 @@ def _fixed(row: RunRow, column: str, notes: list[str], label: str) -> tuple[int,
     return (value,)
 
 
-def _attention(row: RunRow, notes: list[str]) -> AttentionKernel:
-    match = re.search(r"(19|20)\d\d", row.text("framework") or "")
-    if match and int(match.group(0)) < FLASH_IN_MEGATRON_YEAR:
-        notes.append("unfused attention (framework before 2023)")
+def run_year(row: RunRow) -> int | None:
+    """Year the run was made: from ``framework`` ("Megatron-LM (2021)"), else from
+    ``source_locator`` ("SC21", "MLSys 2023", "arXiv:2104.04473"); None when undated."""
+    match = re.search(r"\b(20\d\d)\b", row.text("framework") or "")
+    if match:
+        return int(match.group(1))
+    locator = row.text("source_locator") or ""
+    for pattern, fmt in (
+        (r"\b(?:SC|ISCA|MLSys|NSDI|OSDI|SOSP|ATC|EuroSys|PPoPP)[ \'’]?(\d\d)\b", "20{}"),
+        (r"\b(20\d\d)\b", "{}"),
+        (r"arXiv:(\d\d)\d\d\.\d{4,5}", "20{}"),
+    ):
+        found = re.search(pattern, locator)
+        if found:
+            return int(fmt.format(found.group(1)))
+    return None
+
+
+def _attention(year: int | None, notes: list[str]) -> AttentionKernel:
+    if year is not None and year < FLASH_IN_MEGATRON_YEAR:
+        notes.append(f"unfused attention (run dated {year})")
         return AttentionKernel.UNFUSED
     return AttentionKernel.FLASH
 
@@ -122,16 +144,22 @@ def _space(row: RunRow, notes: list[str]) -> SearchSpace:
             notes.append(f"{label} searched")
     if recompute is not None and recompute not in {r.value for r in Recompute}:
         raise Skip(f"recompute {recompute!r} not modelled")
+    year = run_year(row)
+    attention = _attention(year, notes)
+    modern = year is None or year >= SP_AND_SELECTIVE_YEAR
     return SearchSpace(
         tp=_fixed(row, "tp", notes, "tp"),
         pp=_fixed(row, "pp", notes, "pp"),
         dp=_fixed(row, "dp", notes, "dp"),
         micro_batch_size=_fixed(row, "micro_batch_size_seqs", notes, "mbs"),
         zero_stages=(zero,) if zero is not None else (0, 1, 2, 3),
-        recomputes=(Recompute(recompute),) if recompute else tuple(Recompute),
-        sequence_parallel=(sp,) if sp is not None else (False, True),
+        recomputes=(Recompute(recompute),)
+        if recompute
+        else (Recompute.NONE, Recompute.FULL)
+        + ((Recompute.SELECTIVE,) if modern and attention is AttentionKernel.UNFUSED else ()),
+        sequence_parallel=(sp,) if sp is not None else ((False, True) if modern else (False,)),
         precision=Precision(precision_text),
-        attention=_attention(row, notes),
+        attention=attention,
     )
 
 

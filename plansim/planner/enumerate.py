@@ -79,6 +79,8 @@ def _knobs(
         if zero > 0 and dp == 1:
             continue  # ZeRO without data parallelism is plain DP
         for recompute in space.recomputes:
+            if recompute is Recompute.SELECTIVE and space.attention is AttentionKernel.FLASH:
+                continue  # FlashAttention stores no s x s scores: selective == none
             for sp in space.sequence_parallel:
                 if sp and tp == 1:
                     continue

@@ -228,8 +228,11 @@ def lockstep_grid(
 
 
 def describe_wait(action: Action, rank: int, *, num_ranks: int, num_stages: int) -> str:
+    """Say what ``action`` (next on ``rank``) waits for, e.g. 'rank 0 waits at 0B0 for 1B0/1I0
+    (rank 1)'; used in deadlock messages of the checks and the engine."""
     need = needs(action, num_stages=num_stages)
-    assert need is not None  # an action without needs always runs
+    if need is None:
+        return f"rank {rank} stopped at {action}"
     signal, stage, mb = need
     producer = f"{stage}F{mb}" if signal is Signal.ACTIVATION else f"{stage}B{mb}/{stage}I{mb}"
     return f"rank {rank} waits at {action} for {producer} (rank {stage % num_ranks})"

@@ -20,6 +20,8 @@ bytes      float64 bytes moved (communication) or 0
 Rows are sorted by start_s, then rank, then stream (then end_s, kind, stage, microbatch,
 so the order is total). **Pipeline work** rows are those on the ``compute`` or ``tp``
 stream with ``stage >= 0``: the segments of F/B/I/W actions (TP collectives block compute).
+Rows of one (rank, stream) do not overlap, except on ``pp_recv``, where a rank may receive
+from both neighbours at once.
 """
 
 from __future__ import annotations
