@@ -41,8 +41,15 @@ def test_intra_node_alpha_beta_round_numbers() -> None:
     span = GroupSpan(size=8, members_per_node=8, num_nodes=1)
     t = collective_time_s(prof, collective="all_reduce", message_bytes=1e9, span=span)
     assert t == pytest.approx(10e-6 + 1.75 * 1e9 / 100e9)
-    assert collective_time_s(prof, collective="all_reduce", message_bytes=1e9, span=GroupSpan(
-        size=1, members_per_node=1, num_nodes=1)) == 0.0
+    assert (
+        collective_time_s(
+            prof,
+            collective="all_reduce",
+            message_bytes=1e9,
+            span=GroupSpan(size=1, members_per_node=1, num_nodes=1),
+        )
+        == 0.0
+    )
 
 
 def test_inter_node_bottleneck_is_nics_of_local_members() -> None:

@@ -238,7 +238,9 @@ def test_peak_in_flight_activations(p: int, m: int) -> None:
         stage_work(activation_bytes=10.0),
         rank=RankWork(static_bytes=1000.0, grad_sync=(), optimizer=()),
     )
-    one_f_one_b = simulate(build_actions(Schedule.ONE_F_ONE_B, num_ranks=p, num_microbatches=m), work)
+    one_f_one_b = simulate(
+        build_actions(Schedule.ONE_F_ONE_B, num_ranks=p, num_microbatches=m), work
+    )
     gpipe = simulate(build_actions(Schedule.GPIPE, num_ranks=p, num_microbatches=m), work)
     assert one_f_one_b.peak_memory_bytes == tuple(1000.0 + 10.0 * min(p - r, m) for r in range(p))
     assert gpipe.peak_memory_bytes == (1000.0 + 10.0 * m,) * p

@@ -81,7 +81,12 @@ def test_korthikanti_eq4_tp_sp_and_eq6_selective() -> None:
     )
     assert sel.stored_bytes == pytest.approx(34 * sbh / t, rel=1e-12)
     full = layer_activations(
-        GPT3, micro_batch_size=1, tp=t, sequence_parallel=False, recompute=Recompute.FULL, flash=False
+        GPT3,
+        micro_batch_size=1,
+        tp=t,
+        sequence_parallel=False,
+        recompute=Recompute.FULL,
+        flash=False,
     )
     assert full.stored_bytes == 2 * sbh
     # Korthikanti: selective recompute saves 70% of GPT-3's activation memory (5as/h = 80)

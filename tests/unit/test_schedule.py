@@ -71,7 +71,7 @@ def test_action_parse_rejects_malformed(text: str) -> None:
 
 
 def test_action_rejects_negative_index() -> None:
-    with pytest.raises(SpecError, match="action.microbatch"):
+    with pytest.raises(SpecError, match=r"action\.microbatch"):
         Action(stage=0, kind=ActionKind.FORWARD, microbatch=-1)
 
 
@@ -100,9 +100,7 @@ def test_csv_malformed_cell_names_row_and_column() -> None:
 def test_format_grid_matches_torch_layout() -> None:
     grid = [[Action.parse("0F0"), Action.parse("0B0")], [None, Action.parse("1F0")]]
     assert format_grid(grid, error_step=1, flagged=[(1, 1)]) == (
-        "        Rank 0 Rank 1\n"
-        "Step 0: 0F0\n"
-        "Step 1: 0B0    [1F0] <-- ERROR HERE\n"
+        "        Rank 0 Rank 1\nStep 0: 0F0\nStep 1: 0B0    [1F0] <-- ERROR HERE\n"
     )
 
 
@@ -122,20 +120,20 @@ def test_one_f_one_b_order() -> None:
     # Narayanan et al. SC21 Fig. 4 (top): warm-up p - r - 1 forwards, F/B pairs, cool-down.
     actions = build_actions(Schedule.ONE_F_ONE_B, num_ranks=4, num_microbatches=6)
     assert strs(actions) == [
-        "0F0 0F1 0F2 0F3 0B0 0F4 0B1 0F5 0B2 0B3 0B4 0B5".split(),
-        "1F0 1F1 1F2 1B0 1F3 1B1 1F4 1B2 1F5 1B3 1B4 1B5".split(),
-        "2F0 2F1 2B0 2F2 2B1 2F3 2B2 2F4 2B3 2F5 2B4 2B5".split(),
-        "3F0 3B0 3F1 3B1 3F2 3B2 3F3 3B3 3F4 3B4 3F5 3B5".split(),
+        ["0F0", "0F1", "0F2", "0F3", "0B0", "0F4", "0B1", "0F5", "0B2", "0B3", "0B4", "0B5"],
+        ["1F0", "1F1", "1F2", "1B0", "1F3", "1B1", "1F4", "1B2", "1F5", "1B3", "1B4", "1B5"],
+        ["2F0", "2F1", "2B0", "2F2", "2B1", "2F3", "2B2", "2F4", "2B3", "2F5", "2B4", "2B5"],
+        ["3F0", "3B0", "3F1", "3B1", "3F2", "3B2", "3F3", "3B3", "3F4", "3B4", "3F5", "3B5"],
     ]
 
 
 def test_one_f_one_b_with_fewer_microbatches_than_ranks() -> None:
     actions = build_actions(Schedule.ONE_F_ONE_B, num_ranks=4, num_microbatches=2)
     assert strs(actions) == [
-        "0F0 0F1 0B0 0B1".split(),
-        "1F0 1F1 1B0 1B1".split(),
-        "2F0 2F1 2B0 2B1".split(),
-        "3F0 3B0 3F1 3B1".split(),
+        ["0F0", "0F1", "0B0", "0B1"],
+        ["1F0", "1F1", "1B0", "1B1"],
+        ["2F0", "2F1", "2B0", "2B1"],
+        ["3F0", "3B0", "3F1", "3B1"],
     ]
 
 
@@ -235,7 +233,9 @@ def test_deadlock_is_reported_with_lockstep_grid() -> None:
 
 
 def test_lockstep_grid_of_gpipe() -> None:
-    grid = lockstep_grid(build_actions(Schedule.GPIPE, num_ranks=2, num_microbatches=2), num_stages=2)
+    grid = lockstep_grid(
+        build_actions(Schedule.GPIPE, num_ranks=2, num_microbatches=2), num_stages=2
+    )
     assert [[str(a) if a else "" for a in row] for row in grid] == [
         ["0F0", "0F1", "", "", "0B0", "0B1"],
         ["", "1F0", "1F1", "1B0", "1B1"],
@@ -273,12 +273,14 @@ def test_orders_match_torch(p: int, m: int) -> None:
     assert strs(gpipe) == _torch_compute_order(schedules.ScheduleGPipe, p, m)
     ours = strs(build_actions(Schedule.ONE_F_ONE_B, num_ranks=p, num_microbatches=m))
     theirs = _torch_compute_order(schedules.Schedule1F1B, p, m)
-    # torch's Schedule1F1B._get_pipeline_order (the IR, not the runtime) starts the last
-    # rank's steady phase at micro-batch 1 (torch 2.5-2.13: forward_mb starts at 0 and is
-    # incremented before use). Its _step_microbatches, which runs, does F0 B0 F1 B1 ...
-    # there, as we do. Compare all other ranks exactly.
     assert ours[:-1] == theirs[:-1]
+    # torch 2.13's Schedule1F1B._get_pipeline_order (the IR, not what runs) plans the last
+    # rank as F1 B0 F2 B1 ... F<m> B<m-1>: forward_mb starts at 0 and is incremented before
+    # use when there is no warm-up. Its _step_microbatches, which runs, does F0 B0 F1 B1 ...
+    # there, as we do. Compare the last rank only where torch's plan is a valid one.
     assert ours[-1] == [f"{p - 1}{k}{j}" for j in range(m) for k in "FB"]
+    if sorted(theirs[-1]) == sorted(ours[-1]):
+        assert ours[-1] == theirs[-1]
 
 
 def test_our_lists_pass_torchs_validator() -> None:

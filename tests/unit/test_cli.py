@@ -1,0 +1,201 @@
+"""CLI: plan, simulate, backtest, errors as one line (never a traceback)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from plansim.cli import main
+
+SIM = [
+    "simulate",
+    "--model",
+    "gpt3-175b",
+    "--gpu",
+    "a100-sxm4-80gb",
+    "--gpus",
+    "1024",
+    "--tp",
+    "8",
+    "--pp",
+    "16",
+    "--mbs",
+    "1",
+    "--gbs",
+    "1536",
+]
+
+
+def test_simulate_json_has_the_contract_fields(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*SIM, "--recompute", "full", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    for key in (
+        "step_time_s",
+        "tokens_per_s",
+        "mfu",
+        "hfu",
+        "bubble_fraction",
+        "peak_memory_bytes",
+        "memory_breakdown_bytes",
+    ):
+        assert key in doc
+    assert doc["plan"]["dp"] == 8 and doc["plan"]["num_microbatches"] == 192
+    assert set(doc["memory_breakdown_bytes"]) >= {"activations", "optimizer", "weights"}
+
+
+def test_simulate_is_byte_identical_across_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    main([*SIM, "--format", "json"])
+    first = capsys.readouterr().out
+    main([*SIM, "--format", "json"])
+    assert capsys.readouterr().out == first
+
+
+def test_simulate_rejects_plan_that_does_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
+    args = [
+        "simulate",
+        "--model",
+        "gpt3-175b",
+        "--gpu",
+        "a100-sxm4-80gb",
+        "--gpus",
+        "8",
+        "--tp",
+        "8",
+        "--pp",
+        "1",
+        "--mbs",
+        "1",
+        "--gbs",
+        "8",
+    ]
+    assert main(args) == 1
+    assert "stage 0 needs" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--dp", "4"], "tp(8) * pp(16) * dp(4) * cp(1) = 512 != --gpus(1024)"),
+        (["--zero", "5"], "zero_stage=5"),
+        (["--gbs", "1000"], "global_batch_size(1000) is not divisible by micro_batch_size(1)"),
+    ],
+)
+def test_simulate_bad_layout_is_one_clear_line(
+    extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*SIM, *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_unknown_model_and_profile_list_known_names(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", *SIM[1:3], "--gpu", "tpu-v9", *SIM[5:]]) == 2
+    err = capsys.readouterr().err
+    assert "unknown hardware profile 'tpu-v9'" in err and "a100-sxm4-80gb" in err
+    assert main(["simulate", "--model", "gpt-9", *SIM[3:]]) == 2
+    err = capsys.readouterr().err
+    assert "unknown model 'gpt-9'" in err and "llama3-70b" in err
+
+
+def test_plan_table_and_rejections(capsys: pytest.CaptureFixture[str]) -> None:
+    args = [
+        "plan",
+        "--model",
+        "megatron-1.7b",
+        "--gpu",
+        "a100-sxm4-80gb",
+        "--gpus",
+        "16",
+        "--gbs",
+        "64",
+        "--top",
+        "3",
+        "--simulate-top",
+        "6",
+    ]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "step_time_s" in out and "candidates:" in out
+    assert main([*args, "--format", "csv"]) == 0
+    rows = list(csv.DictReader(capsys.readouterr().out.splitlines()))
+    assert len(rows) == 3
+    assert [float(r["step_time_s"]) for r in rows] == sorted(float(r["step_time_s"]) for r in rows)
+    assert main([*args, "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert len(doc["plans"]) == 3 and "rejections" in doc
+
+
+def _runs_csv(tmp_path: Path, rows: list[dict[str, str]]) -> Path:
+    src = Path(__file__).resolve().parents[2].parent / "shared/reference/published_runs.csv"
+    header = next(csv.reader(src.open()))
+    path = tmp_path / "runs.csv"
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=header)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: r.get(k, "") for k in header})
+    return path
+
+
+BASE = {
+    "row_id": "R1",
+    "model_name": "tiny",
+    "num_layers": "24",
+    "hidden_size": "2304",
+    "num_attention_heads": "24",
+    "seq_len_tokens": "2048",
+    "vocab_size": "51200",
+    "gpu_type": "a100-sxm4-80gb",
+    "num_gpus": "8",
+    "tp": "1",
+    "pp": "1",
+    "dp": "8",
+    "micro_batch_size_seqs": "4",
+    "global_batch_size_seqs": "64",
+    "recompute": "full",
+    "zero_stage": "0",
+    "sequence_parallel": "no",
+    "precision": "bf16",
+    "step_time_s": "2.0",
+    "framework": "Megatron-LM (2022)",
+}
+
+
+def test_backtest_rows_summary_and_skips(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = _runs_csv(
+        tmp_path,
+        [
+            BASE,
+            {**BASE, "row_id": "R2", "gpu_type": "mi300x-192gb"},
+            {**BASE, "row_id": "R3", "precision": "fp4"},
+            {**BASE, "row_id": "R4", "micro_batch_size_seqs": "", "recompute": ""},
+        ],
+    )
+    out_csv = tmp_path / "pred.csv"
+    assert main(["backtest", str(runs), "--out", str(out_csv)]) == 0
+    out = capsys.readouterr().out
+    assert out.strip().splitlines()[-1].startswith("backtest: 4 runs, 2 skipped, mean |error| ")
+    rows = {r["row_id"]: r for r in csv.DictReader(out_csv.open())}
+    assert len(rows) == 4
+    assert rows["R1"]["status"] == "ok" and float(rows["R1"]["predicted_step_time_s"]) > 0
+    assert rows["R2"]["status"] == "skipped" and "mi300x" in rows["R2"]["note"]
+    assert rows["R3"]["status"] == "skipped" and "fp4" in rows["R3"]["note"]
+    assert "mbs searched" in rows["R4"]["note"] and "recompute searched" in rows["R4"]["note"]
+    err = float(rows["R1"]["step_time_error_pct"])
+    assert err == pytest.approx(
+        100 * (float(rows["R1"]["predicted_step_time_s"]) - 2) / 2, abs=0.01
+    )
+
+
+def test_backtest_malformed_cell_names_file_row_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = _runs_csv(tmp_path, [{**BASE, "num_gpus": "eight"}])
+    assert main(["backtest", str(runs)]) == 2
+    err = capsys.readouterr().err
+    assert "runs.csv: row R1 (line 2): column num_gpus: expected an integer, got 'eight'" in err
