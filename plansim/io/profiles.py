@@ -33,7 +33,6 @@ from plansim.units import (
     bytes_to_gib,
     flops_per_s_to_tflops,
     gb_per_s_to_bytes_per_s,
-    gb_to_bytes,
     gib_to_bytes,
     s_to_us,
     tflops_to_flops_per_s,

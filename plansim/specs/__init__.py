@@ -10,8 +10,8 @@ from plansim.specs.model import Activation, ModelSpec, Normalization, PositionEm
 from plansim.specs.plan import AttentionKernel, ParallelPlan, Precision, Recompute, Schedule
 
 __all__ = [
-    "AttentionKernel",
     "Activation",
+    "AttentionKernel",
     "CollectiveCurve",
     "Curve",
     "HardwareProfile",

@@ -60,7 +60,9 @@ class Curve:
 
     def __post_init__(self) -> None:
         if len(self.x) != len(self.y) or not self.x:
-            raise SpecError(f"curve needs equal, non-empty x and y (got {len(self.x)}, {len(self.y)})")
+            raise SpecError(
+                f"curve needs equal, non-empty x and y (got {len(self.x)}, {len(self.y)})"
+            )
         for i, (xi, yi) in enumerate(zip(self.x, self.y, strict=True)):
             require_positive(f"curve.x[{i}]", xi)
             require_positive(f"curve.y[{i}]", yi)

@@ -171,7 +171,5 @@ def check_plan_divides_model(
     if num_attention_heads % plan.tp:
         return f"num_attention_heads({num_attention_heads}) is not divisible by tp({plan.tp})"
     if num_query_groups % plan.tp and plan.tp % num_query_groups:
-        return (
-            f"num_query_groups({num_query_groups}) and tp({plan.tp}) do not divide one another"
-        )
+        return f"num_query_groups({num_query_groups}) and tp({plan.tp}) do not divide one another"
     return None

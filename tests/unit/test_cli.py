@@ -80,7 +80,7 @@ def test_simulate_rejects_plan_that_does_not_fit(capsys: pytest.CaptureFixture[s
     [
         (["--dp", "4"], "tp(8) * pp(16) * dp(4) * cp(1) = 512 != --gpus(1024)"),
         (["--zero", "5"], "zero_stage=5"),
-        (["--gbs", "1000"], "global_batch_size(1000) is not divisible by micro_batch_size(1)"),
+        (["--gbs", "1001"], "global_batch_size(1001) is not divisible by micro_batch_size(1)"),
     ],
 )
 def test_simulate_bad_layout_is_one_clear_line(
