@@ -66,10 +66,12 @@ def layer_elementwise_traffic(
 
 
 def adam_step_bytes(num_params: float) -> float:
-    """HBM bytes of one fused Adam step over ``num_params`` local parameters.
+    """HBM bytes of one mixed-precision optimizer step over ``num_params`` local parameters.
 
-    Reads fp32 main param, fp32 grad, m, v (16 B) and writes param, m, v (12 B) plus the
-    16-bit working copy (2 B); gradient-norm clipping reads the grads once more (4 B):
-    34 bytes per parameter (mixed-precision Adam as in Megatron-LM / apex FusedAdam).
+    The passes of Megatron-LM's ``Float16OptimizerWithFloat16Params`` with apex multi-tensor
+    kernels, per parameter: gradient L2 norm for clipping reads the fp32 grad (4 B); fused Adam
+    reads fp32 param, grad, m, v (16 B) and writes param, m, v (12 B); the fp32 main params
+    are copied into the 16-bit model params (read 4, write 2); the fp32 grad buffer is zeroed
+    for the next step (write 4): 42 bytes per parameter.
     """
-    return 34.0 * num_params
+    return 42.0 * num_params
