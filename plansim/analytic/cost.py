@@ -333,21 +333,33 @@ def build_pipeline_work(
         duration_s=p2p_time_s(profile, message_bytes=p2p_bytes, inter_node=groups.pp.num_nodes > 1),
         num_bytes=p2p_bytes,
     )
-    stages = tuple(
-        _stage_work(
-            s,
-            model=model,
-            plan=plan,
-            layer=layer,
-            edges=edges,
-            zero3=zero3,
-            p2p=p2p,
-            activation_bytes=microbatch_activation_bytes(model, plan, rank=s % plan.pp) / plan.vpp,
-        )
-        for s in range(plan.num_stages)
+    # A stage's work depends on its index only through first/last and whether it sits on
+    # rank 0 (embedding activations); a rank's only through first/last. Each kind is costed
+    # once: O(1) costings per plan instead of O(pp * vpp), with bit-identical results.
+    stage_kinds: dict[tuple[bool, bool, bool], StageWork] = {}
+    stages = []
+    for s in range(plan.num_stages):
+        key = (s == 0, s == plan.num_stages - 1, s % plan.pp == 0)
+        if key not in stage_kinds:
+            rank_bytes = microbatch_activation_bytes(model, plan, rank=s % plan.pp)
+            stage_kinds[key] = _stage_work(
+                s,
+                model=model,
+                plan=plan,
+                layer=layer,
+                edges=edges,
+                zero3=zero3,
+                p2p=p2p,
+                activation_bytes=rank_bytes / plan.vpp,
+            )
+        stages.append(stage_kinds[key])
+    rank_kinds: dict[tuple[bool, bool], RankWork] = {}
+    ranks = []
+    for r in range(plan.pp):
+        edge = (r == 0, r == plan.pp - 1)
+        if edge not in rank_kinds:
+            rank_kinds[edge] = _rank_work(r, model=model, plan=plan, profile=profile, groups=groups)
+        ranks.append(rank_kinds[edge])
+    return PipelineWork(
+        stages=tuple(stages), ranks=tuple(ranks), num_microbatches=plan.num_microbatches
     )
-    ranks = tuple(
-        _rank_work(r, model=model, plan=plan, profile=profile, groups=groups)
-        for r in range(plan.pp)
-    )
-    return PipelineWork(stages=stages, ranks=ranks, num_microbatches=plan.num_microbatches)

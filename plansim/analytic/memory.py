@@ -6,7 +6,8 @@ of Megatron-LM mixed precision (M02, ``docs/user-guide/features/dist_optimizer.m
 fp16 params/grads: 2 + 2 + 16 (fp32 main params, fp32 grad copy, Adam m, v); bf16 params with
 fp32 main grads: 2 + 4 + 12. Activations: ``plansim.analytic.activations`` times the
 micro-batches in flight on the rank (GPipe: m; 1F1B: min(p - r, m), so stage 0 holds the
-equivalent of all L layers, Korthikanti §4.2), plus the embedding output on the first stage
+equivalent of all L layers, Korthikanti §4.2; interleaved 1F1B: L(1 + (p - 1)/(p v)) on
+stage 0, Korthikanti §4.2.3), plus the embedding output on the first stage
 and logits on the last (Korthikanti §4.3). The profile's reserve covers CUDA context, NCCL
 buffers and fragmentation.
 """
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 from plansim.analytic.activations import layer_activations
 from plansim.analytic.params import count_parameters
+from plansim.schedule.builders import interleaved_warmup
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import AttentionKernel, ParallelPlan, Precision, Schedule
@@ -95,15 +97,25 @@ def rank_parameters(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float
     return sharded / plan.tp + replicated
 
 
-def microbatches_in_flight(plan: ParallelPlan, *, rank: int) -> int:
-    """Micro-batches whose activations rank ``rank`` holds at its peak.
+def microbatches_in_flight(plan: ParallelPlan, *, rank: int) -> float:
+    """Micro-batches' worth of the rank's activations (its L/pp layers) held at its peak.
 
     GPipe: all m (Huang et al. 2019); 1F1B: min(p - rank, m) (Narayanan et al. SC21 §2.2).
+    Interleaved 1F1B: the peak number of stored micro-batch *chunks* (each 1/v of the rank's
+    layers) divided by v. Rank r stores its w warm-up forwards plus the first steady-state
+    forward: ``min(w + 1, m v)`` chunks with ``w = min(2(p - r - 1) + (v - 1)p, m v)``
+    (Megatron-LM warm-up, see ``plansim.schedule.builders.interleaved_warmup``). For rank 0
+    with enough micro-batches that is (v p + p - 1)/v = p(1 + (p - 1)/(p v)) micro-batches, so
+    it holds L(1 + (p - 1)/(p v)) layers' worth (Korthikanti et al. 2022 §4.2.3; memory.md
+    "Interleaved schedule ... multiply by (1 + (p - 1)/(p m))" with m the chunks per rank).
     """
-    m = plan.num_microbatches
+    m, p, v = plan.num_microbatches, plan.pp, plan.vpp
     if plan.schedule is Schedule.GPIPE:
         return m
-    return min(plan.pp - rank, m)
+    if plan.schedule is Schedule.INTERLEAVED_1F1B:
+        warmup = interleaved_warmup(rank, num_ranks=p, num_microbatches=m, vpp=v)
+        return min(warmup + 1, m * v) / v
+    return min(p - rank, m)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -125,8 +137,12 @@ class MemoryBreakdown:
 
     @property
     def static_bytes(self) -> float:
-        """Everything except stored activations (what does not depend on micro-batches)."""
-        return self.total_bytes - self.activations_bytes
+        """Everything except stored activations (what does not depend on micro-batches).
+
+        Summed from the other components, so it does not depend on the activations (not
+        even in rounding): ranks with equal states get bit-identical static bytes.
+        """
+        return sum(v for k, v in self.as_dict().items() if k != "activations")
 
     def as_dict(self) -> dict[str, float]:
         """Path-keyed components in bytes, largest first order fixed for reports."""

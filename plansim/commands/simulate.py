@@ -12,7 +12,14 @@ from plansim.commands.common import add_model_args, resolve
 from plansim.errors import SpecError, require_positive_int
 from plansim.planner.evaluate import Rejected, evaluate
 from plansim.report.tables import evaluation_dict, memory_table, plan_row, render
-from plansim.specs.plan import AttentionKernel, ParallelPlan, Precision, Recompute, Schedule
+from plansim.specs.plan import (
+    AttentionKernel,
+    ParallelPlan,
+    Precision,
+    Recompute,
+    Schedule,
+    check_plan_divides_model,
+)
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -23,7 +30,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--pp", type=int, required=True, help="pipeline-parallel size")
     p.add_argument("--dp", type=int, default=None, help="data-parallel size (default: derived)")
     p.add_argument("--cp", type=int, default=1, help="context-parallel size (1 only for now)")
-    p.add_argument("--vpp", type=int, default=1, help="virtual pipeline stages per rank")
+    p.add_argument(
+        "--vpp",
+        type=int,
+        default=1,
+        help="virtual pipeline stages (model chunks) per rank; > 1 needs "
+        f"--schedule {Schedule.INTERLEAVED_1F1B.value}",
+    )
     p.add_argument("--mbs", type=int, required=True, help="micro-batch size (sequences)")
     p.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 (default 0)")
     p.add_argument("--recompute", choices=[r.value for r in Recompute], default="none")
@@ -68,9 +81,22 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Simulate and print; exit 1 when the plan is rejected (e.g. out of memory)."""
+    """Simulate and print; exit 1 when the plan is rejected (e.g. out of memory).
+
+    Raises:
+        SpecError: the flags describe a layout that cannot split the model (layers over
+            pp * vpp, heads over tp): a usage error (exit 2), not an infeasible plan.
+    """
     plan = plan_from_args(args)
     model, profile = resolve(args)
+    reason = check_plan_divides_model(
+        plan,
+        num_layers=model.num_layers,
+        num_attention_heads=model.num_attention_heads,
+        num_query_groups=model.num_query_groups,
+    )
+    if reason is not None:
+        raise SpecError(f"{model.name}: {reason}")
     outcome = evaluate(model, plan, profile)
     out = sys.stdout
     if isinstance(outcome, Rejected):

@@ -8,14 +8,17 @@ embeddings), SwiGLU rows as Llama-style (RMSNorm, no biases, RoPE, untied); the 
 A blank vocabulary is taken from the preset with the same (layers, hidden, heads), noted, or
 the row is skipped.
 
-Knobs: a blank tp, pp, dp, micro-batch size, recompute, ZeRO stage or sequence-parallel cell
-is searched (the fastest feasible value is used) and the note lists what was searched and
-chosen. A search only offers what existed when the run was made: the row is dated by its
-``framework`` column, else by its ``source_locator`` (a conference tag such as SC21 or
-MLSys 2023, or an arXiv id YYMM.NNNNN). Sequence parallelism and selective recompute entered
-Megatron-LM with Korthikanti et al. (arXiv:2205.05198, 2022); FlashAttention was published in
-2022 (Dao et al., arXiv:2205.14135) and became Megatron-LM's default path in 2023. An undated
-row is searched over everything.
+Knobs: a blank tp, pp, dp, micro-batch size, recompute, ZeRO stage, sequence-parallel or
+virtual_pipeline_size cell is searched (the fastest feasible value is used) and the note lists
+what was searched and chosen. A stated virtual_pipeline_size v > 1 is simulated with
+interleaved 1F1B at vpp = v only; v = 1 with the non-interleaved schedules. A search only
+offers what existed when the run was made: the row is dated by its ``framework`` column,
+else by its ``source_locator`` (a conference tag such as SC21 or MLSys 2023, or an arXiv id
+YYMM.NNNNN). Interleaved 1F1B entered Megatron-LM with Narayanan et al. (SC21,
+arXiv:2104.04473, 2021). Sequence parallelism and selective recompute entered Megatron-LM with
+Korthikanti et al. (arXiv:2205.05198, 2022); FlashAttention was published in 2022 (Dao et al.,
+arXiv:2205.14135) and became Megatron-LM's default path in 2023. An undated row is searched
+over everything.
 """
 
 from __future__ import annotations
@@ -30,10 +33,11 @@ from plansim.io.runs import RunRow
 from plansim.planner.enumerate import SearchSpace
 from plansim.planner.search import search
 from plansim.specs.model import Activation, ModelSpec, Normalization, PositionEmbedding
-from plansim.specs.plan import AttentionKernel, Precision, Recompute
+from plansim.specs.plan import AttentionKernel, Precision, Recompute, Schedule
 
 FLASH_IN_MEGATRON_YEAR = 2023
 SP_AND_SELECTIVE_YEAR = 2022
+INTERLEAVED_YEAR = 2021
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,9 +134,6 @@ def _space(row: RunRow, notes: list[str]) -> SearchSpace:
     precision_text = row.text("precision") or ""
     if precision_text not in {p.value for p in Precision}:
         raise Skip(f"precision {precision_text or 'blank'} not modelled")
-    vpp = row.integer("virtual_pipeline_size")
-    if vpp is not None and vpp > 1:
-        raise Skip(f"interleaved 1F1B (virtual_pipeline_size={vpp}) not modelled yet")
     cp = row.integer("cp")
     if cp is not None and cp > 1:
         raise Skip(f"context parallelism (cp={cp}) not modelled yet")
@@ -147,7 +148,10 @@ def _space(row: RunRow, notes: list[str]) -> SearchSpace:
     year = run_year(row)
     attention = _attention(year, notes)
     modern = year is None or year >= SP_AND_SELECTIVE_YEAR
+    vpps, schedules = _pipeline_schedule(row, year, notes)
     return SearchSpace(
+        vpps=vpps,
+        schedules=schedules,
         tp=_fixed(row, "tp", notes, "tp"),
         pp=_fixed(row, "pp", notes, "pp"),
         dp=_fixed(row, "dp", notes, "dp"),
@@ -161,6 +165,22 @@ def _space(row: RunRow, notes: list[str]) -> SearchSpace:
         precision=Precision(precision_text),
         attention=attention,
     )
+
+
+def _pipeline_schedule(
+    row: RunRow, year: int | None, notes: list[str]
+) -> tuple[tuple[int, ...] | None, tuple[Schedule, ...]]:
+    """(vpps, schedules) to search: a stated virtual_pipeline_size v > 1 means interleaved 1F1B
+    with vpp = v only; v = 1 the non-interleaved schedules; blank searches vpp (interleaving
+    only for runs dated from its introduction on)."""
+    flat = (Schedule.ONE_F_ONE_B, Schedule.GPIPE)
+    vpp = row.integer("virtual_pipeline_size")
+    if vpp is not None:
+        return (vpp,), ((Schedule.INTERLEAVED_1F1B,) if vpp > 1 else flat)
+    if year is not None and year < INTERLEAVED_YEAR:
+        return (1,), flat
+    notes.append("vpp searched")
+    return None, (*flat, Schedule.INTERLEAVED_1F1B)
 
 
 def predict_row(row: RunRow, *, simulate_top: int = 8) -> Prediction:

@@ -2,9 +2,12 @@
 
 Divisor generators in the style of calculon's execution search: every (tp, pp, dp) with
 tp * pp * dp = num_gpus, every micro-batch size that divides the per-replica batch, every ZeRO
-stage, recompute mode, sequence-parallel setting and schedule. Combinations that cannot be
-built (a model that does not split, memory) are rejected later by
-``plansim.planner.evaluate.check_plan`` with a reason, so the planner can count them.
+stage, recompute mode, sequence-parallel setting and schedule, and every virtual pipeline
+size (vpp): vpp = 1 with the non-interleaved schedules (GPipe, 1F1B), vpp > 1 with interleaved
+1F1B (Narayanan et al. SC21 §2.2.2). Combinations that cannot be built (a model that does not
+split, memory) are rejected later by ``plansim.planner.evaluate.check_plan`` with a reason, so
+the planner can count them; interleaved plans whose micro-batch count is not a multiple of pp
+(Megatron-LM's rule, see ``ParallelPlan``) are not generated at all.
 """
 
 from __future__ import annotations
@@ -26,9 +29,15 @@ class SearchSpace:
     """Which knob values the planner tries (all of them by default).
 
     Attributes:
-        tp, pp, micro_batch_size: fixed values to try, or None for every divisor.
+        tp, pp, dp, micro_batch_size: fixed values to try, or None for every divisor.
+        vpps: virtual pipeline sizes to try, or None for vpp = 1 plus every vpp in
+            2..``max_vpp`` dividing num_layers / pp (only with pp > 1, and only when the
+            enumeration is given num_layers). vpp = 1 pairs with the non-interleaved schedules,
+            vpp > 1 with interleaved 1F1B.
         max_micro_batch_size: largest micro-batch size tried when not fixed.
-        zero_stages, recomputes, sequence_parallel, schedules: values tried.
+        max_vpp: largest vpp tried when ``vpps`` is None (bounds the search and the events).
+        zero_stages, recomputes, sequence_parallel, schedules: values tried; leave
+            INTERLEAVED_1F1B out of ``schedules`` to search vpp = 1 only.
         precision, attention: fixed for the whole search.
     """
 
@@ -36,11 +45,17 @@ class SearchSpace:
     pp: tuple[int, ...] | None = None
     dp: tuple[int, ...] | None = None
     micro_batch_size: tuple[int, ...] | None = None
+    vpps: tuple[int, ...] | None = None
     max_micro_batch_size: int = 16
+    max_vpp: int = 8
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     recomputes: tuple[Recompute, ...] = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
     sequence_parallel: tuple[bool, ...] = (False, True)
-    schedules: tuple[Schedule, ...] = (Schedule.ONE_F_ONE_B, Schedule.GPIPE)
+    schedules: tuple[Schedule, ...] = (
+        Schedule.ONE_F_ONE_B,
+        Schedule.GPIPE,
+        Schedule.INTERLEAVED_1F1B,
+    )
     precision: Precision = Precision.BF16
     attention: AttentionKernel = AttentionKernel.FLASH
 
@@ -57,10 +72,34 @@ def _layouts(num_gpus: int, space: SearchSpace) -> Iterator[tuple[int, int, int]
                 yield tp, pp, dp
 
 
+def vpp_values(pp: int, *, num_layers: int | None, space: SearchSpace) -> tuple[int, ...]:
+    """Virtual pipeline sizes tried with ``pp`` pipeline ranks, increasing.
+
+    ``space.vpps`` when given (values > 1 dropped when pp == 1, since interleaving needs
+    several ranks); otherwise 1 plus every divisor v in 2..max_vpp of num_layers / pp
+    (a chunk must hold whole layers), or 1 alone when pp == 1 or num_layers is unknown
+    or not a multiple of pp.
+    """
+    if space.vpps is not None:
+        return tuple(sorted({v for v in space.vpps if v == 1 or pp > 1}))
+    if pp == 1 or num_layers is None or num_layers % pp:
+        return (1,)
+    per_rank = num_layers // pp
+    return (1, *(v for v in divisors(per_rank) if 1 < v <= space.max_vpp))
+
+
 def enumerate_plans(
-    *, num_gpus: int, global_batch_size: int, space: SearchSpace
+    *, num_gpus: int, global_batch_size: int, space: SearchSpace, num_layers: int | None = None
 ) -> Iterator[ParallelPlan]:
-    """Every candidate plan for ``num_gpus`` GPUs and ``global_batch_size`` sequences."""
+    """Every candidate plan for ``num_gpus`` GPUs and ``global_batch_size`` sequences.
+
+    Args:
+        num_gpus: GPUs in the job.
+        global_batch_size: sequences per optimizer step.
+        space: knob values to try.
+        num_layers: the model's layers; needed to search vpp when ``space.vpps`` is None
+            (without it only vpp = 1 is generated).
+    """
     for tp, pp, dp in _layouts(num_gpus, space):
         if global_batch_size % dp:
             continue
@@ -68,13 +107,29 @@ def enumerate_plans(
         mbs_values = space.micro_batch_size or tuple(
             d for d in divisors(per_replica) if d <= space.max_micro_batch_size
         )
+        vpps = vpp_values(pp, num_layers=num_layers, space=space)
         for mbs in mbs_values:
-            yield from _knobs(tp, pp, dp, mbs, global_batch_size, space)
+            if global_batch_size % (mbs * dp):
+                continue
+            for vpp in vpps:
+                yield from _knobs(tp, pp, dp, mbs, vpp, global_batch_size, space)
+
+
+def _schedules(pp: int, vpp: int, num_microbatches: int, space: SearchSpace) -> list[Schedule]:
+    """Schedules that go with (pp, vpp, m): interleaved for vpp > 1 (m a multiple of pp),
+    the others for vpp == 1 (GPipe only with pp > 1: one stage makes them coincide)."""
+    if vpp > 1:
+        ok = Schedule.INTERLEAVED_1F1B in space.schedules and num_microbatches % pp == 0
+        return [Schedule.INTERLEAVED_1F1B] if ok else []
+    return [
+        s for s in space.schedules if not s.interleaved and not (s is Schedule.GPIPE and pp == 1)
+    ]
 
 
 def _knobs(
-    tp: int, pp: int, dp: int, mbs: int, gbs: int, space: SearchSpace
+    tp: int, pp: int, dp: int, mbs: int, vpp: int, gbs: int, space: SearchSpace
 ) -> Iterator[ParallelPlan]:
+    schedules = _schedules(pp, vpp, gbs // (mbs * dp), space)
     for zero in space.zero_stages:
         if zero > 0 and dp == 1:
             continue  # ZeRO without data parallelism is plain DP
@@ -84,15 +139,12 @@ def _knobs(
             for sp in space.sequence_parallel:
                 if sp and tp == 1:
                     continue
-                for schedule in space.schedules:
-                    if schedule is Schedule.GPIPE and pp == 1:
-                        continue  # one stage: the schedules coincide
-                    if gbs % (mbs * dp):
-                        continue
+                for schedule in schedules:
                     yield ParallelPlan(
                         dp=dp,
                         tp=tp,
                         pp=pp,
+                        vpp=vpp,
                         micro_batch_size=mbs,
                         global_batch_size=gbs,
                         zero_stage=zero,

@@ -1,9 +1,10 @@
 """Search: enumerate, prune (divisibility, memory), estimate, simulate, rank by step time.
 
 Every candidate is checked (cheap, analytic). Feasible ones get an analytic estimate of the
-step time from their PipelineWork, (m + p - 1) x the slowest stage's F + B + sends, plus the
-slowest rank's gradient sync and optimizer (the 1F1B/GPipe critical path with uniform
-stages; Narayanan et al. SC21 §2.2). The ``simulate_top`` best estimates are then simulated
+step time from their PipelineWork (:func:`estimate_step_time_s`: the 1F1B/GPipe critical path
+(m + p - 1) x the slowest stage, or for interleaved 1F1B (m + (p - 1)/v) x the slowest rank,
+plus exposed sends; Narayanan et al. SC21 §2.2), plus the slowest rank's gradient sync and
+optimizer. The ``simulate_top`` best estimates are then simulated
 as events and ranked by simulated step time; the rest are counted as not simulated.
 """
 
@@ -45,20 +46,37 @@ class SearchResult:
 
 
 def estimate_step_time_s(work: PipelineWork) -> float:
-    """Analytic step time: (m + p - 1) x slowest (F + B + sends) + slowest (sync + optimizer)."""
-    per_mb = max(
-        sum(seg.duration_s for seg in st.forward)
-        + sum(seg.duration_s for seg in st.backward)
-        + st.send_forward.duration_s
-        + st.send_backward.duration_s
-        for st in work.stages
-    )
+    """Analytic step time of one pipeline replica, for ranking candidates before simulating.
+
+    v = 1 (GPipe, 1F1B): (m + p - 1) x the slowest stage's (F + B + sends) (Narayanan et al.
+    SC21 §2.2.1): 1F1B has no slack to hide a send, so every micro-batch pays them.
+
+    v > 1 (interleaved 1F1B): (m + (p - 1)/v) x the slowest rank's F + B per micro-batch
+    (summed over its v chunks; the bubble is 1/v of 1F1B's, §2.2.2), plus one forward and one
+    backward send per chunk boundary (p v - 1 of them): the first micro-batch's trip through
+    every stage. In steady state Megatron's 2(p - r - 1) extra warm-up forwards leave the slack
+    that hides the sends (measured on the engine with uniform costs: the pipeline time is
+    exactly 2(p v - 1) sends above the compute-only oracle).
+
+    Both plus the slowest rank's gradient sync and optimizer.
+    """
     tail = max(
         sum(seg.duration_s for seg in rk.grad_sync) + sum(seg.duration_s for seg in rk.optimizer)
         for rk in work.ranks
     )
-    slots = work.num_microbatches * work.num_stages // work.num_ranks + work.num_ranks - 1
-    return slots * per_mb + tail
+    m, p, num_stages = work.num_microbatches, work.num_ranks, work.num_stages
+    compute = [
+        sum(seg.duration_s for seg in st.forward) + sum(seg.duration_s for seg in st.backward)
+        for st in work.stages
+    ]
+    sends = [st.send_forward.duration_s + st.send_backward.duration_s for st in work.stages]
+    if num_stages == p:
+        return (m + p - 1) * max(c + s for c, s in zip(compute, sends, strict=True)) + tail
+    per_rank = [0.0] * p
+    for stage, seconds in enumerate(compute):
+        per_rank[work.rank_of_stage(stage)] += seconds
+    vpp = num_stages // p
+    return (m + (p - 1) / vpp) * max(per_rank) + (num_stages - 1) * max(sends) + tail
 
 
 def search(
@@ -76,7 +94,10 @@ def search(
     estimates: list[tuple[float, str, ParallelPlan]] = []
     num_candidates = 0
     for plan in enumerate_plans(
-        num_gpus=num_gpus, global_batch_size=global_batch_size, space=space
+        num_gpus=num_gpus,
+        global_batch_size=global_batch_size,
+        space=space,
+        num_layers=model.num_layers,
     ):
         num_candidates += 1
         why = check_plan(model, plan, profile)

@@ -2,11 +2,13 @@
 
 A builder returns, for every pipeline rank, the compute actions it executes in order.
 Placement follows Megatron: stage ``s`` lives on rank ``s % num_ranks`` (with vpp = 1,
-stage s is rank s). Orders match ``torch.distributed.pipelining``'s ``ScheduleGPipe`` and
-``Schedule1F1B`` (their ``_get_pipeline_order`` without the idle steps and REDUCE_GRAD).
+stage s is rank s; with vpp = v, rank r holds stages r, p + r, ..., (v - 1)p + r, its model
+chunks 0..v-1). Orders match ``torch.distributed.pipelining``'s ``ScheduleGPipe``,
+``Schedule1F1B`` and ``ScheduleInterleaved1F1B`` (their planned orders without the idle steps
+and communication actions).
 
-To add a schedule (interleaved 1F1B, ZB-H1): write a builder with the :data:`Builder`
-signature and register it in ``_BUILDERS``.
+To add a schedule (ZB-H1, ...): write a builder with the :data:`Builder` signature and
+register it in ``_BUILDERS``.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ _B = ActionKind.FULL_BACKWARD
 def _require_vpp_1(schedule: Schedule, vpp: int) -> None:
     if vpp != 1:
         raise SpecError(
-            f"schedule {schedule.value!r} with vpp={vpp} is not supported yet: "
-            "vpp > 1 needs an interleaved schedule, which is not built yet; use vpp=1"
+            f"schedule {schedule.value} needs vpp == 1 (got vpp={vpp}); "
+            f"use {Schedule.INTERLEAVED_1F1B.value}"
         )
 
 
@@ -72,9 +74,81 @@ def _one_f_one_b(num_ranks: int, num_microbatches: int, vpp: int) -> PerRankActi
     return tuple(_one_f_one_b_rank(r, num_ranks, num_microbatches) for r in range(num_ranks))
 
 
+def _interleaved_action(k: int, *, rank: int, num_ranks: int, vpp: int, kind: ActionKind) -> Action:
+    """The ``k``-th forward (or backward) of ``rank`` in the interleaved order.
+
+    Micro-batches go through the rank's chunks in groups of p: forwards k = 0..p-1 run chunk 0
+    on micro-batches 0..p-1, k = p..2p-1 chunk 1 on the same micro-batches, and so on; after
+    v groups the next p micro-batches start. Backwards visit the chunks in reverse order
+    (Megatron-LM ``get_model_chunk_id``; torch ``forward_stage_index`` /
+    ``backward_stage_index``). Stage = chunk * p + rank.
+    """
+    group, within = divmod(k, num_ranks)
+    chunk = group % vpp
+    if kind is _B:
+        chunk = vpp - 1 - chunk
+    microbatch = (group // vpp) * num_ranks + within
+    return Action(stage=chunk * num_ranks + rank, kind=kind, microbatch=microbatch)
+
+
+def interleaved_warmup(rank: int, *, num_ranks: int, num_microbatches: int, vpp: int) -> int:
+    """Warm-up forwards of ``rank`` in interleaved 1F1B: ``min(2(p - r - 1) + (v - 1)p, m v)``.
+
+    Megatron-LM ``forward_backward_pipelining_with_interleaving`` (``num_warmup_microbatches``)
+    and torch ``_get_warmup_ops`` (multiply_factor 2, microbatches_per_round p).
+    """
+    warmup = 2 * (num_ranks - rank - 1) + (vpp - 1) * num_ranks
+    return min(warmup, num_microbatches * vpp)
+
+
+def _interleaved_rank(
+    rank: int, num_ranks: int, num_microbatches: int, vpp: int
+) -> tuple[Action, ...]:
+    """Interleaved 1F1B order of one rank: warm-up, steady F/B pairs, cool-down."""
+    total = num_microbatches * vpp
+    warmup = interleaved_warmup(
+        rank, num_ranks=num_ranks, num_microbatches=num_microbatches, vpp=vpp
+    )
+    kw = {"rank": rank, "num_ranks": num_ranks, "vpp": vpp}
+    actions = [_interleaved_action(k, kind=_F, **kw) for k in range(warmup)]
+    for k in range(total - warmup):
+        actions.append(_interleaved_action(warmup + k, kind=_F, **kw))
+        actions.append(_interleaved_action(k, kind=_B, **kw))
+    actions += [_interleaved_action(k, kind=_B, **kw) for k in range(total - warmup, total)]
+    return tuple(actions)
+
+
+def _interleaved(num_ranks: int, num_microbatches: int, vpp: int) -> PerRankActions:
+    """Interleaved 1F1B (Narayanan et al. SC21 §2.2.2, Fig. 4 bottom; Megatron-LM virtual
+    pipeline; torch ``ScheduleInterleaved1F1B``).
+
+    Each rank holds v model chunks (stages r, p + r, ..., (v - 1)p + r). Rank r runs
+    ``w = min(2(p - r - 1) + (v - 1)p, m v)`` warm-up forwards, then ``m v - w`` pairs
+    (forward w + i, backward i), then the w remaining backwards, where forward/backward k is
+    mapped to a (chunk, micro-batch) by :func:`_interleaved_action`. With uniform costs the
+    bubble is (p - 1)(t_f + t_b)/v, 1/v of 1F1B's; rank 0 stores up to ``min(w + 1, m v)``
+    chunk activations, i.e. ``p + (p - 1)/v`` micro-batches' worth of its layers when
+    m >= p + (p - 1)/v (Korthikanti et al. 2022 §4.2.3: L(1 + (p - 1)/(p v)) layers).
+
+    Raises:
+        SpecError: vpp < 2, or m not a multiple of p (Megatron-LM's requirement; torch
+            relaxes it, we do not model that variant).
+    """
+    name = Schedule.INTERLEAVED_1F1B.value
+    if vpp < 2:
+        raise SpecError(f"schedule {name} needs vpp > 1 (got vpp={vpp}); use 1f1b")
+    if num_microbatches % num_ranks:
+        raise SpecError(
+            f"schedule {name} needs num_microbatches({num_microbatches}) to be a multiple "
+            f"of the pipeline ranks pp({num_ranks})"
+        )
+    return tuple(_interleaved_rank(r, num_ranks, num_microbatches, vpp) for r in range(num_ranks))
+
+
 _BUILDERS: dict[Schedule, Builder] = {
     Schedule.GPIPE: _gpipe,
     Schedule.ONE_F_ONE_B: _one_f_one_b,
+    Schedule.INTERLEAVED_1F1B: _interleaved,
 }
 
 

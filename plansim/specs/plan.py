@@ -43,10 +43,20 @@ class AttentionKernel(enum.Enum):
 
 
 class Schedule(enum.Enum):
-    """Pipeline schedule; action lists are built by ``plansim.schedule.builders``."""
+    """Pipeline schedule; action lists are built by ``plansim.schedule.builders``.
+
+    GPIPE and ONE_F_ONE_B run one model chunk per rank (vpp == 1); INTERLEAVED_1F1B runs
+    vpp > 1 chunks per rank (Narayanan et al. SC21 §2.2.2, Megatron-LM virtual pipeline).
+    """
 
     GPIPE = "gpipe"
     ONE_F_ONE_B = "1f1b"
+    INTERLEAVED_1F1B = "interleaved-1f1b"
+
+    @property
+    def interleaved(self) -> bool:
+        """True when the schedule runs several model chunks (vpp > 1) per rank."""
+        return self is Schedule.INTERLEAVED_1F1B
 
 
 def parse_enum(enum_cls: type[enum.Enum], field: str, value: object) -> enum.Enum:
@@ -76,13 +86,16 @@ class ParallelPlan:
             2 (+ gradients), 3 (+ parameters).
         recompute: activation recomputation mode.
         sequence_parallel: Megatron sequence parallelism (needs tp > 1).
-        schedule: pipeline schedule.
+        schedule: pipeline schedule; interleaved-1f1b needs vpp > 1, pp > 1 and a number of
+            micro-batches that is a multiple of pp (Megatron-LM's rule for interleaving);
+            gpipe and 1f1b need vpp == 1.
         precision: matmul precision.
         attention: attention kernel (FlashAttention drops the s x s activations and traffic).
 
     Raises:
         SpecError: a degree is not a positive integer, the global batch does not split into
-            micro-batches over dp, zero_stage is out of 0-3, or sequence_parallel with tp == 1.
+            micro-batches over dp, zero_stage is out of 0-3, sequence_parallel with tp == 1,
+            or vpp and the schedule do not go together (see ``schedule``).
     """
 
     dp: int
@@ -120,10 +133,30 @@ class ParallelPlan:
             )
         if self.sequence_parallel and self.tp == 1:
             raise SpecError("plan.sequence_parallel needs tp > 1 (got tp=1)")
-        if self.vpp > 1 and self.pp == 1:
-            raise SpecError(f"plan.vpp({self.vpp}) > 1 needs pp > 1 (got pp=1)")
+        self._check_schedule()
         if self.cp != 1:
             raise SpecError(f"plan.cp({self.cp}): context parallelism is not modelled yet; use 1")
+
+    def _check_schedule(self) -> None:
+        """vpp, pp and micro-batch count against the schedule (Megatron-LM's rules)."""
+        name = self.schedule.value
+        if not self.schedule.interleaved:
+            if self.vpp != 1:
+                raise SpecError(
+                    f"schedule {name} needs vpp == 1 (got vpp={self.vpp}); "
+                    f"use {Schedule.INTERLEAVED_1F1B.value}"
+                )
+            return
+        if self.vpp == 1:
+            raise SpecError(f"schedule {name} needs vpp > 1 (got vpp=1); use 1f1b")
+        if self.pp == 1:
+            raise SpecError(f"schedule {name} needs pp > 1 (got pp=1, vpp={self.vpp})")
+        if self.num_microbatches % self.pp:
+            raise SpecError(
+                f"schedule {name} needs num_microbatches({self.num_microbatches}) = "
+                f"global_batch_size({self.global_batch_size}) / (micro_batch_size"
+                f"({self.micro_batch_size}) * dp({self.dp})) to be a multiple of pp({self.pp})"
+            )
 
     @property
     def num_gpus(self) -> int:
@@ -141,7 +174,8 @@ class ParallelPlan:
         return self.pp * self.vpp
 
     def label(self) -> str:
-        """Compact one-line description, e.g. 'tp8 pp16 dp8 mbs1 zero1 selective sp 1f1b'."""
+        """Compact one-line description, e.g. 'tp8 pp16 dp8 mbs1 zero1 selective sp 1f1b' or
+        'tp8 pp8 dp1 vpp3 mbs1 zero0 full interleaved-1f1b' (vpp shown when > 1)."""
         parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
         if self.cp > 1:
             parts.append(f"cp{self.cp}")
@@ -161,13 +195,23 @@ def check_plan_divides_model(
 ) -> str | None:
     """Return why ``plan`` cannot split the model, or None when it can.
 
-    Checks: layers split evenly over pp * vpp stages; heads and query groups over tp.
+    Checks: layers split evenly over pp * vpp stages (each model chunk holds whole layers);
+    heads and query groups over tp. For a vpp that does not divide the layers per rank, the
+    reason lists the vpp values that do.
     """
     if num_layers % plan.num_stages:
-        return (
+        reason = (
             f"num_layers({num_layers}) is not divisible by pp({plan.pp}) * vpp({plan.vpp})"
             f" = {plan.num_stages}"
         )
+        if plan.vpp > 1 and num_layers % plan.pp == 0:
+            per_rank = num_layers // plan.pp
+            fits = [str(v) for v in range(2, per_rank + 1) if per_rank % v == 0]
+            reason += (
+                f": vpp must divide the {per_rank} layers per pipeline rank"
+                f" ({', '.join(fits) or 'none above 1'})"
+            )
+        return reason
     if num_attention_heads % plan.tp:
         return f"num_attention_heads({num_attention_heads}) is not divisible by tp({plan.tp})"
     if num_query_groups % plan.tp and plan.tp % num_query_groups:

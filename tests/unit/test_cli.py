@@ -81,6 +81,18 @@ def test_simulate_rejects_plan_that_does_not_fit(capsys: pytest.CaptureFixture[s
         (["--dp", "4"], "tp(8) * pp(16) * dp(4) * cp(1) = 512 != --gpus(1024)"),
         (["--zero", "5"], "zero_stage=5"),
         (["--gbs", "1001"], "global_batch_size(1001) is not divisible by micro_batch_size(1)"),
+        (["--vpp", "3"], "schedule 1f1b needs vpp == 1 (got vpp=3); use interleaved-1f1b"),
+        (
+            ["--schedule", "interleaved-1f1b", "--vpp", "4"],
+            "gpt3-175b: num_layers(96) is not divisible by pp(16) * vpp(4) = 64: "
+            "vpp must divide the 6 layers per pipeline rank (2, 3, 6)",
+        ),
+        (
+            ["--schedule", "interleaved-1f1b", "--vpp", "3", "--gbs", "192"],
+            "needs num_microbatches(24) = global_batch_size(192) / (micro_batch_size(1) * "
+            "dp(8)) to be a multiple of pp(16)",
+        ),
+        (["--schedule", "interleaved-1f1b"], "schedule interleaved-1f1b needs vpp > 1"),
     ],
 )
 def test_simulate_bad_layout_is_one_clear_line(
@@ -89,6 +101,18 @@ def test_simulate_bad_layout_is_one_clear_line(
     assert main([*SIM, *extra]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_simulate_interleaved(capsys: pytest.CaptureFixture[str]) -> None:
+    # gbs 256: m = 32 micro-batches per replica, a multiple of pp = 16.
+    base = [*SIM[:-1], "256", "--recompute", "full", "--format", "json"]
+    assert main([*base, "--schedule", "interleaved-1f1b", "--vpp", "2"]) == 0
+    interleaved = json.loads(capsys.readouterr().out)
+    assert main(base) == 0
+    flat = json.loads(capsys.readouterr().out)
+    assert interleaved["plan"]["vpp"] == 2 and interleaved["plan"]["schedule"] == "interleaved-1f1b"
+    assert interleaved["bubble_fraction"] < flat["bubble_fraction"]
+    assert interleaved["step_time_s"] < flat["step_time_s"]
 
 
 def test_unknown_model_and_profile_list_known_names(capsys: pytest.CaptureFixture[str]) -> None:
@@ -190,6 +214,31 @@ def test_backtest_rows_summary_and_skips(
     assert err == pytest.approx(
         100 * (float(rows["R1"]["predicted_step_time_s"]) - 2) / 2, abs=0.01
     )
+
+
+def test_backtest_interleaved_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 24 layers on pp 2: 12 per rank; dp 4, mbs 4, gbs 64 -> m = 4, a multiple of pp.
+    pipe = {**BASE, "tp": "1", "pp": "2", "dp": "4"}
+    runs = _runs_csv(
+        tmp_path,
+        [
+            {**pipe, "row_id": "V3", "virtual_pipeline_size": "3"},
+            {**pipe, "row_id": "V1", "virtual_pipeline_size": "1"},
+            {**pipe, "row_id": "VB"},
+        ],
+    )
+    out_csv = tmp_path / "pred.csv"
+    assert main(["backtest", str(runs), "--out", str(out_csv)]) == 0
+    capsys.readouterr()
+    rows = {r["row_id"]: r for r in csv.DictReader(out_csv.open())}
+    assert all(r["status"] == "ok" for r in rows.values()), rows
+    chosen = {k: r["note"].split("chosen: ")[1] for k, r in rows.items()}
+    assert "vpp3" in chosen["V3"] and "interleaved-1f1b" in chosen["V3"]
+    assert "vpp" not in chosen["V1"] and "interleaved" not in chosen["V1"]
+    assert "vpp searched" in rows["VB"]["note"] and "vpp searched" not in rows["V3"]["note"]
+    # the searched row may pick any vpp, so it is at least as fast as both fixed ones
+    best = float(rows["VB"]["predicted_step_time_s"])
+    assert best <= min(float(rows[k]["predicted_step_time_s"]) for k in ("V1", "V3"))
 
 
 def test_backtest_malformed_cell_names_file_row_field(

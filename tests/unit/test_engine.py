@@ -11,11 +11,12 @@ import time
 import pandas as pd
 import pytest
 
+from plansim.analytic.memory import microbatches_in_flight
 from plansim.schedule import Action, ScheduleError, build_actions
 from plansim.schedule.actions import PerRankActions
 from plansim.sim import COLUMNS, SimResult, make_timeline, simulate, validate_timeline
 from plansim.sim.timeline import TimelineError
-from plansim.specs.plan import Schedule
+from plansim.specs.plan import ParallelPlan, Schedule
 from plansim.specs.work import P2P, PipelineWork, RankWork, Segment, StageWork
 
 MS = 1e-3
@@ -230,6 +231,60 @@ def test_uniform_bubble_matches_closed_form(schedule: Schedule, p: int, m: int) 
     assert result.per_rank_bubble_fraction == pytest.approx((expected,) * p, abs=1e-12)
 
 
+@pytest.mark.parametrize(("p", "v", "m"), [(2, 2, 2), (4, 2, 8), (4, 3, 4), (3, 2, 6), (8, 4, 16)])
+def test_interleaved_uniform_bubble_is_one_vth_of_1f1b(p: int, v: int, m: int) -> None:
+    # Narayanan et al. SC21 §2.2.2: with t_f, t_b the per-micro-batch times of a rank's layers,
+    # the interleaved bubble is (p-1)(t_f + t_b)/v against the ideal m(t_f + t_b), so
+    # bubble_fraction = ((p-1)/v) / (m + (p-1)/v). Each chunk: F = B = 1 (t_f = t_b = v).
+    chunk = stage_work(forward=(seg("forward", 1.0),), backward=(seg("backward", 1.0),), p2p_s=0.0)
+    actions = build_actions(Schedule.INTERLEAVED_1F1B, num_ranks=p, num_microbatches=m, vpp=v)
+    result = simulate(actions, pipeline(p, m, chunk, num_stages=p * v))
+    expected = ((p - 1) / v) / (m + (p - 1) / v)
+    assert result.pipeline_time_s == pytest.approx(2.0 * m * v + 2.0 * (p - 1), abs=TOL)
+    assert result.bubble_fraction == pytest.approx(expected, abs=1e-12)
+    assert result.per_rank_bubble_fraction == pytest.approx((expected,) * p, abs=1e-12)
+    # 1F1B on the same layers (one stage per rank: F = B = v) idles v times as long.
+    whole = stage_work(
+        forward=(seg("forward", float(v)),), backward=(seg("backward", float(v)),), p2p_s=0.0
+    )
+    flat = simulate(
+        build_actions(Schedule.ONE_F_ONE_B, num_ranks=p, num_microbatches=m), pipeline(p, m, whole)
+    )
+    busy = 2.0 * m * v
+    assert (flat.pipeline_time_s - busy) == pytest.approx(v * (result.pipeline_time_s - busy))
+    # ... so its bubble fraction is close to 1/v of 1F1B's (the ideal time is the same):
+    # (p-1)/v / (m + (p-1)/v) lies between (p-1)/(v(m + p - 1)) and (p-1)/(v m).
+    assert flat.bubble_fraction / v < result.bubble_fraction
+    assert result.bubble_fraction < flat.bubble_fraction / v * (m + p - 1) / m
+
+
+@pytest.mark.parametrize(("p", "v", "m"), [(4, 2, 8), (4, 3, 4), (2, 4, 6), (4, 3, 12)])
+def test_interleaved_peak_memory_matches_analytic_in_flight(p: int, v: int, m: int) -> None:
+    # Each chunk stores 1/v of the rank's per-micro-batch bytes (cost.py): 30 / v per chunk.
+    per_microbatch = 30.0
+    work = pipeline(
+        p,
+        m,
+        stage_work(activation_bytes=per_microbatch / v),
+        rank=RankWork(static_bytes=1000.0, grad_sync=(), optimizer=()),
+        num_stages=p * v,
+    )
+    actions = build_actions(Schedule.INTERLEAVED_1F1B, num_ranks=p, num_microbatches=m, vpp=v)
+    result = simulate(actions, work)
+    plan = ParallelPlan(
+        dp=1,
+        tp=1,
+        pp=p,
+        vpp=v,
+        micro_batch_size=1,
+        global_batch_size=m,
+        schedule=Schedule.INTERLEAVED_1F1B,
+    )
+    analytic = [1000.0 + per_microbatch * microbatches_in_flight(plan, rank=r) for r in range(p)]
+    assert result.peak_memory_bytes == pytest.approx(analytic, rel=1e-12)
+    assert result.memory.groupby("rank")["bytes"].last().tolist() == [1000.0] * p
+
+
 @pytest.mark.parametrize(("p", "m"), [(4, 8), (4, 2), (3, 3)])
 def test_peak_in_flight_activations(p: int, m: int) -> None:
     work = pipeline(
@@ -365,6 +420,29 @@ def test_two_runs_give_identical_frames() -> None:
     sort_keys = ["start_s", "rank", "stream"]
     ordered = first.timeline.sort_values(sort_keys, kind="stable").reset_index(drop=True)
     pd.testing.assert_frame_equal(ordered, first.timeline)
+
+
+def test_interleaved_runs_give_identical_frames() -> None:
+    p, v, m = 4, 2, 8
+    stages = tuple(
+        stage_work(
+            forward=(seg("forward", (1 + 0.1 * s) * MS), seg("tp_comm", 0.05 * MS, "tp")),
+            backward=(seg("backward", (2 + 0.3 * s) * MS),),
+            p2p_s=(0.1 + 0.01 * s) * MS,
+            activation_bytes=1e6 * (s + 1),
+        )
+        for s in range(p * v)
+    )
+    work = PipelineWork(stages=stages, ranks=_uneven_work(p, m).ranks, num_microbatches=m)
+    actions = build_actions(Schedule.INTERLEAVED_1F1B, num_ranks=p, num_microbatches=m, vpp=v)
+    first, second = simulate(actions, work), simulate(actions, work)
+    pd.testing.assert_frame_equal(first.timeline, second.timeline)
+    pd.testing.assert_frame_equal(first.memory, second.memory)
+    validate_timeline(first.timeline)
+    # chunk boundaries cross ranks (stage 3 on rank 3 -> stage 4 on rank 0): real transfers
+    sends = first.timeline[first.timeline["kind"] == "send_forward"]
+    assert len(sends) == m * (p * v - 1)
+    assert set(sends[sends["stage"] == 3]["rank"]) == {3}
 
 
 def test_validate_timeline_rejects_broken_frames() -> None:

@@ -14,6 +14,7 @@ from plansim.analytic.memory import (
 )
 from plansim.analytic.params import count_parameters
 from plansim.catalog import resolve_model
+from plansim.errors import SpecError
 from plansim.specs.plan import ParallelPlan, Precision, Recompute, Schedule
 
 ZERO_PAPER = StateBytesPerParam(param=2.0, grad=2.0, optimizer=12.0)  # K = 12 (M01 §5)
@@ -124,3 +125,51 @@ def test_stage_parameters_sum_to_model_with_tied_copy() -> None:
     # the last stage keeps a copy of the tied word embedding for the output layer (Megatron)
     assert sum(per_rank) == pytest.approx(counts.total + counts.embedding, rel=1e-12)
     assert per_rank[0] > per_rank[1] and per_rank[-1] > per_rank[1]
+
+
+def _interleaved(**kw) -> ParallelPlan:
+    base = dict(dp=1, tp=8, pp=8, vpp=3, micro_batch_size=1, global_batch_size=64) | {
+        "schedule": Schedule.INTERLEAVED_1F1B
+    }
+    base.update(kw)
+    return ParallelPlan(**base)
+
+
+def test_inflight_interleaved_matches_korthikanti_on_rank_0() -> None:
+    # Korthikanti et al. 2022 §4.2.3 (memory.md): interleaving multiplies the first stage's
+    # activations by 1 + (p-1)/(p v). GPT-3 175B, p = 8, v = 3, m = 64 (their Table 3 layout):
+    # rank 0 holds 96 * (1 + 7/24) = 124 layers' worth = 124 / 12 = 31/3 micro-batches of its
+    # 12 layers, i.e. (v p + p - 1) = 31 stored chunks of 4 layers.
+    plan = _interleaved()
+    assert microbatches_in_flight(plan, rank=0) == pytest.approx(31 / 3, rel=1e-15)
+    layers = microbatches_in_flight(plan, rank=0) * GPT3.num_layers / plan.pp
+    assert layers == pytest.approx(GPT3.num_layers * (1 + (8 - 1) / (8 * 3)), rel=1e-15)
+    # the last rank warms up (v - 1) p = 16 chunks and stores one more: 17 chunks
+    assert microbatches_in_flight(plan, rank=7) == pytest.approx(17 / 3, rel=1e-15)
+    # 1F1B on the same layers: p = 8 micro-batches on rank 0
+    flat = _interleaved(vpp=1, schedule=Schedule.ONE_F_ONE_B)
+    assert microbatches_in_flight(flat, rank=0) == 8
+
+
+def test_inflight_interleaved_is_capped_by_the_microbatches() -> None:
+    # m = p: rank 0's warm-up 2(p-1) + (v-1)p = 30 exceeds its m v = 24 chunks, so it runs
+    # every forward first and holds all m = 8 micro-batches (less than 31/3).
+    plan = _interleaved(global_batch_size=8)
+    assert microbatches_in_flight(plan, rank=0) == 8
+    assert microbatches_in_flight(plan, rank=7) == pytest.approx(17 / 3, rel=1e-15)
+
+
+def test_interleaved_plan_validation_names_values() -> None:
+    with pytest.raises(SpecError) as info:
+        _interleaved(schedule=Schedule.ONE_F_ONE_B)
+    assert str(info.value) == "schedule 1f1b needs vpp == 1 (got vpp=3); use interleaved-1f1b"
+    with pytest.raises(SpecError, match=r"schedule gpipe needs vpp == 1 \(got vpp=2\)"):
+        _interleaved(vpp=2, schedule=Schedule.GPIPE)
+    with pytest.raises(SpecError, match=r"interleaved-1f1b needs vpp > 1 \(got vpp=1\)"):
+        _interleaved(vpp=1)
+    with pytest.raises(SpecError, match=r"interleaved-1f1b needs pp > 1 \(got pp=1, vpp=3\)"):
+        _interleaved(pp=1)
+    with pytest.raises(SpecError) as info:
+        _interleaved(global_batch_size=12)
+    assert "num_microbatches(12)" in str(info.value) and "multiple of pp(8)" in str(info.value)
+    assert _interleaved().label() == "tp8 pp8 dp1 vpp3 mbs1 zero0 none interleaved-1f1b"

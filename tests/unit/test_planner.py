@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import pytest
 
+from plansim.analytic.memory import microbatch_activation_bytes, rank_memory
 from plansim.catalog import resolve_model
 from plansim.errors import SpecError
 from plansim.io.profiles import load_profile
-from plansim.planner.enumerate import SearchSpace, divisors, enumerate_plans
+from plansim.planner.enumerate import SearchSpace, divisors, enumerate_plans, vpp_values
 from plansim.planner.evaluate import Evaluation, Rejected, check_plan, evaluate
-from plansim.planner.search import search
+from plansim.planner.search import estimate_step_time_s, search
+from plansim.schedule import build_actions
+from plansim.sim import simulate
 from plansim.specs.plan import ParallelPlan, Recompute, Schedule
+from plansim.specs.work import P2P, PipelineWork, RankWork, Segment, StageWork
 from tests.unit.synthetic import round_profile
 
 A100 = load_profile("a100-sxm4-80gb")
@@ -110,3 +114,121 @@ def test_gpt3_published_layout_metrics_are_consistent() -> None:
     assert 0 < ev.mfu < ev.hfu < 1
     assert ev.hfu / ev.mfu == pytest.approx(4 / 3, rel=0.02)  # full recompute: 4 passes vs 3
     assert ev.peak_memory_bytes <= A100.hbm_capacity_bytes
+
+
+def _one_knob_space(**kw) -> SearchSpace:
+    base = dict(
+        zero_stages=(0,),
+        recomputes=(Recompute.NONE,),
+        sequence_parallel=(False,),
+        micro_batch_size=(1,),
+        tp=(1,),
+    )
+    base.update(kw)
+    return SearchSpace(**base)
+
+
+def test_vpp_values_divide_layers_per_rank() -> None:
+    space = SearchSpace()
+    assert vpp_values(2, num_layers=24, space=space) == (1, 2, 3, 4, 6)  # 12 > max_vpp 8
+    assert vpp_values(8, num_layers=24, space=space) == (1, 3)
+    assert vpp_values(1, num_layers=24, space=space) == (1,)  # interleaving needs pp > 1
+    assert vpp_values(5, num_layers=24, space=space) == (1,)  # pp does not split the layers
+    assert vpp_values(2, num_layers=None, space=space) == (1,)
+    assert vpp_values(1, num_layers=24, space=SearchSpace(vpps=(1, 3))) == (1,)
+    assert vpp_values(4, num_layers=24, space=SearchSpace(vpps=(3, 1))) == (1, 3)
+
+
+def test_enumeration_pairs_vpp_with_schedules() -> None:
+    # 24 layers on 8 GPUs, tp = 1, mbs = 1, gbs = 8: pp 2 (dp 4, m 2), 4 (dp 2, m 4), 8 (m 8).
+    plans = list(
+        enumerate_plans(num_gpus=8, global_batch_size=8, space=_one_knob_space(), num_layers=24)
+    )
+    got = sorted((p.pp, p.vpp, p.schedule.value) for p in plans)
+    flat = [(pp, 1, s) for pp in (2, 4, 8) for s in ("1f1b", "gpipe")] + [(1, 1, "1f1b")]
+    interleaved = [(2, v, "interleaved-1f1b") for v in (2, 3, 4, 6)]  # m = 2: a multiple of 2
+    interleaved += [(4, v, "interleaved-1f1b") for v in (2, 3, 6)]  # m = 4
+    interleaved += [(8, 3, "interleaved-1f1b")]  # m = 8
+    assert got == sorted(flat + interleaved)
+    # mbs 2: m = 1, 2, 4 for pp = 2, 4, 8, never a multiple of pp: no interleaved plan
+    plans = list(
+        enumerate_plans(
+            num_gpus=8,
+            global_batch_size=8,
+            space=_one_knob_space(micro_batch_size=(2,)),
+            num_layers=24,
+        )
+    )
+    assert {(p.pp, p.vpp) for p in plans} == {(2, 1), (4, 1), (8, 1)}
+    no_interleaving = _one_knob_space(schedules=(Schedule.ONE_F_ONE_B,))
+    plans = list(
+        enumerate_plans(num_gpus=8, global_batch_size=8, space=no_interleaving, num_layers=24)
+    )
+    assert {p.vpp for p in plans} == {1}
+
+
+def _uniform_chunks(p: int, v: int, m: int, *, send_s: float) -> PipelineWork:
+    def segs(kind: str, seconds: float) -> tuple[Segment, ...]:
+        return (Segment(kind=kind, stream="compute", duration_s=seconds),)
+
+    chunk = StageWork(
+        forward=segs("forward", 1.0 / v),
+        backward=segs("backward", 2.0 / v),
+        backward_input=(),
+        backward_weight=(),
+        send_forward=P2P(duration_s=send_s, num_bytes=1.0),
+        send_backward=P2P(duration_s=send_s, num_bytes=1.0),
+        activation_bytes=0.0,
+    )
+    rank = RankWork(static_bytes=0.0, grad_sync=(), optimizer=())
+    return PipelineWork(stages=(chunk,) * (p * v), ranks=(rank,) * p, num_microbatches=m)
+
+
+@pytest.mark.parametrize(("p", "v", "m"), [(4, 2, 16), (4, 4, 16), (8, 3, 32)])
+def test_interleaved_estimate_matches_uniform_simulation(p: int, v: int, m: int) -> None:
+    # (m + (p-1)/v) x 3 s of compute per micro-batch and rank, plus 2 (p v - 1) exposed sends.
+    work = _uniform_chunks(p, v, m, send_s=0.05)
+    actions = build_actions(Schedule.INTERLEAVED_1F1B, num_ranks=p, num_microbatches=m, vpp=v)
+    simulated = simulate(actions, work).step_time_s
+    expected = (m + (p - 1) / v) * 3.0 + 2 * (p * v - 1) * 0.05
+    assert estimate_step_time_s(work) == pytest.approx(expected, rel=1e-12)
+    assert simulated == pytest.approx(expected, rel=1e-9)
+
+
+def test_interleaved_engine_peak_memory_equals_analytic() -> None:
+    # megatron-1.7b (24 layers) on the round-number profile: pp 4, vpp 3, m 8 micro-batches.
+    # Rank 0 stores 2(p-1) + (v-1)p + 1 = 15 chunks = 5 micro-batches of its 6 layers
+    # = 4 (1 + 3/12) (Korthikanti §4.2.3); the engine, fed per-chunk bytes by cost.py, must
+    # reach the analytic total of every rank exactly.
+    model = resolve_model("megatron-1.7b")
+    prof = round_profile()
+    plan = ParallelPlan(
+        dp=1,
+        tp=1,
+        pp=4,
+        vpp=3,
+        micro_batch_size=1,
+        global_batch_size=8,
+        recompute=Recompute.FULL,
+        schedule=Schedule.INTERLEAVED_1F1B,
+    )
+    ev = evaluate(model, plan, prof)
+    assert isinstance(ev, Evaluation)
+    per_mb = microbatch_activation_bytes(model, plan, rank=0)
+    analytic = rank_memory(model, plan, prof, rank=0)
+    assert analytic.activations_bytes == pytest.approx(5 * per_mb, rel=1e-15)
+    for rank in range(plan.pp):
+        total = rank_memory(model, plan, prof, rank=rank).total_bytes
+        assert ev.result.peak_memory_bytes[rank] == pytest.approx(total, rel=1e-12)
+
+
+def test_search_offers_interleaving_and_it_wins_the_bubble() -> None:
+    # On the round-number profile the interleaved layouts of one (tp, pp, dp, mbs) beat 1F1B.
+    model = resolve_model("megatron-1.7b")
+    space = _one_knob_space(recomputes=(Recompute.FULL,), pp=(4,), dp=(2,))
+    result = search(model, round_profile(), num_gpus=8, global_batch_size=16, space=space)
+    by_vpp = {ev.plan.vpp: ev for ev in result.ranked if ev.plan.schedule is not Schedule.GPIPE}
+    assert sorted(by_vpp) == [1, 2, 3, 6]
+    assert by_vpp[2].step_time_s < by_vpp[1].step_time_s
+    assert by_vpp[2].bubble_fraction < by_vpp[1].bubble_fraction
+    assert result.ranked[0].plan.schedule is Schedule.INTERLEAVED_1F1B

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -20,6 +21,9 @@ from plansim.schedule import (
 )
 from plansim.schedule.actions import PerRankActions
 from plansim.specs.plan import Schedule
+
+#: The schedules with one model chunk per rank (vpp == 1).
+FLAT = [s for s in Schedule if not s.interleaved]
 
 
 def acts(*rows: str) -> PerRankActions:
@@ -153,7 +157,7 @@ def test_in_flight_microbatches(p: int, m: int) -> None:
     assert [_max_in_flight(row) for row in gpipe] == [m] * p
 
 
-@pytest.mark.parametrize("schedule", list(Schedule))
+@pytest.mark.parametrize("schedule", FLAT)
 @pytest.mark.parametrize(("p", "m"), [(1, 1), (2, 1), (2, 2), (4, 3), (4, 9), (8, 32)])
 def test_built_schedules_pass_checks_and_take_2_m_plus_p_minus_1_steps(
     schedule: Schedule, p: int, m: int
@@ -164,10 +168,59 @@ def test_built_schedules_pass_checks_and_take_2_m_plus_p_minus_1_steps(
     assert max(len(row) for row in grid) == 2 * (m + p - 1)
 
 
-@pytest.mark.parametrize("schedule", list(Schedule))
-def test_vpp_above_one_is_not_supported_yet(schedule: Schedule) -> None:
-    with pytest.raises(SpecError, match="vpp=2 is not supported yet"):
+@pytest.mark.parametrize("schedule", FLAT)
+def test_flat_schedules_refuse_vpp_above_one(schedule: Schedule) -> None:
+    message = f"schedule {schedule.value} needs vpp == 1 (got vpp=2); use interleaved-1f1b"
+    with pytest.raises(SpecError) as info:
         build_actions(schedule, num_ranks=4, num_microbatches=8, vpp=2)
+    assert str(info.value) == message
+
+
+def test_interleaved_order() -> None:
+    # Worked by hand from Megatron-LM's rule (Narayanan et al. SC21 §2.2.2): p = 2, v = 2,
+    # m = 4; rank r holds stages r (chunk 0) and 2 + r (chunk 1). Forward k runs chunk
+    # (k // 2) % 2 on micro-batch (k // 4) * 2 + k % 2; backward k the other chunk first.
+    # Warm-up: rank 0 2*(2-0-1) + (2-1)*2 = 4 forwards, rank 1 0 + 2 = 2.
+    actions = build_actions(Schedule.INTERLEAVED_1F1B, num_ranks=2, num_microbatches=4, vpp=2)
+    assert [" ".join(row) for row in strs(actions)] == [
+        "0F0 0F1 2F0 2F1 0F2 2B0 0F3 2B1 2F2 0B0 2F3 0B1 2B2 2B3 0B2 0B3",
+        "1F0 1F1 3F0 3B0 3F1 3B1 1F2 1B0 1F3 1B1 3F2 3B2 3F3 3B3 1B2 1B3",
+    ]
+
+
+@pytest.mark.parametrize(("p", "v", "m"), [(2, 2, 2), (2, 2, 4), (4, 2, 8), (3, 3, 6), (4, 4, 4)])
+def test_interleaved_passes_checks_and_takes_2_m_v_plus_2_p_minus_2_steps(
+    p: int, v: int, m: int
+) -> None:
+    # Unit-time lockstep: each rank computes 2 m v chunk steps; the bubble is (p - 1)(F + B)
+    # per rank with F = B = v chunk steps per micro-batch divided by v (Narayanan §2.2.2).
+    actions = build_actions(Schedule.INTERLEAVED_1F1B, num_ranks=p, num_microbatches=m, vpp=v)
+    check_actions(actions, num_microbatches=m, vpp=v)
+    grid = lockstep_grid(actions, num_stages=p * v)
+    assert max(len(row) for row in grid) == 2 * m * v + 2 * (p - 1)
+    for rank, row in enumerate(actions):
+        assert {a.stage for a in row} == {c * p + rank for c in range(v)}
+
+
+@pytest.mark.parametrize(("p", "v", "m"), [(4, 2, 8), (4, 2, 4), (4, 3, 12), (2, 4, 2)])
+def test_interleaved_in_flight_chunks(p: int, v: int, m: int) -> None:
+    # Megatron warm-up w = min(2(p - r - 1) + (v - 1)p, m v); one more chunk is stored by the
+    # first steady-state forward before the first backward frees one.
+    actions = build_actions(Schedule.INTERLEAVED_1F1B, num_ranks=p, num_microbatches=m, vpp=v)
+    expected = [min(min(2 * (p - r - 1) + (v - 1) * p, m * v) + 1, m * v) for r in range(p)]
+    assert [_max_in_flight(row) for row in actions] == expected
+
+
+@pytest.mark.parametrize(
+    ("p", "m", "v", "message"),
+    [
+        (4, 6, 2, "needs num_microbatches(6) to be a multiple of the pipeline ranks pp(4)"),
+        (4, 8, 1, "needs vpp > 1 (got vpp=1); use 1f1b"),
+    ],
+)
+def test_interleaved_builder_rejects_bad_counts(p: int, m: int, v: int, message: str) -> None:
+    with pytest.raises(SpecError, match=re.escape(message)):
+        build_actions(Schedule.INTERLEAVED_1F1B, num_ranks=p, num_microbatches=m, vpp=v)
 
 
 @pytest.mark.parametrize("field", ["num_ranks", "num_microbatches", "vpp"])
@@ -283,18 +336,48 @@ def test_orders_match_torch(p: int, m: int) -> None:
         assert ours[-1] == theirs[-1]
 
 
-def test_our_lists_pass_torchs_validator() -> None:
+def _torch_interleaved_order(schedule_cls: type, p: int, v: int, m: int) -> list[list[str]]:
+    """torch's ``ScheduleInterleaved1F1B`` planned order per rank (compute actions only).
+
+    ``_calculate_single_rank_operations`` reads only the fields its ``__init__`` sets from
+    the stages (group size, local stages, rounds), so it runs on a stand-in object; the
+    stand-in repeats torch's own round arithmetic.
+    """
+    planner = getattr(schedule_cls, "_calculate_single_rank_operations", None)
+    if planner is None:
+        pytest.skip(f"this torch's {schedule_cls.__name__} has no per-rank planner")
+    rounds = max(1, m // p)
+    fake = SimpleNamespace(
+        pp_group_size=p, n_local_stages=v, _n_microbatches=m, microbatches_per_round=m // rounds
+    )
+    return [
+        [str(a) for a in planner(fake, rank) if a is not None and a.computation_type in "FBIW"]
+        for rank in range(p)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("p", "v", "m"), [(2, 2, 2), (2, 2, 4), (4, 2, 8), (4, 3, 4), (3, 4, 9), (8, 2, 16)]
+)
+def test_interleaved_orders_match_torch(p: int, v: int, m: int) -> None:
+    pytest.importorskip("torch")
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    ours = strs(build_actions(Schedule.INTERLEAVED_1F1B, num_ranks=p, num_microbatches=m, vpp=v))
+    assert ours == _torch_interleaved_order(schedules.ScheduleInterleaved1F1B, p, v, m)
+
+
+@pytest.mark.parametrize("schedule", list(Schedule))
+def test_our_lists_pass_torchs_validator(schedule: Schedule) -> None:
     pytest.importorskip("torch")
     schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
     validate = getattr(schedules, "_validate_schedule", None)
     if validate is None:
         pytest.skip("this torch has no _validate_schedule")
-    for schedule in Schedule:
-        actions = build_actions(schedule, num_ranks=4, num_microbatches=6)
-        torch_order = {
-            rank: [schedules._Action.from_str(str(a)) for a in row]
-            for rank, row in enumerate(actions)
-        }
-        assert [[str(a) for a in torch_order[r]] for r in range(4)] == strs(actions)
-        stage_to_rank = validate(torch_order, 4, 4, 6)
-        assert stage_to_rank == {s: s for s in range(4)}
+    p, m, v = 4, 8, (2 if schedule.interleaved else 1)
+    actions = build_actions(schedule, num_ranks=p, num_microbatches=m, vpp=v)
+    torch_order = {
+        rank: [schedules._Action.from_str(str(a)) for a in row] for rank, row in enumerate(actions)
+    }
+    assert [[str(a) for a in torch_order[r]] for r in range(p)] == strs(actions)
+    stage_to_rank = validate(torch_order, p, p * v, m)
+    assert stage_to_rank == {s: s % p for s in range(p * v)}
