@@ -14,7 +14,8 @@ Pure. Each piece prices a mechanism with the profile's curves:
   backward the same; full recompute repeats the forward ones. TP is blocking (on the critical
   path).
 * PP send/recv of b*s*h 16-bit activations per micro-batch, split over the tp ranks (Megatron
-  scatter/gather optimisation, Narayanan et al. SC21 §4.1).
+  scatter/gather optimisation, Narayanan et al. SC21 §4.1); synchronous (the sender waits)
+  unless ``plan.overlap_p2p_comm``.
 * DP: gradient all-reduce (ZeRO 0), reduce-scatter of gradients + all-gather of 16-bit params
   (ZeRO 1/2, Megatron distributed optimizer), and ZeRO-3's per-micro-batch parameter
   all-gathers in forward and backward plus gradient reduce-scatter (ZeRO paper §7).
@@ -361,5 +362,8 @@ def build_pipeline_work(
             rank_kinds[edge] = _rank_work(r, model=model, plan=plan, profile=profile, groups=groups)
         ranks.append(rank_kinds[edge])
     return PipelineWork(
-        stages=tuple(stages), ranks=tuple(ranks), num_microbatches=plan.num_microbatches
+        stages=tuple(stages),
+        ranks=tuple(ranks),
+        num_microbatches=plan.num_microbatches,
+        blocking_p2p=not plan.overlap_p2p_comm,
     )

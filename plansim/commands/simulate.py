@@ -42,6 +42,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--recompute", choices=[r.value for r in Recompute], default="none")
     p.add_argument("--sequence-parallel", action="store_true", help="Megatron SP (tp > 1)")
     p.add_argument("--schedule", choices=[s.value for s in Schedule], default="1f1b")
+    p.add_argument(
+        "--overlap-p2p-comm",
+        action="store_true",
+        help="asynchronous pipeline sends beside compute (interleaved-1f1b only)",
+    )
     p.add_argument("--attention", choices=[a.value for a in AttentionKernel], default="flash")
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.set_defaults(func=run)
@@ -77,6 +82,7 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
         schedule=Schedule(args.schedule),
         precision=Precision(args.precision),
         attention=AttentionKernel(args.attention),
+        overlap_p2p_comm=args.overlap_p2p_comm,
     )
 
 

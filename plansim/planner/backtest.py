@@ -37,6 +37,7 @@ from plansim.specs.plan import AttentionKernel, Precision, Recompute, Schedule
 
 FLASH_IN_MEGATRON_YEAR = 2023
 SP_AND_SELECTIVE_YEAR = 2022
+OVERLAP_P2P_YEAR = 2023
 INTERLEAVED_YEAR = 2021
 
 
@@ -162,6 +163,7 @@ def _space(row: RunRow, notes: list[str]) -> SearchSpace:
         else (Recompute.NONE, Recompute.FULL)
         + ((Recompute.SELECTIVE,) if modern and attention is AttentionKernel.UNFUSED else ()),
         sequence_parallel=(sp,) if sp is not None else ((False, True) if modern else (False,)),
+        overlap_p2p_comm=(False, True) if year is None or year >= OVERLAP_P2P_YEAR else (False,),
         precision=Precision(precision_text),
         attention=attention,
     )

@@ -38,6 +38,7 @@ class SearchSpace:
         max_vpp: largest vpp tried when ``vpps`` is None (bounds the search and the events).
         zero_stages, recomputes, sequence_parallel, schedules: values tried; leave
             INTERLEAVED_1F1B out of ``schedules`` to search vpp = 1 only.
+        overlap_p2p_comm: values tried for interleaved plans (the others are synchronous).
         precision, attention: fixed for the whole search.
     """
 
@@ -56,6 +57,7 @@ class SearchSpace:
         Schedule.GPIPE,
         Schedule.INTERLEAVED_1F1B,
     )
+    overlap_p2p_comm: tuple[bool, ...] = (False, True)
     precision: Precision = Precision.BF16
     attention: AttentionKernel = AttentionKernel.FLASH
 
@@ -139,7 +141,7 @@ def _knobs(
             for sp in space.sequence_parallel:
                 if sp and tp == 1:
                     continue
-                for schedule in schedules:
+                for schedule, overlap in _p2p_modes(schedules, space):
                     yield ParallelPlan(
                         dp=dp,
                         tp=tp,
@@ -153,4 +155,12 @@ def _knobs(
                         schedule=schedule,
                         precision=space.precision,
                         attention=space.attention,
+                        overlap_p2p_comm=overlap,
                     )
+
+
+def _p2p_modes(schedules: list[Schedule], space: SearchSpace) -> Iterator[tuple[Schedule, bool]]:
+    """(schedule, overlap_p2p_comm) pairs: overlap is an option of interleaved 1F1B only."""
+    for schedule in schedules:
+        for overlap in space.overlap_p2p_comm if schedule.interleaved else (False,):
+            yield schedule, overlap

@@ -15,6 +15,8 @@ Model (one representative pipeline replica, one optimizer step):
   The transfer is recorded on the sender (``pp_send``) and the receiver (``pp_recv``).
   Zero-length transfers still order the events. Adjacent stages on the same rank
   (vpp > 1 placements) hand over locally, without a transfer (as torch does).
+- With ``work.blocking_p2p`` the sender waits for its transfer to end before its next
+  action (synchronous send, Megatron-LM's default); otherwise it goes straight on.
 - Same-rank dependencies (F before B/I, I before W) hold by the list order, which
   :func:`plansim.schedule.checks.check_structure` verifies before the run.
 - After a rank's last action its ``grad_sync`` segments run as a separate process (the
@@ -171,7 +173,9 @@ class _Run:
             yield from self._segments(rank, segments, action.stage, action.microbatch)
             if action.kind in _FREES:
                 self._add_memory(rank, -stage.activation_bytes)
-            self._hand_over(rank, action)
+            sent = self._hand_over(rank, action)
+            if sent is not None and self.work.blocking_p2p and not sent.processed:
+                yield sent
         self.position[rank] = len(self.actions[rank])
         yield from self._tail(rank)
         self.finished[rank] = True
@@ -194,22 +198,24 @@ class _Run:
         self.memory_rows.append((rank, self.env.now, self.memory[rank]))
         self.peak[rank] = max(self.peak[rank], self.memory[rank])
 
-    def _hand_over(self, rank: int, action: Action) -> None:
-        """Deliver what ``action`` produced to the neighbouring stage."""
+    def _hand_over(self, rank: int, action: Action) -> simpy.Event | None:
+        """Deliver what ``action`` produced to the neighbouring stage.
+
+        Returns the event of a queued transfer's end (None when nothing was sent)."""
         key = provides(action)
         if key is None:
-            return
+            return None
         signal, stage, _ = key
         consumer = stage + 1 if signal is Signal.ACTIVATION else stage - 1
         if not 0 <= consumer < self.work.num_stages:
-            return
+            return None
         dst = self.work.rank_of_stage(consumer)
         if dst == rank:
             self._arrival(key).succeed()
-        else:
-            self._transfer(rank, dst, key, consumer)
+            return None
+        return self._transfer(rank, dst, key, consumer)
 
-    def _transfer(self, src: int, dst: int, key: SignalKey, consumer: int) -> None:
+    def _transfer(self, src: int, dst: int, key: SignalKey, consumer: int) -> simpy.Event:
         """Queue one P2P transfer on the sender's pp_send stream; on its end, the arrival."""
         signal, stage, microbatch = key
         if signal is Signal.ACTIVATION:
@@ -227,6 +233,7 @@ class _Run:
             arrival.succeed()
 
         self.pp_send[src].put(p2p.duration_s, done)
+        return arrival
 
     def _tail(self, rank: int) -> _Process:
         """Once-per-step work after the rank's last action: grad sync, then optimizer."""

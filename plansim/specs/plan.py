@@ -91,6 +91,10 @@ class ParallelPlan:
             gpipe and 1f1b need vpp == 1.
         precision: matmul precision.
         attention: attention kernel (FlashAttention drops the s x s activations and traffic).
+        overlap_p2p_comm: pipeline sends/receives run asynchronously beside compute (Megatron
+            ``--overlap-p2p-communication``, interleaved schedule only); off, a rank waits for
+            its send to finish before its next action (Megatron's default synchronous
+            ``batch_isend_irecv`` + wait).
 
     Raises:
         SpecError: a degree is not a positive integer, the global batch does not split into
@@ -111,6 +115,7 @@ class ParallelPlan:
     schedule: Schedule = Schedule.ONE_F_ONE_B
     precision: Precision = Precision.BF16
     attention: AttentionKernel = AttentionKernel.FLASH
+    overlap_p2p_comm: bool = False
 
     def __post_init__(self) -> None:
         for field in ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "global_batch_size"):
@@ -133,6 +138,11 @@ class ParallelPlan:
             )
         if self.sequence_parallel and self.tp == 1:
             raise SpecError("plan.sequence_parallel needs tp > 1 (got tp=1)")
+        if self.overlap_p2p_comm and not self.schedule.interleaved:
+            raise SpecError(
+                f"plan.overlap_p2p_comm needs schedule {Schedule.INTERLEAVED_1F1B.value} "
+                f"(got {self.schedule.value}), as in Megatron-LM"
+            )
         self._check_schedule()
         if self.cp != 1:
             raise SpecError(f"plan.cp({self.cp}): context parallelism is not modelled yet; use 1")
@@ -185,6 +195,8 @@ class ParallelPlan:
         if self.sequence_parallel:
             parts.append("sp")
         parts.append(self.schedule.value)
+        if self.overlap_p2p_comm:
+            parts.append("overlap-p2p")
         if self.attention is AttentionKernel.UNFUSED:
             parts.append("unfused-attn")
         return " ".join(parts)

@@ -94,7 +94,9 @@ class PipelineWork:
     """All the work of one representative pipeline replica for one optimizer step.
 
     Stage ``s`` (0 <= s < num_stages) lives on rank ``s % num_ranks`` (Megatron's interleaved
-    placement; with vpp = 1 stage s is rank s).
+    placement; with vpp = 1 stage s is rank s). With ``blocking_p2p`` a rank waits for each
+    of its sends to complete before its next action (synchronous point-to-point, as in
+    Megatron-LM without ``--overlap-p2p-communication``); otherwise sends run beside compute.
 
     Raises:
         SpecError: stage count not a multiple of rank count, or no micro-batches.
@@ -103,6 +105,7 @@ class PipelineWork:
     stages: tuple[StageWork, ...]
     ranks: tuple[RankWork, ...]
     num_microbatches: int
+    blocking_p2p: bool = False
 
     def __post_init__(self) -> None:
         if not self.ranks or len(self.stages) % len(self.ranks):

@@ -487,3 +487,29 @@ def test_sixteen_ranks_256_microbatches_simulate_fast() -> None:
     elapsed = time.perf_counter() - started
     assert result.num_events == 16 * 256 * 3 + 2 * 2 * 15 * 256 + 16
     assert elapsed < 2.0, f"{elapsed:.3f} s"
+
+
+def test_blocking_p2p_holds_the_sender_until_its_send_ends() -> None:
+    # Same as the FIFO case (1.5 ms transfers), but synchronous sends (Megatron default):
+    # rank 0: 0F0 [0, 1], send [1, 2.5], 0F1 [2.5, 3.5], send [3.5, 5].
+    # rank 1: 1F0 [2.5, 3.5], 1F1 [5, 6], 1B0 [6, 8] + send [8, 9.5], 1B1 [9.5, 11.5],
+    #         send [11.5, 13]; rank 0: 0B0 [9.5, 11.5], 0B1 [13, 15].
+    work = pipeline(2, 2, stage_work(p2p_s=1.5 * MS))
+    blocking = PipelineWork(
+        stages=work.stages, ranks=work.ranks, num_microbatches=2, blocking_p2p=True
+    )
+    result = simulate(build_actions(Schedule.GPIPE, num_ranks=2, num_microbatches=2), blocking)
+    assert_times(
+        events(result),
+        {
+            "0:0F0": (0, 1),
+            "0:0F1": (2.5, 3.5),
+            "0:0B0": (9.5, 11.5),
+            "0:0B1": (13, 15),
+            "1:1F0": (2.5, 3.5),
+            "1:1F1": (5, 6),
+            "1:1B0": (6, 8),
+            "1:1B1": (9.5, 11.5),
+        },
+    )
+    assert result.pipeline_time_s == pytest.approx(15 * MS, abs=TOL)

@@ -123,6 +123,7 @@ def _one_knob_space(**kw) -> SearchSpace:
         sequence_parallel=(False,),
         micro_batch_size=(1,),
         tp=(1,),
+        overlap_p2p_comm=(False,),
     )
     base.update(kw)
     return SearchSpace(**base)
@@ -232,3 +233,24 @@ def test_search_offers_interleaving_and_it_wins_the_bubble() -> None:
     assert by_vpp[2].step_time_s < by_vpp[1].step_time_s
     assert by_vpp[2].bubble_fraction < by_vpp[1].bubble_fraction
     assert result.ranked[0].plan.schedule is Schedule.INTERLEAVED_1F1B
+
+
+def test_overlapping_p2p_makes_interleaving_cheaper_on_slow_links() -> None:
+    model = resolve_model("megatron-7.5b")
+    prof = round_profile(gpus_per_node=1)  # every pipeline hop crosses a 10 GB/s NIC
+    kw = dict(
+        dp=1,
+        tp=1,
+        pp=4,
+        vpp=3,
+        micro_batch_size=1,
+        global_batch_size=16,
+        recompute=Recompute.FULL,
+        schedule=Schedule.INTERLEAVED_1F1B,
+    )
+    sync = evaluate(model, ParallelPlan(**kw), prof)
+    overlap = evaluate(model, ParallelPlan(**kw, overlap_p2p_comm=True), prof)
+    assert isinstance(sync, Evaluation) and isinstance(overlap, Evaluation)
+    assert overlap.step_time_s < sync.step_time_s
+    with pytest.raises(SpecError, match="overlap_p2p_comm needs schedule interleaved-1f1b"):
+        ParallelPlan(**{**kw, "vpp": 1, "schedule": Schedule.ONE_F_ONE_B}, overlap_p2p_comm=True)
