@@ -11,7 +11,8 @@ Pure. Each piece prices a mechanism with the profile's curves:
 * Memory-bound kernels (``plansim.analytic.elementwise``): bytes / streaming HBM bandwidth.
 * TP collectives per layer (Megatron-LM, Shoeybi et al. 2019 §3; Korthikanti §4.2.2):
   forward 2 all-reduces of b*s*h 16-bit values (with SP: 2 all-gathers + 2 reduce-scatters);
-  backward the same; full recompute repeats the forward ones. TP is blocking (on the critical
+  backward the same, plus with SP 2 all-gathers re-forming the inputs of the column-parallel
+  weight gradients; full recompute repeats the forward ones. TP is blocking (on the critical
   path).
 * PP send/recv of b*s*h 16-bit activations per micro-batch, split over the tp ranks (Megatron
   scatter/gather optimisation, Narayanan et al. SC21 §4.1); synchronous (the sender waits)
@@ -103,6 +104,7 @@ def layer_pass_times(
     ew_bwd = traffic.backward_bytes / hbm + traffic.num_kernels * profile.kernel_launch_s
     forward_s = fwd_gemm + ew_fwd
     tp_pass = _tp_layer_pass_s(model, plan, profile, groups)
+    tp_backward = tp_pass + _sp_wgrad_gather_s(model, plan, profile, groups)
     recompute_s, tp_recompute = 0.0, 0.0
     if plan.recompute is Recompute.FULL:
         recompute_s, tp_recompute = forward_s, tp_pass
@@ -115,8 +117,24 @@ def layer_pass_times(
         backward_weight_s=wgrad,
         recompute_s=recompute_s,
         tp_forward_s=tp_pass,
-        tp_backward_s=tp_pass,
+        tp_backward_s=tp_backward,
         tp_recompute_s=tp_recompute,
+    )
+
+
+def _sp_wgrad_gather_s(
+    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, groups: LayoutGroups
+) -> float:
+    """Sequence parallelism's backward re-gather of the sharded inputs of the two
+    column-parallel linears (QKV, FC1), needed for their weight gradients (Korthikanti et
+    al. 2022 §4.2.2; Megatron-LM ``LinearWithGradAccumulationAndAsyncCommunication``).
+    Counted on the critical path: Megatron issues it beside the input-gradient GEMM, but it
+    shares the GPU with it."""
+    if plan.tp == 1 or not plan.sequence_parallel:
+        return 0.0
+    message = 2.0 * model.seq_length * plan.micro_batch_size * model.hidden_size
+    return 2.0 * collective_time_s(
+        profile, collective="all_gather", message_bytes=message, span=groups.tp
     )
 
 

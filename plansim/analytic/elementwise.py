@@ -1,22 +1,32 @@
 """HBM traffic of the memory-bound (non-GEMM) kernels of one transformer layer (pure).
 
-Counted per token in bytes, 16-bit tensors, for Megatron-LM's fused kernels (fused
-layer-norm, fused bias-dropout-add, fused bias-GELU / SwiGLU, fused scale-mask-softmax); each
-kernel reads its inputs and writes its outputs once. The tensors are the ones Korthikanti et
-al. 2022 (§4.1, Table 2) count as stored activations, so the two models agree term by term:
+Counted per token, in bytes, kernel by kernel, for Megatron-LM's fused kernels (fused
+layer-norm, fused bias-dropout-add, fused bias-GELU / SwiGLU, fused scale-mask-softmax): each
+kernel reads its inputs and writes its outputs once; 16-bit tensors (2 B), dropout masks 1 B.
+The tensors are those Korthikanti et al. 2022 (§4.1, Table 2) count as stored activations, so
+the two models agree term by term. h = hidden, f = FFN width, a = heads, s = sequence,
+kv = K (= V) width.
 
-    replicated over TP (split by t with sequence parallelism), per token:
-        2 layer norms: read 2h, write 2h each                                 8h
-        2 bias-dropout-add: read 2h (input) + 2h (residual), write 2h + 1h mask  14h
+    kernel (count per layer)           forward              backward
+    replicated over TP (split by t with sequence parallelism):
+    layer norm (2)                     read x, write y: 4h  read dy, x, write dx: 6h
+    residual-gradient sum (2)          -                    read 2, read 2, write 2: 6h
+    bias-dropout-add (2)               read 2+2, write 2+1: 7h
+                                                            read dy + mask, write dx: 5h;
+                                                            bias-grad reduction read: 2h
     split over TP:
-        activation: GELU read 2f write 2f = 4f;  SwiGLU read 4f write 2f = 6f   (f = ffn)
-        RoPE on Q and K (RoPE models): read and write 2(h + kv)               4(h + kv)
-        unfused attention only: scale-mask-softmax read 2s write 2s, dropout read 2s,
-        write 2s + 1s mask, per head                                          9 a s
+    bias-GELU (1)                      read 2f, write 2f    read dy, x, write dx: 6f;
+                                                            bias-grad reduction read: 2f
+    SwiGLU (1)                         read 4f, write 2f    read dy, gate, up, write 2: 10f
+    RoPE on Q and K (RoPE models)      4(h + kv)            4(h + kv)
+    unfused attention only, per head:
+      scale-mask-softmax               read 2s, write 2s    read dy, y, write dx: 6s
+      attention dropout                read 2s, write 2s+1s read dy + mask, write dx: 5s
+      context permute + contiguous     4h (read, write)     4h
 
-The backward pass reads the saved inputs and the incoming gradient and writes the outgoing
-gradient of each kernel: twice the forward traffic (same convention as the GEMMs' 2x).
-Launch overhead: one kernel per entry above.
+So an unfused GPT layer moves 22h + (4f + 9as + 4h)/t per token forward and
+38h + (8f + 11as + 4h)/t backward (t = TP size; replicated terms also /t with SP).
+Launch overhead: one kernel launch per kernel above, in each direction.
 """
 
 from __future__ import annotations
@@ -28,15 +38,11 @@ from plansim.specs.model import Activation, ModelSpec, PositionEmbedding
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ElementwiseTraffic:
-    """Forward HBM traffic of a layer's memory-bound kernels on one GPU."""
+    """HBM traffic of a layer's memory-bound kernels on one GPU, forward and backward."""
 
     forward_bytes: float
+    backward_bytes: float
     num_kernels: int
-
-    @property
-    def backward_bytes(self) -> float:
-        """Backward traffic: twice the forward (see module docstring)."""
-        return 2.0 * self.forward_bytes
 
 
 def layer_elementwise_traffic(
@@ -47,21 +53,30 @@ def layer_elementwise_traffic(
     sequence_parallel: bool,
     unfused_attention: bool,
 ) -> ElementwiseTraffic:
-    """Forward HBM bytes and kernel count of one layer's elementwise work on one TP rank."""
+    """Forward and backward HBM bytes and kernel count of one layer's elementwise work on one
+    TP rank (table in the module docstring)."""
     tokens = model.seq_length * micro_batch_size
-    h, f = model.hidden_size, model.ffn_hidden_size
-    replicated = 22.0 * h
-    sharded = (6.0 if model.activation is Activation.SWIGLU else 4.0) * f
+    h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_size
+    rep_fwd, rep_bwd = 2 * 4.0 * h + 2 * 7.0 * h, 2 * (6.0 + 6.0) * h + 2 * (5.0 + 2.0) * h
+    if model.activation is Activation.SWIGLU:
+        sh_fwd, sh_bwd = 6.0 * f, 10.0 * f
+    else:
+        sh_fwd, sh_bwd = 4.0 * f, 8.0 * f
     kernels = 5
     if model.position_embedding is PositionEmbedding.ROPE:
-        sharded += 4.0 * (h + model.kv_size)
+        sh_fwd += 4.0 * (h + kv)
+        sh_bwd += 4.0 * (h + kv)
         kernels += 1
     if unfused_attention:
-        sharded += 9.0 * model.num_attention_heads * model.seq_length
-        kernels += 2
+        per_head = model.num_attention_heads * model.seq_length
+        sh_fwd += 9.0 * per_head + 4.0 * h
+        sh_bwd += 11.0 * per_head + 4.0 * h
+        kernels += 3
     rep_div = tp if sequence_parallel else 1
     return ElementwiseTraffic(
-        forward_bytes=tokens * (replicated / rep_div + sharded / tp), num_kernels=kernels
+        forward_bytes=tokens * (rep_fwd / rep_div + sh_fwd / tp),
+        backward_bytes=tokens * (rep_bwd / rep_div + sh_bwd / tp),
+        num_kernels=kernels,
     )
 
 
