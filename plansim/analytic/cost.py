@@ -21,12 +21,18 @@ Pure. Each piece prices a mechanism with the profile's curves:
   (ZeRO 1/2, Megatron distributed optimizer), and ZeRO-3's per-micro-batch parameter
   all-gathers in forward and backward plus gradient reduce-scatter (ZeRO paper §7).
   Tied embeddings with pp > 1: all-reduce of the embedding gradient between first and last
-  stage (Megatron). DP communication is not overlapped with backward here.
+  stage (Megatron ``_allreduce_word_embedding_grads``, after the DP reduction).
+  With ``plan.overlap_grad_reduce`` (Megatron-LM ``--overlap-grad-reduce``) the ZeRO-0/1/2
+  gradient reduction moves from the rank's tail into per-stage buckets
+  (``StageWork.grad_buckets``, :func:`grad_buckets`) that the engine starts while backward
+  still runs; the ZeRO-1/2 parameter all-gather stays after the optimizer (Megatron's
+  ``--overlap-param-gather``, which hides it behind the next step's forward, is not modelled).
 * Optimizer: fused Adam over the local shard, HBM-bound (``adam_step_bytes``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from plansim.analytic import flops as fl
@@ -43,7 +49,13 @@ from plansim.analytic.ranks import LayoutGroups, layout_groups
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import AttentionKernel, ParallelPlan, Recompute
-from plansim.specs.work import P2P, PipelineWork, RankWork, Segment, StageWork
+from plansim.specs.work import P2P, GradBucket, PipelineWork, RankWork, Segment, StageWork
+
+#: Megatron-LM's default DDP bucket: max(40M, 1M x data-parallel size) parameters
+#: (``DistributedDataParallelConfig.bucket_size``; larger DP groups get larger buckets so the
+#: collectives stay bandwidth-bound).
+BUCKET_MIN_PARAMS = 40_000_000
+BUCKET_PARAMS_PER_DP_RANK = 1_000_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -239,6 +251,110 @@ def _zero3_microbatch_s(
     return gather, gather, scatter
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageParams:
+    """Parameters of one pipeline stage (model chunk) on one TP rank, in backward order.
+
+    Attributes:
+        head: produced first by backward: final norm and output layer (or its tied copy of
+            the word embedding when pp > 1) on the last stage; 0 elsewhere.
+        per_layer: one transformer layer (linear weights / tp + replicated norms).
+        num_layers: layers in the stage, L / (pp * vpp).
+        tail: produced last: word embedding / tp + position embedding on the first stage.
+    """
+
+    head: float
+    per_layer: float
+    num_layers: int
+    tail: float
+
+    @property
+    def total(self) -> float:
+        """All parameters of the stage."""
+        return self.head + self.per_layer * self.num_layers + self.tail
+
+
+def stage_parameters(model: ModelSpec, plan: ParallelPlan, *, stage: int) -> StageParams:
+    """Parameters of ``stage`` on one TP rank; over a rank's stages they sum to
+    ``plansim.analytic.memory.rank_parameters`` (same sharding rules)."""
+    counts = count_parameters(model)
+    last = stage == plan.num_stages - 1
+    head = tail = 0.0
+    if stage == 0:
+        tail = counts.embedding / plan.tp + counts.position_embedding
+    if last:
+        head = float(counts.final_norm)
+        if counts.output_layer:
+            head += counts.output_layer / plan.tp
+        elif plan.pp > 1:
+            head += counts.embedding / plan.tp
+    per_layer = (counts.attention_per_layer + counts.mlp_per_layer) / plan.tp
+    return StageParams(
+        head=head,
+        per_layer=per_layer + counts.norms_per_layer,
+        num_layers=model.num_layers // plan.num_stages,
+        tail=tail,
+    )
+
+
+def _ready_fraction(params: StageParams, done: float) -> float:
+    """Fraction of the stage's last backward after which its first ``done`` parameters (in
+    backward order) have gradients: the backward split evenly over the stage's layers, the
+    head counted with the first layer it meets and the tail with the last."""
+    n = params.num_layers
+    layers = math.ceil((done - params.head) / params.per_layer - 1e-9)
+    return min(n, max(1, layers)) / n
+
+
+def grad_buckets(
+    model: ModelSpec,
+    plan: ParallelPlan,
+    profile: HardwareProfile,
+    groups: LayoutGroups,
+    *,
+    stage: int,
+) -> tuple[GradBucket, ...]:
+    """The DP gradient reduction of ``stage`` as buckets, for ``plan.overlap_grad_reduce``.
+
+    Megatron-LM DDP: parameters fill buckets in reverse order (the order backward produces
+    their gradients) up to ``bucket_size`` = max(40M, 1M x dp) parameters; each bucket's
+    all-reduce (ZeRO-0) or reduce-scatter (ZeRO-1/2, distributed optimizer) starts once all
+    its gradients of the last micro-batch exist. Megatron buckets only pipeline rank 0's
+    first model chunk (stage 0): other ranks' reductions are off the critical path, later
+    chunks overlap anyway (``DistributedDataParallel``: bucket_size = None when pp rank > 0;
+    ``training.get_model``: ``disable_bucketing=(model_chunk_idx > 0)``); every other stage
+    is one bucket, ready at the end of its last backward. Approximations: buckets hold
+    exactly bucket_size parameters (Megatron closes a bucket at the first whole tensor past
+    it) and a bucket is ready at the end of the layer holding its last parameter
+    (:func:`_ready_fraction`). Empty for ZeRO-3 (per micro-batch reduce-scatters) or dp == 1.
+    """
+    if plan.zero_stage == 3 or plan.dp == 1:
+        return ()
+    params = stage_parameters(model, plan, stage=stage)
+    total = params.total
+    size = max(BUCKET_MIN_PARAMS, BUCKET_PARAMS_PER_DP_RANK * plan.dp) if stage == 0 else total
+    count = max(1, math.ceil(total / size - 1e-9))
+    grad_bytes = state_bytes_per_param(plan.precision).grad
+    collective = "all_reduce" if plan.zero_stage == 0 else "reduce_scatter"
+    buckets = []
+    for k in range(count):
+        done = total if k == count - 1 else (k + 1) * size
+        num_params = done - k * size
+        message = num_params * grad_bytes
+        seconds = collective_time_s(
+            profile, collective=collective, message_bytes=message, span=groups.dp
+        )
+        segment = Segment(kind="dp_comm", stream="dp", duration_s=seconds, num_bytes=message)
+        buckets.append(
+            GradBucket(
+                segment=segment,
+                ready_fraction=_ready_fraction(params, done),
+                num_params=num_params,
+            )
+        )
+    return tuple(buckets)
+
+
 def _stage_work(
     stage: int,
     *,
@@ -249,6 +365,7 @@ def _stage_work(
     zero3: tuple[float, float, float],
     p2p: P2P,
     activation_bytes: float,
+    buckets: tuple[GradBucket, ...],
 ) -> StageWork:
     """StageWork of pipeline stage ``stage`` (a chunk of L / (pp * vpp) layers)."""
     n = model.num_layers // plan.num_stages
@@ -292,6 +409,7 @@ def _stage_work(
         send_forward=P2P(duration_s=0.0, num_bytes=0.0) if last else p2p,
         send_backward=P2P(duration_s=0.0, num_bytes=0.0) if first else p2p,
         activation_bytes=activation_bytes,
+        grad_buckets=buckets,
     )
 
 
@@ -303,12 +421,15 @@ def _rank_work(
     profile: HardwareProfile,
     groups: LayoutGroups,
 ) -> RankWork:
-    """Once-per-step work of pipeline rank ``rank``: DP gradient sync and the optimizer."""
+    """Once-per-step work of pipeline rank ``rank``: DP gradient sync and the optimizer.
+
+    With ``plan.overlap_grad_reduce`` the DP reduction is in the stages' grad buckets
+    instead (:func:`grad_buckets`); the tied-embedding all-reduce stays here."""
     per_param = state_bytes_per_param(plan.precision)
     params = rank_parameters(model, plan, rank=rank)
     grad_bytes = params * per_param.grad
     sync: list[tuple[str, str, float, float]] = []
-    if plan.zero_stage in (0, 1, 2):
+    if plan.zero_stage in (0, 1, 2) and not plan.overlap_grad_reduce:
         kind = "all_reduce" if plan.zero_stage == 0 else "reduce_scatter"
         t = collective_time_s(profile, collective=kind, message_bytes=grad_bytes, span=groups.dp)
         sync.append(("dp_comm", "dp", t, grad_bytes))
@@ -370,6 +491,9 @@ def build_pipeline_work(
                 zero3=zero3,
                 p2p=p2p,
                 activation_bytes=rank_bytes / plan.vpp,
+                buckets=grad_buckets(model, plan, profile, groups, stage=s)
+                if plan.overlap_grad_reduce
+                else (),
             )
         stages.append(stage_kinds[key])
     rank_kinds: dict[tuple[bool, bool], RankWork] = {}
@@ -384,4 +508,5 @@ def build_pipeline_work(
         ranks=tuple(ranks),
         num_microbatches=plan.num_microbatches,
         blocking_p2p=not plan.overlap_p2p_comm,
+        overlap_grad_reduce=plan.overlap_grad_reduce,
     )

@@ -108,10 +108,20 @@ def microbatches_in_flight(plan: ParallelPlan, *, rank: int) -> float:
     with enough micro-batches that is (v p + p - 1)/v = p(1 + (p - 1)/(p v)) micro-batches, so
     it holds L(1 + (p - 1)/(p v)) layers' worth (Korthikanti et al. 2022 §4.2.3; memory.md
     "Interleaved schedule ... multiply by (1 + (p - 1)/(p m))" with m the chunks per rank).
+    ZB-H1 (Qi et al. ICLR 2024, arXiv:2401.10241, §2.1): min(p, m) on every rank. A
+    micro-batch's activations live from its F to its W, and rank r runs W r slots after the
+    matching I (``plansim.schedule.builders._zb_h1``), so each rank reaches p in flight:
+    rank 0 exactly 1F1B's min(p, m) (the paper: H1's peak, on the first worker, equals
+    1F1B's), later ranks more than 1F1B's min(p - r, m). The paper counts a micro-batch
+    between I and W at the smaller W footprint (Table 1: M_W = 32sbh against
+    M_B = 34sbh + 5as^2b per layer); here, as in the engine, it keeps all its stored bytes
+    until W: an upper bound for ranks r > 0, close when the s^2 term is gone (FlashAttention).
     """
     m, p, v = plan.num_microbatches, plan.pp, plan.vpp
     if plan.schedule is Schedule.GPIPE:
         return m
+    if plan.schedule is Schedule.ZB_H1:
+        return min(p, m)
     if plan.schedule is Schedule.INTERLEAVED_1F1B:
         warmup = interleaved_warmup(rank, num_ranks=p, num_microbatches=m, vpp=v)
         return min(warmup + 1, m * v) / v

@@ -5,12 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from plansim.commands.common import add_model_args, resolve
 from plansim.errors import require_positive_int
+from plansim.io.outputs import check_writable
 from plansim.planner.enumerate import SearchSpace
 from plansim.planner.search import SearchResult, search
 from plansim.report.tables import evaluation_dict, ranked_table, render
+from plansim.specs.hardware import HardwareProfile
+from plansim.specs.model import ModelSpec
 from plansim.specs.plan import AttentionKernel, Precision
 from plansim.units import bytes_to_gib
 
@@ -38,6 +42,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default="flash",
         help="attention kernel (default flash)",
     )
+    p.add_argument(
+        "--plot",
+        metavar="OUT.png",
+        help="step time vs peak memory of the simulated plans, Pareto front marked (PNG)",
+    )
     p.set_defaults(func=run)
 
 
@@ -45,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the search and print the ranked table and the rejection counts."""
     for name in ("gpus", "gbs", "top", "simulate_top"):
         require_positive_int(f"--{name.replace('_', '-')}", getattr(args, name))
+    plot = check_writable(args.plot, label="--plot") if args.plot else None
     model, profile = resolve(args)
     space = SearchSpace(
         precision=Precision(args.precision), attention=AttentionKernel(args.attention)
@@ -57,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
         space=space,
         simulate_top=args.simulate_top,
     )
+    if plot is not None:
+        _write_pareto(plot, result, args=args, model=model, profile=profile)
     out = sys.stdout
     if args.format == "json":
         doc = {
@@ -98,3 +110,21 @@ def _summary(result: SearchResult) -> str:
     for category, count in result.rejection_counts.items():
         lines.append(f"  {count:6d}  {category}, e.g. {result.rejection_examples[category]}")
     return "\n".join(lines) + "\n"
+
+
+def _write_pareto(
+    path: Path,
+    result: SearchResult,
+    *,
+    args: argparse.Namespace,
+    model: ModelSpec,
+    profile: HardwareProfile,
+) -> None:
+    """Write the Pareto plot of the simulated plans (atomically) and note it on stderr."""
+    from plansim.report.plots import plot_pareto  # matplotlib only when a plot is asked for
+
+    title = f"{model.name} on {args.gpus} x {profile.name}, global batch {args.gbs}"
+    plot_pareto(
+        result.ranked, path, title=title, capacity_bytes=profile.hbm_capacity_bytes, label="--plot"
+    )
+    sys.stderr.write(f"plansim: wrote --plot {path}\n")

@@ -5,13 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import pandas as pd
 
 from plansim.commands.common import add_model_args, resolve
 from plansim.errors import SpecError, require_positive_int
-from plansim.planner.evaluate import Rejected, evaluate
+from plansim.io.outputs import check_writable
+from plansim.planner.evaluate import Evaluation, Rejected, evaluate
 from plansim.report.tables import evaluation_dict, memory_table, plan_row, render
+from plansim.report.trace import chrome_trace, write_trace
 from plansim.specs.plan import (
     AttentionKernel,
     ParallelPlan,
@@ -49,6 +52,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument("--attention", choices=[a.value for a in AttentionKernel], default="flash")
     p.add_argument("--format", choices=["table", "json"], default="table")
+    out = p.add_argument_group("outputs (written only when the plan fits)")
+    out.add_argument(
+        "--trace",
+        metavar="OUT.json",
+        help="Chrome/Perfetto trace of the step (open in ui.perfetto.dev or chrome://tracing)",
+    )
+    out.add_argument("--plot", metavar="OUT.png", help="pipeline Gantt chart (PNG)")
+    out.add_argument("--memory-plot", metavar="OUT.png", help="memory over time per rank (PNG)")
     p.set_defaults(func=run)
 
 
@@ -94,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
             pp * vpp, heads over tp): a usage error (exit 2), not an infeasible plan.
     """
     plan = plan_from_args(args)
+    outputs = _outputs(args)
     model, profile = resolve(args)
     reason = check_plan_divides_model(
         plan,
@@ -106,12 +118,16 @@ def run(args: argparse.Namespace) -> int:
     outcome = evaluate(model, plan, profile)
     out = sys.stdout
     if isinstance(outcome, Rejected):
+        for flag in outputs:
+            sys.stderr.write(f"plansim: {flag} not written: the plan was rejected\n")
         if args.format == "json":
             doc = {"status": "rejected", "category": outcome.category, "reason": outcome.reason}
             out.write(json.dumps(doc, indent=2) + "\n")
         else:
             out.write(f"rejected ({outcome.category}): {outcome.reason}\n")
         return 1
+    title = f"{model.name} on {plan.num_gpus} x {profile.name}: {plan.label()}"
+    _write_outputs(outputs, outcome, title=title, capacity_bytes=profile.hbm_capacity_bytes)
     if args.format == "json":
         doc = {"status": "ok", "model": model.name, "profile": profile.name}
         doc.update(evaluation_dict(outcome))
@@ -125,3 +141,46 @@ def run(args: argparse.Namespace) -> int:
     out.write(f"\nmemory of the worst pipeline rank (stage {outcome.memory.rank}), GiB:\n")
     out.write(render(memory_table(outcome), "table"))
     return 0
+
+
+#: Output flags of ``plansim simulate``: argparse dest -> flag as typed.
+_OUTPUT_FLAGS = {"trace": "--trace", "plot": "--plot", "memory_plot": "--memory-plot"}
+
+
+def _outputs(args: argparse.Namespace) -> dict[str, Path]:
+    """The requested output files by flag, checked writable before any simulation.
+
+    Raises:
+        OutputFileError: a folder is missing or not writable (names the flag and the path).
+    """
+    return {
+        flag: check_writable(getattr(args, dest), label=flag)
+        for dest, flag in _OUTPUT_FLAGS.items()
+        if getattr(args, dest)
+    }
+
+
+def _write_outputs(
+    outputs: dict[str, Path], ev: Evaluation, *, title: str, capacity_bytes: float
+) -> None:
+    """Write the trace and plots that were asked for (atomically), each noted on stderr."""
+    result = ev.result
+    if "--trace" in outputs:
+        trace = chrome_trace(result.timeline, memory=result.memory, title=title)
+        write_trace(outputs["--trace"], trace, label="--trace")
+    if "--plot" in outputs or "--memory-plot" in outputs:
+        from plansim.report import plots  # matplotlib only when a plot is asked for
+
+        if "--plot" in outputs:
+            plots.plot_gantt(result.timeline, outputs["--plot"], title=title, label="--plot")
+        if "--memory-plot" in outputs:
+            plots.plot_memory(
+                result.memory,
+                outputs["--memory-plot"],
+                title=title,
+                capacity_bytes=capacity_bytes,
+                end_s=result.step_time_s,
+                label="--memory-plot",
+            )
+    for flag, path in outputs.items():
+        sys.stderr.write(f"plansim: wrote {flag} {path}\n")

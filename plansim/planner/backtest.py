@@ -17,8 +17,10 @@ else by its ``source_locator`` (a conference tag such as SC21 or MLSys 2023, or 
 YYMM.NNNNN). Interleaved 1F1B entered Megatron-LM with Narayanan et al. (SC21,
 arXiv:2104.04473, 2021). Sequence parallelism and selective recompute entered Megatron-LM with
 Korthikanti et al. (arXiv:2205.05198, 2022); FlashAttention was published in 2022 (Dao et al.,
-arXiv:2205.14135) and became Megatron-LM's default path in 2023. An undated row is searched
-over everything.
+arXiv:2205.14135) and became Megatron-LM's default path in 2023. The zero-bubble schedule
+ZB-H1 (split backward, Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024,
+arXiv:2401.10241, January 2024) is offered to runs dated 2024 or later. An undated row is
+searched over everything.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ FLASH_IN_MEGATRON_YEAR = 2023
 SP_AND_SELECTIVE_YEAR = 2022
 OVERLAP_P2P_YEAR = 2023
 INTERLEAVED_YEAR = 2021
+ZERO_BUBBLE_YEAR = 2024
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -174,8 +177,11 @@ def _pipeline_schedule(
 ) -> tuple[tuple[int, ...] | None, tuple[Schedule, ...]]:
     """(vpps, schedules) to search: a stated virtual_pipeline_size v > 1 means interleaved 1F1B
     with vpp = v only; v = 1 the non-interleaved schedules; blank searches vpp (interleaving
-    only for runs dated from its introduction on)."""
-    flat = (Schedule.ONE_F_ONE_B, Schedule.GPIPE)
+    only for runs dated from its introduction on). ZB-H1 joins the non-interleaved schedules
+    for runs dated ZERO_BUBBLE_YEAR or later, and undated ones."""
+    flat: tuple[Schedule, ...] = (Schedule.ONE_F_ONE_B, Schedule.GPIPE)
+    if year is None or year >= ZERO_BUBBLE_YEAR:
+        flat += (Schedule.ZB_H1,)
     vpp = row.integer("virtual_pipeline_size")
     if vpp is not None:
         return (vpp,), ((Schedule.INTERLEAVED_1F1B,) if vpp > 1 else flat)

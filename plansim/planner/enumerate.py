@@ -3,11 +3,12 @@
 Divisor generators in the style of calculon's execution search: every (tp, pp, dp) with
 tp * pp * dp = num_gpus, every micro-batch size that divides the per-replica batch, every ZeRO
 stage, recompute mode, sequence-parallel setting and schedule, and every virtual pipeline
-size (vpp): vpp = 1 with the non-interleaved schedules (GPipe, 1F1B), vpp > 1 with interleaved
-1F1B (Narayanan et al. SC21 §2.2.2). Combinations that cannot be built (a model that does not
-split, memory) are rejected later by ``plansim.planner.evaluate.check_plan`` with a reason, so
-the planner can count them; interleaved plans whose micro-batch count is not a multiple of pp
-(Megatron-LM's rule, see ``ParallelPlan``) are not generated at all.
+size (vpp): vpp = 1 with the non-interleaved schedules (GPipe, 1F1B and, with pp > 1, ZB-H1:
+Qi et al. ICLR 2024 §2.1), vpp > 1 with interleaved 1F1B (Narayanan et al. SC21 §2.2.2).
+Combinations that cannot be built (a model that does not split, memory) are rejected later by
+``plansim.planner.evaluate.check_plan`` with a reason, so the planner can count them;
+interleaved plans whose micro-batch count is not a multiple of pp (Megatron-LM's rule, see
+``ParallelPlan``) are not generated at all.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ class SearchSpace:
         tp, pp, dp, micro_batch_size: fixed values to try, or None for every divisor.
         vpps: virtual pipeline sizes to try, or None for vpp = 1 plus every vpp in
             2..``max_vpp`` dividing num_layers / pp (only with pp > 1, and only when the
-            enumeration is given num_layers). vpp = 1 pairs with the non-interleaved schedules,
-            vpp > 1 with interleaved 1F1B.
+            enumeration is given num_layers). vpp = 1 pairs with the non-interleaved schedules
+            (GPipe and ZB-H1 only with pp > 1), vpp > 1 with interleaved 1F1B.
         max_micro_batch_size: largest micro-batch size tried when not fixed.
         max_vpp: largest vpp tried when ``vpps`` is None (bounds the search and the events).
         zero_stages, recomputes, sequence_parallel, schedules: values tried; leave
@@ -56,6 +57,7 @@ class SearchSpace:
         Schedule.ONE_F_ONE_B,
         Schedule.GPIPE,
         Schedule.INTERLEAVED_1F1B,
+        Schedule.ZB_H1,
     )
     overlap_p2p_comm: tuple[bool, ...] = (False, True)
     precision: Precision = Precision.BF16
@@ -119,12 +121,14 @@ def enumerate_plans(
 
 def _schedules(pp: int, vpp: int, num_microbatches: int, space: SearchSpace) -> list[Schedule]:
     """Schedules that go with (pp, vpp, m): interleaved for vpp > 1 (m a multiple of pp),
-    the others for vpp == 1 (GPipe only with pp > 1: one stage makes them coincide)."""
+    the others for vpp == 1; GPipe and ZB-H1 only with pp > 1 (one stage makes GPipe and 1F1B
+    coincide, and leaves ZB-H1 no bubble to fill: ``ParallelPlan`` refuses it)."""
     if vpp > 1:
         ok = Schedule.INTERLEAVED_1F1B in space.schedules and num_microbatches % pp == 0
         return [Schedule.INTERLEAVED_1F1B] if ok else []
+    needs_pipeline = (Schedule.GPIPE, Schedule.ZB_H1)
     return [
-        s for s in space.schedules if not s.interleaved and not (s is Schedule.GPIPE and pp == 1)
+        s for s in space.schedules if not s.interleaved and not (s in needs_pipeline and pp == 1)
     ]
 
 

@@ -40,6 +40,10 @@ class Evaluation:
         peak_memory_bytes: highest per-GPU peak over the pipeline ranks (simulated events).
         memory: analytic breakdown of the worst rank.
         result: the full simulation (timeline and memory samples).
+        exposed_comm_s_by_kind: communication not hidden behind compute, by kind, summed
+            over the pipeline ranks (``SimResult.exposed_s_by_kind``).
+        num_grad_buckets: DP gradient buckets per pipeline replica (0 unless
+            ``plan.overlap_grad_reduce``; see ``plansim.analytic.cost.grad_buckets``).
     """
 
     plan: ParallelPlan
@@ -51,6 +55,8 @@ class Evaluation:
     peak_memory_bytes: float
     memory: MemoryBreakdown
     result: SimResult = field(repr=False)
+    exposed_comm_s_by_kind: dict[str, float] = field(default_factory=dict)
+    num_grad_buckets: int = 0
 
 
 def check_plan(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile) -> Rejected | None:
@@ -117,11 +123,17 @@ def evaluate(
             category="out of memory",
             reason=breakdown.describe(capacity_bytes=profile.hbm_capacity_bytes),
         )
-    return _metrics(model, plan, profile, result)
+    num_buckets = sum(len(stage.grad_buckets) for stage in work.stages)
+    return _metrics(model, plan, profile, result, num_grad_buckets=num_buckets)
 
 
 def _metrics(
-    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, result: SimResult
+    model: ModelSpec,
+    plan: ParallelPlan,
+    profile: HardwareProfile,
+    result: SimResult,
+    *,
+    num_grad_buckets: int = 0,
 ) -> Evaluation:
     step = result.step_time_s
     peak_flops = profile.peak_flops_per_s[plan.precision.value] * plan.num_gpus
@@ -139,4 +151,6 @@ def _metrics(
         peak_memory_bytes=max(result.peak_memory_bytes),
         memory=worst_rank_memory(model, plan, profile),
         result=result,
+        exposed_comm_s_by_kind=dict(result.exposed_s_by_kind),
+        num_grad_buckets=num_grad_buckets,
     )

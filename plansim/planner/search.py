@@ -19,8 +19,8 @@ from plansim.planner.enumerate import SearchSpace, enumerate_plans
 from plansim.planner.evaluate import Evaluation, Rejected, check_plan, evaluate
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan
-from plansim.specs.work import PipelineWork
+from plansim.specs.plan import ParallelPlan, Schedule
+from plansim.specs.work import PipelineWork, StageWork
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,7 +45,7 @@ class SearchResult:
     rejected: tuple[Rejected, ...] = field(default=(), repr=False)
 
 
-def estimate_step_time_s(work: PipelineWork) -> float:
+def estimate_step_time_s(work: PipelineWork, *, schedule: Schedule = Schedule.ONE_F_ONE_B) -> float:
     """Analytic step time of one pipeline replica, for ranking candidates before simulating.
 
     v = 1 (GPipe, 1F1B): (m + p - 1) x the slowest stage's (F + B + sends) (Narayanan et al.
@@ -58,7 +58,11 @@ def estimate_step_time_s(work: PipelineWork) -> float:
     that hides the sends (measured on the engine with uniform costs: the pipeline time is
     exactly 2(p v - 1) sends above the compute-only oracle).
 
-    Both plus the slowest rank's gradient sync and optimizer.
+    ZB-H1 (Qi et al. 2024 §2.1): weight-gradient work fills the tail, so each rank idles
+    (p - 1)(F + I - W) instead of (p - 1)(F + I + W): m x (F + B + sends) + (p - 1) x
+    (F + I - W + sends) of the slowest stage.
+
+    All plus the slowest rank's gradient sync and optimizer.
     """
     tail = max(
         sum(seg.duration_s for seg in rk.grad_sync) + sum(seg.duration_s for seg in rk.optimizer)
@@ -70,6 +74,11 @@ def estimate_step_time_s(work: PipelineWork) -> float:
         for st in work.stages
     ]
     sends = [st.send_forward.duration_s + st.send_backward.duration_s for st in work.stages]
+    if schedule is Schedule.ZB_H1:
+        return (
+            max(_zb_h1_estimate(st, s, m, p) for st, s in zip(work.stages, sends, strict=True))
+            + tail
+        )
     if num_stages == p:
         return (m + p - 1) * max(c + s for c, s in zip(compute, sends, strict=True)) + tail
     per_rank = [0.0] * p
@@ -77,6 +86,14 @@ def estimate_step_time_s(work: PipelineWork) -> float:
         per_rank[work.rank_of_stage(stage)] += seconds
     vpp = num_stages // p
     return (m + (p - 1) / vpp) * max(per_rank) + (num_stages - 1) * max(sends) + tail
+
+
+def _zb_h1_estimate(stage: StageWork, sends_s: float, m: int, p: int) -> float:
+    """Pipeline time of one ZB-H1 stage: m full micro-batches plus (p - 1)(F + I - W)."""
+    f = sum(seg.duration_s for seg in stage.forward)
+    i = sum(seg.duration_s for seg in stage.backward_input)
+    w = sum(seg.duration_s for seg in stage.backward_weight)
+    return m * (f + i + w + sends_s) + (p - 1) * (f + i - w + sends_s)
 
 
 def search(
@@ -105,7 +122,8 @@ def search(
             rejected.append(why)
             continue
         work = build_pipeline_work(model, plan, profile)
-        estimates.append((estimate_step_time_s(work), plan.label(), plan))
+        estimate = estimate_step_time_s(work, schedule=plan.schedule)
+        estimates.append((estimate, plan.label(), plan))
     estimates.sort(key=lambda e: (e[0], e[1]))
     chosen = estimates[:simulate_top]
     evaluations: list[Evaluation] = []

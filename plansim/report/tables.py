@@ -27,6 +27,7 @@ def plan_row(ev: Evaluation) -> dict[str, Any]:
         "sp": "yes" if p.sequence_parallel else "no",
         "schedule": p.schedule.value,
         "p2p": "overlap" if p.overlap_p2p_comm else "sync",
+        "grad_reduce": "overlap" if p.overlap_grad_reduce else "end",
         "step_time_s": round(ev.step_time_s, 3),
         "tokens_per_s": round(ev.tokens_per_s),
         "mfu_pct": round(100 * ev.mfu, 1),
@@ -62,6 +63,7 @@ def evaluation_dict(ev: Evaluation) -> dict[str, Any]:
             "precision": p.precision.value,
             "attention": p.attention.value,
             "overlap_p2p_comm": p.overlap_p2p_comm,
+            "overlap_grad_reduce": p.overlap_grad_reduce,
             "num_gpus": p.num_gpus,
         },
         "step_time_s": ev.step_time_s,
@@ -73,6 +75,9 @@ def evaluation_dict(ev: Evaluation) -> dict[str, Any]:
         "per_rank_peak_memory_bytes": list(ev.result.peak_memory_bytes),
         "memory_breakdown_bytes": {"rank": ev.memory.rank, **ev.memory.as_dict()},
         "busy_s_by_kind": dict(sorted(ev.result.busy_s_by_kind.items())),
+        "exposed_comm_s_by_kind": dict(sorted(ev.exposed_comm_s_by_kind.items())),
+        "per_rank_compute_busy_s": list(ev.result.compute_busy_s),
+        "num_grad_buckets": ev.num_grad_buckets,
     }
 
 

@@ -4,11 +4,12 @@ A builder returns, for every pipeline rank, the compute actions it executes in o
 Placement follows Megatron: stage ``s`` lives on rank ``s % num_ranks`` (with vpp = 1,
 stage s is rank s; with vpp = v, rank r holds stages r, p + r, ..., (v - 1)p + r, its model
 chunks 0..v-1). Orders match ``torch.distributed.pipelining``'s ``ScheduleGPipe``,
-``Schedule1F1B`` and ``ScheduleInterleaved1F1B`` (their planned orders without the idle steps
-and communication actions).
+``Schedule1F1B``, ``ScheduleInterleaved1F1B`` and (for ZB-H1) ``ScheduleInterleavedZeroBubble``
+with one stage per rank (their planned orders without the idle steps and communication
+actions).
 
-To add a schedule (ZB-H1, ...): write a builder with the :data:`Builder` signature and
-register it in ``_BUILDERS``.
+To add a schedule: write a builder with the :data:`Builder` signature and register it in
+``_BUILDERS``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ Builder = Callable[[int, int, int], PerRankActions]
 
 _F = ActionKind.FORWARD
 _B = ActionKind.FULL_BACKWARD
+_I = ActionKind.BACKWARD_INPUT
+_W = ActionKind.BACKWARD_WEIGHT
 
 
 def _require_vpp_1(schedule: Schedule, vpp: int) -> None:
@@ -145,10 +148,68 @@ def _interleaved(num_ranks: int, num_microbatches: int, vpp: int) -> PerRankActi
     return tuple(_interleaved_rank(r, num_ranks, num_microbatches, vpp) for r in range(num_ranks))
 
 
+def _zb_h1_rank(rank: int, num_ranks: int, num_microbatches: int) -> tuple[Action, ...]:
+    """ZB-H1 order of one rank: slots x = 0 .. m + p - 2, each ``F_x, I_(x-(p-1-r)), W_(x-(p-1))``
+    with the indices outside 0..m-1 left out (see :func:`_zb_h1`)."""
+    input_lag = num_ranks - 1 - rank  # I trails F by the rank's 1F1B warm-up, p - r - 1
+    weight_lag = num_ranks - 1  # W trails F by p - 1 slots on every rank
+    actions = []
+    for slot in range(num_microbatches + num_ranks - 1):
+        for kind, microbatch in (
+            (_F, slot),
+            (_I, slot - input_lag),
+            (_W, slot - weight_lag),
+        ):
+            if 0 <= microbatch < num_microbatches:
+                actions.append(Action(stage=rank, kind=kind, microbatch=microbatch))
+    return tuple(actions)
+
+
+def _zb_h1(num_ranks: int, num_microbatches: int, vpp: int) -> PerRankActions:
+    """ZB-H1, the memory-efficient zero-bubble schedule (Qi et al., "Zero Bubble Pipeline
+    Parallelism", ICLR 2024, arXiv:2401.10241, §2.1 and Fig. 3 top; torch
+    ``ScheduleInterleavedZeroBubble`` with one stage per rank, ``_get_1f1b_rank_ops`` with
+    ``enable_zero_bubble``).
+
+    Each backward is split into I (input gradient, sent upstream at once) and W (weight
+    gradient, needed by nobody downstream). In the paper's steady state rank r runs the
+    triple (F_x, I_(x-(p-1-r)), W_(x-(p-1))) per slot x: forwards and input gradients as in
+    1F1B (w = p - r - 1 warm-up forwards), weight gradients p - 1 slots behind the forwards on
+    every rank, i.e. r slots behind rank r's I. Slots run x = 0 .. m + p - 2 and drop indices
+    outside 0..m-1, which yields (for m >= p) the phases: p - r - 1 lone forwards, r (F, I)
+    pairs, (F, I, W) triples, p - r - 1 (I, W) pairs, r lone W that fill the tail bubble.
+    Rank 0 runs W right after each I, the last rank defers its first W by p - 1 slots.
+
+    Memory: activations of a micro-batch live from F to its W, so every rank holds up to
+    ``min(p, m)`` micro-batches; rank 0 holds as many as in 1F1B (the paper's claim that H1
+    does not exceed 1F1B's peak, which sits on the first worker), later ranks more (the paper
+    counts them at the smaller W footprint M_W < M_B, Table 1; the engine frees at W).
+
+    Bubble with uniform costs and free P2P: (p - 1)(t_F + t_I - t_W) per rank (paper §2.1,
+    t_B of the paper = our t_I) against 1F1B's (p - 1)(t_F + t_I + t_W): a third of it when
+    t_F = t_I = t_W. Holds for m >= p and t_W <= min(t_F, t_I) (read from the engine); with
+    m < p fewer W exist to fill the tail and the bubble is larger.
+
+    No condition on m: torch's ``ScheduleInterleavedZeroBubble`` only asks that m be a multiple
+    of max(1, m // p) rounds, which does not change this order with one stage per rank.
+
+    Raises:
+        SpecError: vpp != 1 or a single rank (nothing to fill: use 1F1B).
+    """
+    _require_vpp_1(Schedule.ZB_H1, vpp)
+    if num_ranks < 2:
+        raise SpecError(
+            f"schedule {Schedule.ZB_H1.value} needs pp > 1 (got num_ranks={num_ranks}); "
+            f"use {Schedule.ONE_F_ONE_B.value}"
+        )
+    return tuple(_zb_h1_rank(r, num_ranks, num_microbatches) for r in range(num_ranks))
+
+
 _BUILDERS: dict[Schedule, Builder] = {
     Schedule.GPIPE: _gpipe,
     Schedule.ONE_F_ONE_B: _one_f_one_b,
     Schedule.INTERLEAVED_1F1B: _interleaved,
+    Schedule.ZB_H1: _zb_h1,
 }
 
 

@@ -19,9 +19,17 @@ Model (one representative pipeline replica, one optimizer step):
   action (synchronous send, Megatron-LM's default); otherwise it goes straight on.
 - Same-rank dependencies (F before B/I, I before W) hold by the list order, which
   :func:`plansim.schedule.checks.check_structure` verifies before the run.
-- After a rank's last action its ``grad_sync`` segments run as a separate process (the
-  ``dp`` stream), then its ``optimizer`` segments on the rank's stream. Overlapping DP
-  communication with backward will start that process earlier; nothing else changes.
+- Gradient reduction runs on the rank's ``dp`` stream, FIFO like ``pp_send``: the stages'
+  ``grad_buckets``, then the rank's ``grad_sync`` segments. With
+  ``work.overlap_grad_reduce`` (Megatron-LM ``--overlap-grad-reduce``; PyTorch DDP buckets,
+  Li et al. VLDB 2020) bucket k of stage s is queued ``ready_fraction`` of the way through
+  the stage's last backward action (B, or W when split) of the step, beside the rank's
+  remaining work, and always after bucket k-1; ``grad_sync`` is queued after the rank's last
+  action. Without it, all of them are queued after the rank's last action (stages in the
+  order of their last backward). Bucket rows carry their stage (micro-batch -1); the
+  ``grad_sync`` rows stage -1. The rank's ``optimizer`` segments start when the ``dp``
+  stream has carried all of them. In-action ``dp`` segments (ZeRO-3 gathers) hold the
+  compute stream and do not go through that queue.
 - Memory per rank = ``static_bytes`` + ``activation_bytes`` of every (s, j) whose F has
   started and whose B (or W, when split) has not ended; sampled at every change.
 
@@ -33,7 +41,8 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -80,6 +89,13 @@ class SimResult:
         peak_memory_bytes: highest memory sample per rank.
         busy_s_by_kind: seconds of events per kind, summed over ranks and streams.
         num_events: timeline rows.
+        exposed_s_by_kind: per communication kind, seconds during which a rank's compute
+            stream is idle while that kind runs on the rank, summed over ranks
+            (``plansim.sim.timeline.exposure``: blocking TP collectives count whole;
+            overlaps are attributed by ``EXPOSED_PRIORITY``). Keys: every communication kind
+            in the timeline, sorted.
+        compute_busy_s: per rank, seconds its compute stream runs kernels (pipeline work and
+            optimizer; TP and other communication excluded).
     """
 
     timeline: pd.DataFrame
@@ -91,6 +107,8 @@ class SimResult:
     peak_memory_bytes: tuple[float, ...]
     busy_s_by_kind: dict[str, float]
     num_events: int
+    exposed_s_by_kind: dict[str, float] = field(default_factory=dict)
+    compute_busy_s: tuple[float, ...] = ()
 
 
 class _FifoStream:
@@ -143,6 +161,9 @@ class _Run:
         self.peak = list(self.memory)
         self.arrived: dict[SignalKey, simpy.Event] = {}
         self.pp_send = [_FifoStream(self.env) for _ in work.ranks]
+        self.dp = [_FifoStream(self.env) for _ in work.ranks]
+        self.dp_last: list[simpy.Event | None] = [None] * work.num_ranks
+        self.last_backward = _last_backwards(actions, work)
         self.position = [0] * work.num_ranks
         self.finished = [False] * work.num_ranks
 
@@ -170,7 +191,12 @@ class _Run:
             if action.kind is ActionKind.FORWARD:
                 self._add_memory(rank, stage.activation_bytes)
             segments = getattr(stage, _SEGMENTS[action.kind])
+            release = None
+            if self.work.overlap_grad_reduce and index in self.last_backward[rank]:
+                release = self._release_buckets(rank, action.stage, segments)
             yield from self._segments(rank, segments, action.stage, action.microbatch)
+            if release is not None:
+                release()
             if action.kind in _FREES:
                 self._add_memory(rank, -stage.activation_bytes)
             sent = self._hand_over(rank, action)
@@ -235,11 +261,58 @@ class _Run:
         self.pp_send[src].put(p2p.duration_s, done)
         return arrival
 
+    def _queue_dp(self, rank: int, seg: Segment, stage: int) -> None:
+        """Queue ``seg`` on the rank's FIFO ``dp`` stream; it becomes the rank's last dp item."""
+        done = self.env.event()
+
+        def finished(start: float, end: float) -> None:
+            row = (rank, seg.stream, seg.kind, stage, tl.NOT_TIED, start, end, seg.num_bytes)
+            self.rows.append(row)
+            done.succeed()
+
+        self.dp[rank].put(seg.duration_s, finished)
+        self.dp_last[rank] = done
+
+    def _release_buckets(
+        self, rank: int, stage: int, segments: Sequence[Segment]
+    ) -> Callable[[], None]:
+        """Queue ``stage``'s gradient buckets as its last backward action (starting now,
+        running ``segments``) produces them; returns what releases the rest at its end.
+
+        Bucket k is released ``ready_fraction`` x the action's duration after its start,
+        together with any earlier bucket still held, so the dp queue keeps bucket order.
+        """
+        buckets = self.work.stages[stage].grad_buckets
+        released = [0]
+
+        def release_upto(last: int, _event: object = None) -> None:
+            while released[0] <= last:
+                self._queue_dp(rank, buckets[released[0]].segment, stage)
+                released[0] += 1
+
+        duration_s = sum(seg.duration_s for seg in segments)
+        for k, bucket in enumerate(buckets):
+            fraction = bucket.ready_fraction
+            next_fraction = buckets[k + 1].ready_fraction if k + 1 < len(buckets) else None
+            if fraction < 1.0 and fraction != next_fraction:  # one timeout per ready time
+                timeout = self.env.timeout(fraction * duration_s)
+                timeout.callbacks.append(partial(release_upto, k))
+        return partial(release_upto, len(buckets) - 1)
+
     def _tail(self, rank: int) -> _Process:
-        """Once-per-step work after the rank's last action: grad sync, then optimizer."""
+        """Once-per-step work after the rank's last action: the rest of the gradient
+        reduction on the dp stream, then the optimizer once the dp stream has carried it."""
         rank_work = self.work.ranks[rank]
+        if not self.work.overlap_grad_reduce:
+            for stage in self.last_backward[rank].values():
+                for bucket in self.work.stages[stage].grad_buckets:
+                    self._queue_dp(rank, bucket.segment, stage)
+        for seg in rank_work.grad_sync:
+            self._queue_dp(rank, seg, tl.NOT_TIED)
+        last = self.dp_last[rank]
+        if last is not None and not last.processed:
+            yield last
         no = tl.NOT_TIED
-        yield self.env.process(self._segments(rank, rank_work.grad_sync, no, no))
         yield from self._segments(rank, rank_work.optimizer, no, no)
 
     def raise_if_stuck(self) -> None:
@@ -261,6 +334,19 @@ class _Run:
             f"simulation stopped at t={self.env.now:.6g} s with actions left: {waits}\n\n"
             f"Pipeline schedule (step x rank, stuck actions in brackets):\n{table}"
         )
+
+
+def _last_backwards(actions: PerRankActions, work: PipelineWork) -> list[dict[int, int]]:
+    """Per rank: {index of the stage's last B/W action: stage} for stages with grad buckets,
+    in list order (``check_structure`` keeps each stage's actions on its own rank)."""
+    out = []
+    for rank_actions in actions:
+        last: dict[int, int] = {}
+        for index, action in enumerate(rank_actions):
+            if action.kind in _FREES and work.stages[action.stage].grad_buckets:
+                last[action.stage] = index
+        out.append({index: stage for stage, index in sorted(last.items(), key=lambda x: x[1])})
+    return out
 
 
 def simulate(actions: PerRankActions, work: PipelineWork) -> SimResult:
@@ -297,6 +383,7 @@ def _summarise(run: _Run) -> SimResult:
     per_rank = tl.bubble_fractions(timeline, num_ranks=num_ranks, pipeline_time_s=pipeline_time_s)
     durations = timeline[tl.END_S] - timeline[tl.START_S]
     by_kind = durations.groupby(timeline[tl.KIND], sort=True).sum()
+    exposure = tl.exposure(timeline, num_ranks=num_ranks)
     return SimResult(
         timeline=timeline,
         memory=memory,
@@ -307,6 +394,8 @@ def _summarise(run: _Run) -> SimResult:
         peak_memory_bytes=tuple(run.peak),
         busy_s_by_kind={str(k): float(v) for k, v in by_kind.items()},
         num_events=len(timeline),
+        exposed_s_by_kind=exposure.exposed_s_by_kind,
+        compute_busy_s=exposure.compute_busy_s,
     )
 
 

@@ -21,12 +21,18 @@ Rows are sorted by start_s, then rank, then stream (then end_s, kind, stage, mic
 so the order is total). **Pipeline work** rows are those on the ``compute`` or ``tp``
 stream with ``stage >= 0``: the segments of F/B/I/W actions (TP collectives block compute).
 Rows of one (rank, stream) do not overlap, except on ``pp_recv``, where a rank may receive
-from both neighbours at once.
+from both neighbours at once, and on ``dp``, where a blocking in-action ``dp`` segment
+(ZeRO-3 gather) could meet a queued gradient bucket. Gradient-bucket rows on ``dp`` carry
+their stage with micro-batch -1.
+
+**Exposed communication** (:func:`exposed_comm_s`): per rank, the time its compute stream
+is idle while communication runs on the rank, by kind.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -49,6 +55,23 @@ COLUMNS = (RANK, STREAM, KIND, STAGE, MICROBATCH, START_S, END_S, BYTES)
 NOT_TIED = -1
 #: Streams whose stage-tied rows are pipeline work (the compute stream is busy).
 COMPUTE_STREAMS = ("compute", "tp")
+
+#: The stream of compute kernels; every other stream carries communication.
+COMPUTE = "compute"
+#: When several kinds of communication run during the same idle compute time, the time
+#: goes to the first of them in this order; kinds not listed follow in alphabetical order.
+#: TP collectives block the compute stream, so they come first; then the pipeline transfers a
+#: rank waits for (receives) or is held by (synchronous sends); DP traffic last, as it is
+#: what runs beside the others when overlapped.
+EXPOSED_PRIORITY = (
+    "tp_comm",
+    "recv_forward",
+    "recv_backward",
+    "send_forward",
+    "send_backward",
+    "dp_comm",
+    "embedding_grad_comm",
+)
 
 #: (rank, stream, kind, stage, microbatch, start_s, end_s, bytes)
 TimelineRow = tuple[int, str, str, int, int, float, float, float]
@@ -168,3 +191,108 @@ def bubble_fractions(
         return (0.0,) * num_ranks
     busy = busy_s(df, num_ranks=num_ranks, until_s=pipeline_time_s)
     return tuple((pipeline_time_s - b) / pipeline_time_s for b in busy)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Exposure:
+    """Compute and exposed communication read from a Timeline (:func:`exposure`).
+
+    Attributes:
+        exposed_s_by_kind: {communication kind: seconds}, summed over ranks, keys sorted.
+        compute_busy_s: per rank, seconds its ``compute`` stream runs.
+    """
+
+    exposed_s_by_kind: dict[str, float]
+    compute_busy_s: tuple[float, ...]
+
+
+def exposure(df: pd.DataFrame, *, num_ranks: int) -> Exposure:
+    """Communication not hidden behind compute, by kind, and compute busy time per rank.
+
+    For rank r, an instant counts for kind k when no ``compute``-stream row of r runs, a row
+    of kind k on another stream of r does, and no kind earlier in :data:`EXPOSED_PRIORITY`
+    does (each idle instant is counted once). A blocking TP collective (stream ``tp``, the
+    compute stream held) therefore counts whole as ``tp_comm``; a DP bucket reduced while
+    the rank still computes counts nothing. The measure is per rank: a rank that finished
+    its pipeline work early and waits for its gradient reduction has that reduction exposed
+    even when another rank sets the step time. Compute busy time is the union of the rank's
+    ``compute`` rows (F/B/I/W compute segments, recompute, optimizer; TP is not compute).
+    Read from the events only.
+
+    Returns:
+        Exposed seconds for every communication kind in ``df`` (0.0 when fully hidden) and
+        busy seconds for every rank in ``range(num_ranks)``.
+    """
+    is_comm = (df[STREAM] != COMPUTE).to_numpy()
+    comm_kinds = df[KIND].to_numpy()[is_comm].tolist()
+    kinds = _by_priority(set(comm_kinds))
+    code = {kind: i + 1 for i, kind in enumerate(kinds)}
+    category = np.zeros(len(df), dtype=np.int64)  # 0: compute
+    category[is_comm] = [code[kind] for kind in comm_kinds]
+    starts = df[START_S].to_numpy(dtype=np.float64)
+    ends = df[END_S].to_numpy(dtype=np.float64)
+    ranks = df[RANK].to_numpy()
+    keep = np.flatnonzero((ends > starts) & (ranks >= 0) & (ranks < num_ranks))
+    keep = keep[np.argsort(ranks[keep], kind="stable")]
+    bounds = np.searchsorted(ranks[keep], np.arange(num_ranks + 1), side="left")
+    totals = np.zeros(len(kinds) + 1)
+    busy = []
+    for r in range(num_ranks):
+        mine = keep[bounds[r] : bounds[r + 1]]
+        per_category = _idle_by_category(
+            category[mine], starts[mine], ends[mine], num_categories=len(kinds) + 1
+        )
+        busy.append(float(per_category[0]))
+        totals[1:] += per_category[1:]
+    return Exposure(
+        exposed_s_by_kind={kind: float(totals[code[kind]]) for kind in sorted(kinds)},
+        compute_busy_s=tuple(busy),
+    )
+
+
+def exposed_comm_s(df: pd.DataFrame, *, num_ranks: int) -> dict[str, float]:
+    """{communication kind: exposed seconds summed over ranks} (:func:`exposure`)."""
+    return exposure(df, num_ranks=num_ranks).exposed_s_by_kind
+
+
+def compute_busy_s(df: pd.DataFrame, *, num_ranks: int) -> tuple[float, ...]:
+    """Seconds each rank's ``compute`` stream runs (:func:`exposure`)."""
+    return exposure(df, num_ranks=num_ranks).compute_busy_s
+
+
+def _by_priority(kinds: set[str]) -> list[str]:
+    """``kinds`` in EXPOSED_PRIORITY order, unlisted ones after it alphabetically."""
+    listed = [k for k in EXPOSED_PRIORITY if k in kinds]
+    return listed + sorted(kinds - set(EXPOSED_PRIORITY))
+
+
+def _idle_by_category(
+    category: np.ndarray[Any, Any],
+    starts: np.ndarray[Any, Any],
+    ends: np.ndarray[Any, Any],
+    *,
+    num_categories: int,
+) -> np.ndarray[Any, Any]:
+    """One rank: [compute busy seconds, then exposed seconds of each category 1..].
+
+    Cuts time at every row boundary; on each piece, a category is active when one of its
+    rows covers it (count of starts <= t minus ends <= t, t the piece's left end); the piece
+    goes to the first active category, compute (0) first.
+    """
+    out = np.zeros(num_categories)
+    points = np.unique(np.concatenate([starts, ends]))
+    if len(points) < 2:
+        return out
+    left, length = points[:-1], np.diff(points)
+    taken = np.zeros(len(left), dtype=bool)
+    for c in range(num_categories):
+        mask = category == c
+        if not mask.any():
+            continue
+        covering = np.searchsorted(np.sort(starts[mask]), left, side="right") - np.searchsorted(
+            np.sort(ends[mask]), left, side="right"
+        )
+        active = (covering > 0) & ~taken
+        out[c] = float(length[active].sum())
+        taken |= active
+    return out

@@ -47,11 +47,15 @@ class Schedule(enum.Enum):
 
     GPIPE and ONE_F_ONE_B run one model chunk per rank (vpp == 1); INTERLEAVED_1F1B runs
     vpp > 1 chunks per rank (Narayanan et al. SC21 §2.2.2, Megatron-LM virtual pipeline).
+    ZB_H1 is the memory-efficient zero-bubble schedule of Qi et al. (ICLR 2024,
+    arXiv:2401.10241, §2.1 "ZB-H1"): 1F1B with each backward split into input-gradient (I)
+    and weight-gradient (W) actions, W deferred to fill the tail bubble; vpp == 1, pp > 1.
     """
 
     GPIPE = "gpipe"
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED_1F1B = "interleaved-1f1b"
+    ZB_H1 = "zb-h1"
 
     @property
     def interleaved(self) -> bool:
@@ -88,13 +92,20 @@ class ParallelPlan:
         sequence_parallel: Megatron sequence parallelism (needs tp > 1).
         schedule: pipeline schedule; interleaved-1f1b needs vpp > 1, pp > 1 and a number of
             micro-batches that is a multiple of pp (Megatron-LM's rule for interleaving);
-            gpipe and 1f1b need vpp == 1.
+            gpipe and 1f1b need vpp == 1; zb-h1 needs vpp == 1 and pp > 1 (any number of
+            micro-batches: neither the paper nor torch's ``ScheduleInterleavedZeroBubble``
+            asks for m >= pp; with m < pp fewer W fill the tail, see the builder).
         precision: matmul precision.
         attention: attention kernel (FlashAttention drops the s x s activations and traffic).
         overlap_p2p_comm: pipeline sends/receives run asynchronously beside compute (Megatron
             ``--overlap-p2p-communication``, interleaved schedule only); off, a rank waits for
             its send to finish before its next action (Megatron's default synchronous
             ``batch_isend_irecv`` + wait).
+        overlap_grad_reduce: the DP gradient reduction (all-reduce, or ZeRO-1/2
+            reduce-scatter) of each model chunk starts in buckets while backward still runs
+            (Megatron-LM ``--overlap-grad-reduce``, default off; PyTorch DDP buckets, Li et
+            al. VLDB 2020); off, it all runs after the rank's last backward. No effect with
+            ZeRO-3, whose reduce-scatters are per micro-batch already, or dp == 1.
 
     Raises:
         SpecError: a degree is not a positive integer, the global batch does not split into
@@ -116,6 +127,7 @@ class ParallelPlan:
     precision: Precision = Precision.BF16
     attention: AttentionKernel = AttentionKernel.FLASH
     overlap_p2p_comm: bool = False
+    overlap_grad_reduce: bool = False
 
     def __post_init__(self) -> None:
         for field in ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "global_batch_size"):
@@ -136,6 +148,8 @@ class ParallelPlan:
                 f"plan.global_batch_size({self.global_batch_size}) is not divisible by "
                 f"micro_batch_size({self.micro_batch_size}) * dp({self.dp}) = {per_step}"
             )
+        if not isinstance(self.overlap_grad_reduce, bool):
+            raise choice_error("plan.overlap_grad_reduce", self.overlap_grad_reduce, [True, False])
         if self.sequence_parallel and self.tp == 1:
             raise SpecError("plan.sequence_parallel needs tp > 1 (got tp=1)")
         if self.overlap_p2p_comm and not self.schedule.interleaved:
@@ -148,13 +162,20 @@ class ParallelPlan:
             raise SpecError(f"plan.cp({self.cp}): context parallelism is not modelled yet; use 1")
 
     def _check_schedule(self) -> None:
-        """vpp, pp and micro-batch count against the schedule (Megatron-LM's rules)."""
+        """vpp, pp and micro-batch count against the schedule (Megatron-LM's rules; ZB-H1:
+        Qi et al. 2024 §2.1 needs a pipeline, pp > 1)."""
         name = self.schedule.value
         if not self.schedule.interleaved:
             if self.vpp != 1:
                 raise SpecError(
                     f"schedule {name} needs vpp == 1 (got vpp={self.vpp}); "
                     f"use {Schedule.INTERLEAVED_1F1B.value}"
+                )
+            if self.schedule is Schedule.ZB_H1 and self.pp == 1:
+                raise SpecError(
+                    f"schedule {name} needs pp > 1 (got pp=1): one stage has no pipeline "
+                    f"bubble for the deferred weight gradients to fill; use "
+                    f"{Schedule.ONE_F_ONE_B.value}"
                 )
             return
         if self.vpp == 1:
@@ -197,6 +218,8 @@ class ParallelPlan:
         parts.append(self.schedule.value)
         if self.overlap_p2p_comm:
             parts.append("overlap-p2p")
+        if self.overlap_grad_reduce:
+            parts.append("overlap-grad")
         if self.attention is AttentionKernel.UNFUSED:
             parts.append("unfused-attn")
         return " ".join(parts)

@@ -50,6 +50,35 @@ class P2P:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class GradBucket:
+    """One bucket of a stage's DP gradient reduction (Megatron-LM DDP gradient buckets,
+    ``--ddp-bucket-size``; PyTorch DDP, Li et al. VLDB 2020 §3.2).
+
+    Attributes:
+        segment: the collective (all-reduce, or ZeRO-1/2 reduce-scatter) on the ``dp`` stream.
+        ready_fraction: in (0, 1]: the bucket's gradients are complete once this fraction of
+            the stage's last backward action of the step (B, or W when split) has run; 1 = at
+            its end. Costing's estimate, not the engine's (the engine only scales it).
+        num_params: parameters whose gradients the bucket reduces (for reports).
+
+    Raises:
+        SpecError: segment not on the ``dp`` stream, or ready_fraction outside (0, 1].
+    """
+
+    segment: Segment
+    ready_fraction: float = 1.0
+    num_params: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.segment.stream != "dp":
+            raise SpecError(f"grad bucket segment.stream={self.segment.stream!r}; must be 'dp'")
+        if not 0.0 < self.ready_fraction <= 1.0:
+            raise SpecError(
+                f"grad bucket ready_fraction must be in (0, 1], got {self.ready_fraction}"
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StageWork:
     """Per-micro-batch work of one pipeline stage (model chunk), TP folded in.
 
@@ -61,6 +90,15 @@ class StageWork:
         send_forward: activation sent to the next stage after F (none on the last stage).
         send_backward: gradient sent to the previous stage after B/I (none on the first stage).
         activation_bytes: bytes stored from F until the matching B (or W) frees them.
+        grad_buckets: the stage's once-per-step DP gradient reduction, one collective per
+            bucket, in reverse layer order (the order backward produces them), so their
+            ready_fraction never decreases. With ``PipelineWork.overlap_grad_reduce`` each
+            bucket is queued on the rank's ``dp`` stream once ready; otherwise all of them
+            after the rank's last action. Empty: nothing reduced per stage (dp == 1, ZeRO-3,
+            or a costing that puts the whole reduction in ``RankWork.grad_sync``).
+
+    Raises:
+        SpecError: grad_buckets' ready fractions decrease.
     """
 
     forward: tuple[Segment, ...]
@@ -70,6 +108,15 @@ class StageWork:
     send_forward: P2P
     send_backward: P2P
     activation_bytes: float
+    grad_buckets: tuple[GradBucket, ...] = ()
+
+    def __post_init__(self) -> None:
+        fractions = [bucket.ready_fraction for bucket in self.grad_buckets]
+        if fractions != sorted(fractions):
+            raise SpecError(
+                f"stage grad_buckets must be ready in order (backward order); "
+                f"ready_fraction = {fractions}"
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,9 +126,12 @@ class RankWork:
     Attributes:
         static_bytes: weights, gradients, optimizer states, buffers and reserve on this rank
             (the part of memory that does not depend on micro-batches in flight).
-        grad_sync: DP gradient reduction (all-reduce or ZeRO reduce-scatter) after the last
-            backward of the rank, on the ``dp`` stream.
-        optimizer: optimizer step (and ZeRO-1/2 parameter all-gather), after grad_sync.
+        grad_sync: gradient communication that is not per stage (e.g. the tied-embedding
+            all-reduce between first and last stage), or the whole DP reduction when costing
+            does not split it by stage; on the ``dp`` stream after the rank's last action,
+            behind any stage buckets still queued there.
+        optimizer: optimizer step (and ZeRO-1/2 parameter all-gather), after grad_sync and
+            every stage bucket of the rank have ended.
     """
 
     static_bytes: float
@@ -97,6 +147,9 @@ class PipelineWork:
     placement; with vpp = 1 stage s is rank s). With ``blocking_p2p`` a rank waits for each
     of its sends to complete before its next action (synchronous point-to-point, as in
     Megatron-LM without ``--overlap-p2p-communication``); otherwise sends run beside compute.
+    With ``overlap_grad_reduce`` the stages' gradient buckets start on the ``dp`` stream as
+    soon as they are ready, beside the remaining backward work (Megatron-LM
+    ``--overlap-grad-reduce``); otherwise after the rank's last action.
 
     Raises:
         SpecError: stage count not a multiple of rank count, or no micro-batches.
@@ -106,6 +159,7 @@ class PipelineWork:
     ranks: tuple[RankWork, ...]
     num_microbatches: int
     blocking_p2p: bool = False
+    overlap_grad_reduce: bool = False
 
     def __post_init__(self) -> None:
         if not self.ranks or len(self.stages) % len(self.ranks):

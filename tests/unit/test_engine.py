@@ -6,8 +6,6 @@ each P2P transfer 0.1 ms unless a test says otherwise.
 
 from __future__ import annotations
 
-import time
-
 import pandas as pd
 import pytest
 
@@ -478,15 +476,11 @@ def test_invalid_lists_are_rejected_before_running() -> None:
         simulate(acts("0F0 0B0", "1F0 1B0", ""), pipeline(2, 1))
 
 
-def test_sixteen_ranks_256_microbatches_simulate_fast() -> None:
-    # Measured about 0.15 s on a developer machine; the bound leaves room for slow CI.
+def test_sixteen_ranks_256_microbatches_event_count() -> None:
+    # Speed is measured by benchmarks/bench_sim.py, not asserted here.
     actions = build_actions(Schedule.ONE_F_ONE_B, num_ranks=16, num_microbatches=256)
-    work = _uneven_work(16, 256)
-    started = time.perf_counter()
-    result = simulate(actions, work)
-    elapsed = time.perf_counter() - started
+    result = simulate(actions, _uneven_work(16, 256))
     assert result.num_events == 16 * 256 * 3 + 2 * 2 * 15 * 256 + 16
-    assert elapsed < 2.0, f"{elapsed:.3f} s"
 
 
 def test_blocking_p2p_holds_the_sender_until_its_send_ends() -> None:

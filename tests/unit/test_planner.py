@@ -146,7 +146,7 @@ def test_enumeration_pairs_vpp_with_schedules() -> None:
         enumerate_plans(num_gpus=8, global_batch_size=8, space=_one_knob_space(), num_layers=24)
     )
     got = sorted((p.pp, p.vpp, p.schedule.value) for p in plans)
-    flat = [(pp, 1, s) for pp in (2, 4, 8) for s in ("1f1b", "gpipe")] + [(1, 1, "1f1b")]
+    flat = [(pp, 1, s) for pp in (2, 4, 8) for s in ("1f1b", "gpipe", "zb-h1")] + [(1, 1, "1f1b")]
     interleaved = [(2, v, "interleaved-1f1b") for v in (2, 3, 4, 6)]  # m = 2: a multiple of 2
     interleaved += [(4, v, "interleaved-1f1b") for v in (2, 3, 6)]  # m = 4
     interleaved += [(8, 3, "interleaved-1f1b")]  # m = 8
@@ -254,3 +254,29 @@ def test_overlapping_p2p_makes_interleaving_cheaper_on_slow_links() -> None:
     assert overlap.step_time_s < sync.step_time_s
     with pytest.raises(SpecError, match="overlap_p2p_comm needs schedule interleaved-1f1b"):
         ParallelPlan(**{**kw, "vpp": 1, "schedule": Schedule.ONE_F_ONE_B}, overlap_p2p_comm=True)
+
+
+def test_zb_h1_estimate_matches_the_simulated_pipeline_on_uniform_costs() -> None:
+    from plansim.specs.work import P2P, PipelineWork, RankWork, Segment, StageWork
+
+    def seg(kind: str, d: float) -> tuple[Segment, ...]:
+        return (Segment(kind=kind, stream="compute", duration_s=d),)
+
+    st = StageWork(
+        forward=seg("forward", 1.0),
+        backward=seg("backward", 2.0),
+        backward_input=seg("backward_input", 1.0),
+        backward_weight=seg("backward_weight", 1.0),
+        send_forward=P2P(duration_s=0.0, num_bytes=0.0),
+        send_backward=P2P(duration_s=0.0, num_bytes=0.0),
+        activation_bytes=0.0,
+    )
+    rk = RankWork(static_bytes=0.0, grad_sync=(), optimizer=())
+    work = PipelineWork(stages=(st,) * 4, ranks=(rk,) * 4, num_microbatches=8)
+    from plansim.schedule.builders import build_actions
+    from plansim.sim.engine import simulate
+
+    sim = simulate(build_actions(Schedule.ZB_H1, num_ranks=4, num_microbatches=8), work)
+    est = estimate_step_time_s(work, schedule=Schedule.ZB_H1)
+    assert est == pytest.approx(sim.pipeline_time_s) == pytest.approx(8 * 3 + 3 * 1)
+    assert estimate_step_time_s(work) == pytest.approx((8 + 3) * 3)  # 1F1B
