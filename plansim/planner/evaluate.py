@@ -43,7 +43,7 @@ class Evaluation:
         exposed_comm_s_by_kind: communication not hidden behind compute, by kind, summed
             over the pipeline ranks (``SimResult.exposed_s_by_kind``).
         num_grad_buckets: DP gradient buckets per pipeline replica (0 unless
-            ``plan.overlap_grad_reduce``; see ``plansim.analytic.cost.grad_buckets``).
+            ``plan.overlap_grad_reduce``; see ``plansim.analytic.grad_buckets.grad_buckets``).
     """
 
     plan: ParallelPlan

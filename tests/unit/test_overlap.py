@@ -14,12 +14,8 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from plansim.analytic.cost import (
-    BUCKET_MIN_PARAMS,
-    build_pipeline_work,
-    grad_buckets,
-    stage_parameters,
-)
+from plansim.analytic.cost import build_pipeline_work
+from plansim.analytic.grad_buckets import BUCKET_MIN_PARAMS, grad_buckets, stage_parameters
 from plansim.analytic.memory import rank_parameters
 from plansim.analytic.ranks import layout_groups
 from plansim.catalog import resolve_model

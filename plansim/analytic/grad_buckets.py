@@ -1,0 +1,129 @@
+"""DP gradient-reduction buckets of a pipeline stage, for overlapped reduction (pure).
+
+Megatron-LM ``--overlap-grad-reduce`` (PyTorch DDP-style buckets, Li et al. VLDB 2020): the
+gradients of a stage are reduced in buckets that start while backward still runs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from plansim.analytic.comm import collective_time_s
+from plansim.analytic.memory import state_bytes_per_param
+from plansim.analytic.params import count_parameters
+from plansim.analytic.ranks import LayoutGroups
+from plansim.specs.hardware import HardwareProfile
+from plansim.specs.model import ModelSpec
+from plansim.specs.plan import ParallelPlan
+from plansim.specs.work import GradBucket, Segment
+
+#: Megatron-LM's default DDP bucket: max(40M, 1M x data-parallel size) parameters
+#: (``DistributedDataParallelConfig.bucket_size``; larger DP groups get larger buckets so the
+#: collectives stay bandwidth-bound).
+BUCKET_MIN_PARAMS = 40_000_000
+BUCKET_PARAMS_PER_DP_RANK = 1_000_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageParams:
+    """Parameters of one pipeline stage (model chunk) on one TP rank, in backward order.
+
+    Attributes:
+        head: produced first by backward: final norm and output layer (or its tied copy of
+            the word embedding when pp > 1) on the last stage; 0 elsewhere.
+        per_layer: one transformer layer (linear weights / tp + replicated norms).
+        num_layers: layers in the stage, L / (pp * vpp).
+        tail: produced last: word embedding / tp + position embedding on the first stage.
+    """
+
+    head: float
+    per_layer: float
+    num_layers: int
+    tail: float
+
+    @property
+    def total(self) -> float:
+        """All parameters of the stage."""
+        return self.head + self.per_layer * self.num_layers + self.tail
+
+
+def stage_parameters(model: ModelSpec, plan: ParallelPlan, *, stage: int) -> StageParams:
+    """Parameters of ``stage`` on one TP rank; over a rank's stages they sum to
+    ``plansim.analytic.memory.rank_parameters`` (same sharding rules)."""
+    counts = count_parameters(model)
+    last = stage == plan.num_stages - 1
+    head = tail = 0.0
+    if stage == 0:
+        tail = counts.embedding / plan.tp + counts.position_embedding
+    if last:
+        head = float(counts.final_norm)
+        if counts.output_layer:
+            head += counts.output_layer / plan.tp
+        elif plan.pp > 1:
+            head += counts.embedding / plan.tp
+    per_layer = (counts.attention_per_layer + counts.mlp_per_layer) / plan.tp
+    return StageParams(
+        head=head,
+        per_layer=per_layer + counts.norms_per_layer,
+        num_layers=model.num_layers // plan.num_stages,
+        tail=tail,
+    )
+
+
+def _ready_fraction(params: StageParams, done: float) -> float:
+    """Fraction of the stage's last backward after which its first ``done`` parameters (in
+    backward order) have gradients: the backward split evenly over the stage's layers, the
+    head counted with the first layer it meets and the tail with the last."""
+    n = params.num_layers
+    layers = math.ceil((done - params.head) / params.per_layer - 1e-9)
+    return min(n, max(1, layers)) / n
+
+
+def grad_buckets(
+    model: ModelSpec,
+    plan: ParallelPlan,
+    profile: HardwareProfile,
+    groups: LayoutGroups,
+    *,
+    stage: int,
+) -> tuple[GradBucket, ...]:
+    """The DP gradient reduction of ``stage`` as buckets, for ``plan.overlap_grad_reduce``.
+
+    Megatron-LM DDP: parameters fill buckets in reverse order (the order backward produces
+    their gradients) up to ``bucket_size`` = max(40M, 1M x dp) parameters; each bucket's
+    all-reduce (ZeRO-0) or reduce-scatter (ZeRO-1/2, distributed optimizer) starts once all
+    its gradients of the last micro-batch exist. Megatron buckets only pipeline rank 0's
+    first model chunk (stage 0): other ranks' reductions are off the critical path, later
+    chunks overlap anyway (``DistributedDataParallel``: bucket_size = None when pp rank > 0;
+    ``training.get_model``: ``disable_bucketing=(model_chunk_idx > 0)``); every other stage
+    is one bucket, ready at the end of its last backward. Approximations: buckets hold
+    exactly bucket_size parameters (Megatron closes a bucket at the first whole tensor past
+    it) and a bucket is ready at the end of the layer holding its last parameter
+    (:func:`_ready_fraction`). Empty for ZeRO-3 (per micro-batch reduce-scatters) or dp == 1.
+    """
+    if plan.zero_stage == 3 or plan.dp == 1:
+        return ()
+    params = stage_parameters(model, plan, stage=stage)
+    total = params.total
+    size = max(BUCKET_MIN_PARAMS, BUCKET_PARAMS_PER_DP_RANK * plan.dp) if stage == 0 else total
+    count = max(1, math.ceil(total / size - 1e-9))
+    grad_bytes = state_bytes_per_param(plan.precision).grad
+    collective = "all_reduce" if plan.zero_stage == 0 else "reduce_scatter"
+    buckets = []
+    for k in range(count):
+        done = total if k == count - 1 else (k + 1) * size
+        num_params = done - k * size
+        message = num_params * grad_bytes
+        seconds = collective_time_s(
+            profile, collective=collective, message_bytes=message, span=groups.dp
+        )
+        segment = Segment(kind="dp_comm", stream="dp", duration_s=seconds, num_bytes=message)
+        buckets.append(
+            GradBucket(
+                segment=segment,
+                ready_fraction=_ready_fraction(params, done),
+                num_params=num_params,
+            )
+        )
+    return tuple(buckets)

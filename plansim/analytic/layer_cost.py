@@ -1,0 +1,191 @@
+"""Seconds of one transformer layer's passes and of the edge stages' extra work (pure).
+
+* GEMMs (``plansim.analytic.flops``): roofline per GEMM, max(FLOPs / achievable FLOP/s at that
+  GEMM's size (launch overhead included in the curve), bytes of A, B and C / streaming HBM
+  bandwidth). Backward: input-grad and weight-grad GEMMs each cost one forward (2x forward in
+  all). FlashAttention's backward runs five GEMMs to the forward's two (Dao 2023,
+  FlashAttention-2 §3.1.2): 2.5x the forward attention-core GEMMs, the recompute included.
+* Memory-bound kernels (``plansim.analytic.elementwise``): bytes / streaming HBM bandwidth.
+* TP collectives per layer (Megatron-LM, Shoeybi et al. 2019 §3; Korthikanti §4.2.2):
+  forward 2 all-reduces of b*s*h 16-bit values (with SP: 2 all-gathers + 2 reduce-scatters);
+  backward the same, plus with SP 2 all-gathers re-forming the inputs of the column-parallel
+  weight gradients; full recompute repeats the forward ones. TP is blocking (on the critical
+  path).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plansim.analytic import flops as fl
+from plansim.analytic.comm import collective_time_s
+from plansim.analytic.elementwise import layer_elementwise_traffic
+from plansim.analytic.ranks import LayoutGroups
+from plansim.specs.hardware import HardwareProfile
+from plansim.specs.model import ModelSpec
+from plansim.specs.plan import AttentionKernel, ParallelPlan, Recompute
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PassTimes:
+    """Seconds of one layer for one micro-batch on one GPU, by part."""
+
+    forward_s: float
+    backward_input_s: float
+    backward_weight_s: float
+    recompute_s: float
+    tp_forward_s: float
+    tp_backward_s: float
+    tp_recompute_s: float
+
+
+def gemm_time_s(gemm: fl.Gemm, profile: HardwareProfile, *, dtype: str) -> float:
+    """Roofline time of ``gemm`` (all ``count`` instances): compute- or HBM-bound."""
+    single_flops = 2.0 * gemm.m * gemm.n * gemm.k
+    compute_s = gemm.flops / profile.matmul_flops_per_s(dtype, single_flops)
+    moved = 2.0 * gemm.count * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
+    # The profile's efficiency curve already includes the launch overhead (roofline + launch).
+    return max(compute_s, moved / profile.streaming_bytes_per_s())
+
+
+def _matmul_dtype(plan: ParallelPlan) -> str:
+    return plan.precision.value
+
+
+def layer_pass_times(
+    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, groups: LayoutGroups
+) -> PassTimes:
+    """Forward, backward (input/weight), recompute and TP-collective seconds of one layer."""
+    b, tp = plan.micro_batch_size, plan.tp
+    dtype = _matmul_dtype(plan)
+    unfused = plan.attention is AttentionKernel.UNFUSED
+    fwd_gemm = wgrad = core_fwd = 0.0
+    for gemm in fl.layer_forward_gemms(model, micro_batch_size=b, tp=tp):
+        is_core = gemm.name in fl.ATTENTION_CORE_GEMMS
+        t = gemm_time_s(gemm, profile, dtype="bf16" if is_core and dtype == "fp8" else dtype)
+        fwd_gemm += t
+        if is_core:
+            core_fwd += t
+        else:
+            wgrad += t
+    # Input-grad GEMMs: one forward each; attention core: 2x (unfused) or 2.5x (flash,
+    # recompute of the scores included).
+    core_bwd = (2.0 if unfused else 2.5) * core_fwd
+    dgrad = (fwd_gemm - core_fwd) + core_bwd
+    traffic = layer_elementwise_traffic(
+        model,
+        micro_batch_size=b,
+        tp=tp,
+        sequence_parallel=plan.sequence_parallel,
+        unfused_attention=unfused,
+    )
+    hbm = profile.streaming_bytes_per_s()
+    ew_fwd = traffic.forward_bytes / hbm + traffic.num_kernels * profile.kernel_launch_s
+    ew_bwd = traffic.backward_bytes / hbm + traffic.num_kernels * profile.kernel_launch_s
+    forward_s = fwd_gemm + ew_fwd
+    tp_pass = _tp_layer_pass_s(model, plan, profile, groups)
+    tp_backward = tp_pass + _sp_wgrad_gather_s(model, plan, profile, groups)
+    recompute_s, tp_recompute = 0.0, 0.0
+    if plan.recompute is Recompute.FULL:
+        recompute_s, tp_recompute = forward_s, tp_pass
+    elif plan.recompute is Recompute.SELECTIVE and unfused:
+        softmax_bytes = 9.0 * model.num_attention_heads * model.seq_length * model.seq_length * b
+        recompute_s = core_fwd + softmax_bytes / tp / hbm
+    return PassTimes(
+        forward_s=forward_s,
+        backward_input_s=dgrad + ew_bwd,
+        backward_weight_s=wgrad,
+        recompute_s=recompute_s,
+        tp_forward_s=tp_pass,
+        tp_backward_s=tp_backward,
+        tp_recompute_s=tp_recompute,
+    )
+
+
+def _sp_wgrad_gather_s(
+    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, groups: LayoutGroups
+) -> float:
+    """Sequence parallelism's backward re-gather of the sharded inputs of the two
+    column-parallel linears (QKV, FC1), needed for their weight gradients (Korthikanti et
+    al. 2022 §4.2.2; Megatron-LM ``LinearWithGradAccumulationAndAsyncCommunication``).
+    Counted on the critical path: Megatron issues it beside the input-gradient GEMM, but it
+    shares the GPU with it."""
+    if plan.tp == 1 or not plan.sequence_parallel:
+        return 0.0
+    message = 2.0 * model.seq_length * plan.micro_batch_size * model.hidden_size
+    return 2.0 * collective_time_s(
+        profile, collective="all_gather", message_bytes=message, span=groups.tp
+    )
+
+
+def _tp_layer_pass_s(
+    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, groups: LayoutGroups
+) -> float:
+    """TP collectives of one layer in one pass (forward or backward)."""
+    if plan.tp == 1:
+        return 0.0
+    message = 2.0 * model.seq_length * plan.micro_batch_size * model.hidden_size
+    if plan.sequence_parallel:
+        ag = collective_time_s(
+            profile, collective="all_gather", message_bytes=message, span=groups.tp
+        )
+        rs = collective_time_s(
+            profile, collective="reduce_scatter", message_bytes=message, span=groups.tp
+        )
+        return 2.0 * (ag + rs)
+    ar = collective_time_s(profile, collective="all_reduce", message_bytes=message, span=groups.tp)
+    return 2.0 * ar
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EdgeTimes:
+    """Extra per-micro-batch seconds of the first stage (embedding) and last stage (logits)."""
+
+    first_forward_s: float
+    first_backward_s: float
+    first_tp_s: float
+    last_forward_s: float
+    last_backward_input_s: float
+    last_backward_weight_s: float
+    last_tp_s: float
+
+
+def edge_times(
+    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, groups: LayoutGroups
+) -> EdgeTimes:
+    """Embedding lookup (first stage) and final norm + logits + cross-entropy (last stage).
+
+    Vocab-parallel embedding ends in an all-reduce (reduce-scatter with SP) of b*s*h 16-bit
+    values; vocab-parallel cross-entropy all-reduces three fp32 values per token (max,
+    sum of exponentials, target logit) (Megatron-LM ``VocabParallelEmbedding`` and
+    ``vocab_parallel_cross_entropy``). Cross-entropy traffic: read 16-bit logits, write fp32,
+    softmax read and write fp32 (14 B per logit forward); backward 8 B per logit.
+    """
+    b, tp = plan.micro_batch_size, plan.tp
+    tokens = model.seq_length * b
+    hbm = profile.streaming_bytes_per_s()
+    launch = profile.kernel_launch_s
+    act_bytes = 2.0 * tokens * model.hidden_size
+    emb_tp = 0.0
+    ce_tp = 0.0
+    if tp > 1:
+        kind = "reduce_scatter" if plan.sequence_parallel else "all_reduce"
+        emb_tp = collective_time_s(
+            profile, collective=kind, message_bytes=act_bytes, span=groups.tp
+        )
+        ce_tp = 3 * collective_time_s(
+            profile, collective="all_reduce", message_bytes=4.0 * tokens, span=groups.tp
+        )
+    logits = fl.logits_forward_gemm(model, micro_batch_size=b, tp=tp)
+    logits_s = gemm_time_s(logits, profile, dtype=_matmul_dtype(plan))
+    num_logits = tokens * model.vocab_size / tp
+    norm_s = 4.0 * model.hidden_size * tokens / hbm + launch
+    return EdgeTimes(
+        first_forward_s=act_bytes / hbm + launch,
+        first_backward_s=3.0 * act_bytes / hbm + launch,
+        first_tp_s=emb_tp,
+        last_forward_s=logits_s + norm_s + 14.0 * num_logits / hbm + 2 * launch,
+        last_backward_input_s=logits_s + 2.0 * norm_s + 8.0 * num_logits / hbm + launch,
+        last_backward_weight_s=logits_s,
+        last_tp_s=ce_tp,
+    )
