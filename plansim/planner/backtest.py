@@ -17,7 +17,10 @@ else by its ``source_locator`` (a conference tag such as SC21 or MLSys 2023, or 
 YYMM.NNNNN). Interleaved 1F1B entered Megatron-LM with Narayanan et al. (SC21,
 arXiv:2104.04473, 2021). Sequence parallelism and selective recompute entered Megatron-LM with
 Korthikanti et al. (arXiv:2205.05198, 2022); FlashAttention was published in 2022 (Dao et al.,
-arXiv:2205.14135) and became Megatron-LM's default path in 2023. The zero-bubble schedule
+arXiv:2205.14135) and became Megatron-LM's default path in 2023, as did asynchronous
+pipeline sends (``--overlap-p2p-communication``) and gradient reduction overlapped with
+backward (``--overlap-grad-reduce``; Korthikanti et al. 2022 §6.3 state that their runs did
+not overlap it). The zero-bubble schedule
 ZB-H1 (split backward, Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024,
 arXiv:2401.10241, January 2024) is offered to runs dated 2024 or later. An undated row is
 searched over everything.
@@ -40,6 +43,7 @@ from plansim.specs.plan import AttentionKernel, Precision, Recompute, Schedule
 FLASH_IN_MEGATRON_YEAR = 2023
 SP_AND_SELECTIVE_YEAR = 2022
 OVERLAP_P2P_YEAR = 2023
+OVERLAP_GRAD_REDUCE_YEAR = 2023
 INTERLEAVED_YEAR = 2021
 ZERO_BUBBLE_YEAR = 2024
 
@@ -167,6 +171,9 @@ def _space(row: RunRow, notes: list[str]) -> SearchSpace:
         + ((Recompute.SELECTIVE,) if modern and attention is AttentionKernel.UNFUSED else ()),
         sequence_parallel=(sp,) if sp is not None else ((False, True) if modern else (False,)),
         overlap_p2p_comm=(False, True) if year is None or year >= OVERLAP_P2P_YEAR else (False,),
+        overlap_grad_reduce=(False, True)
+        if year is None or year >= OVERLAP_GRAD_REDUCE_YEAR
+        else (False,),
         precision=Precision(precision_text),
         attention=attention,
     )

@@ -40,6 +40,7 @@ class SearchSpace:
         zero_stages, recomputes, sequence_parallel, schedules: values tried; leave
             INTERLEAVED_1F1B out of ``schedules`` to search vpp = 1 only.
         overlap_p2p_comm: values tried for interleaved plans (the others are synchronous).
+        overlap_grad_reduce: values tried for plans with dp > 1 and ZeRO 0-2.
         precision, attention: fixed for the whole search.
     """
 
@@ -60,6 +61,7 @@ class SearchSpace:
         Schedule.ZB_H1,
     )
     overlap_p2p_comm: tuple[bool, ...] = (False, True)
+    overlap_grad_reduce: tuple[bool, ...] = (False, True)
     precision: Precision = Precision.BF16
     attention: AttentionKernel = AttentionKernel.FLASH
 
@@ -145,7 +147,7 @@ def _knobs(
             for sp in space.sequence_parallel:
                 if sp and tp == 1:
                     continue
-                for schedule, overlap in _p2p_modes(schedules, space):
+                for schedule, overlap, grad in _comm_modes(schedules, space, dp=dp, zero=zero):
                     yield ParallelPlan(
                         dp=dp,
                         tp=tp,
@@ -160,11 +162,18 @@ def _knobs(
                         precision=space.precision,
                         attention=space.attention,
                         overlap_p2p_comm=overlap,
+                        overlap_grad_reduce=grad,
                     )
 
 
-def _p2p_modes(schedules: list[Schedule], space: SearchSpace) -> Iterator[tuple[Schedule, bool]]:
-    """(schedule, overlap_p2p_comm) pairs: overlap is an option of interleaved 1F1B only."""
+def _comm_modes(
+    schedules: list[Schedule], space: SearchSpace, *, dp: int, zero: int
+) -> Iterator[tuple[Schedule, bool, bool]]:
+    """(schedule, overlap_p2p_comm, overlap_grad_reduce) triples: p2p overlap is an option of
+    interleaved 1F1B only; gradient-reduction overlap needs dp > 1 and ZeRO 0-2 (ZeRO-3
+    reduce-scatters every micro-batch)."""
+    grads = space.overlap_grad_reduce if dp > 1 and zero < 3 else (False,)
     for schedule in schedules:
         for overlap in space.overlap_p2p_comm if schedule.interleaved else (False,):
-            yield schedule, overlap
+            for grad in grads:
+                yield schedule, overlap, grad

@@ -62,12 +62,9 @@ def estimate_step_time_s(work: PipelineWork, *, schedule: Schedule = Schedule.ON
     (p - 1)(F + I - W) instead of (p - 1)(F + I + W): m x (F + B + sends) + (p - 1) x
     (F + I - W + sends) of the slowest stage.
 
-    All plus the slowest rank's gradient sync and optimizer.
+    All plus the slowest rank's tail: gradient sync and optimizer (:func:`_rank_tail_s`).
     """
-    tail = max(
-        sum(seg.duration_s for seg in rk.grad_sync) + sum(seg.duration_s for seg in rk.optimizer)
-        for rk in work.ranks
-    )
+    tail = max(_rank_tail_s(work, rank) for rank in range(work.num_ranks))
     m, p, num_stages = work.num_microbatches, work.num_ranks, work.num_stages
     compute = [
         sum(seg.duration_s for seg in st.forward) + sum(seg.duration_s for seg in st.backward)
@@ -86,6 +83,26 @@ def estimate_step_time_s(work: PipelineWork, *, schedule: Schedule = Schedule.ON
         per_rank[work.rank_of_stage(stage)] += seconds
     vpp = num_stages // p
     return (m + (p - 1) / vpp) * max(per_rank) + (num_stages - 1) * max(sends) + tail
+
+
+def _rank_tail_s(work: PipelineWork, rank: int) -> float:
+    """Seconds a rank adds after its last backward: its gradient sync and optimizer. With
+    ``overlap_grad_reduce`` the buckets of its stages run during the last backward from the
+    first bucket's ready point on; only what does not fit there is added."""
+    stages = [st for s, st in enumerate(work.stages) if work.rank_of_stage(s) == rank]
+    buckets_s = 0.0
+    hidden_s = 0.0
+    if work.overlap_grad_reduce:
+        for st in stages:
+            if not st.grad_buckets:
+                continue
+            buckets_s += sum(b.segment.duration_s for b in st.grad_buckets)
+            backward_s = sum(seg.duration_s for seg in st.backward)
+            hidden_s += (1.0 - st.grad_buckets[0].ready_fraction) * backward_s
+    rk = work.ranks[rank]
+    sync_s = sum(seg.duration_s for seg in rk.grad_sync)
+    optimizer_s = sum(seg.duration_s for seg in rk.optimizer)
+    return sync_s + max(0.0, buckets_s - hidden_s) + optimizer_s
 
 
 def _zb_h1_estimate(stage: StageWork, sends_s: float, m: int, p: int) -> float:

@@ -32,6 +32,7 @@ def test_enumeration_covers_every_factorisation() -> None:
         sequence_parallel=(False,),
         schedules=(Schedule.ONE_F_ONE_B,),
         micro_batch_size=(1,),
+        overlap_grad_reduce=(False,),
     )
     plans = list(enumerate_plans(num_gpus=8, global_batch_size=8, space=space))
     layouts = sorted((p.tp, p.pp, p.dp) for p in plans)
@@ -124,6 +125,7 @@ def _one_knob_space(**kw) -> SearchSpace:
         micro_batch_size=(1,),
         tp=(1,),
         overlap_p2p_comm=(False,),
+        overlap_grad_reduce=(False,),
     )
     base.update(kw)
     return SearchSpace(**base)
@@ -280,3 +282,18 @@ def test_zb_h1_estimate_matches_the_simulated_pipeline_on_uniform_costs() -> Non
     est = estimate_step_time_s(work, schedule=Schedule.ZB_H1)
     assert est == pytest.approx(sim.pipeline_time_s) == pytest.approx(8 * 3 + 3 * 1)
     assert estimate_step_time_s(work) == pytest.approx((8 + 3) * 3)  # 1F1B
+
+
+def test_estimate_credits_gradient_buckets_hidden_behind_backward() -> None:
+    from plansim.analytic.cost import build_pipeline_work
+
+    model = resolve_model("megatron-1.7b")
+    prof = round_profile()
+    base = dict(dp=8, tp=1, pp=1, micro_batch_size=1, global_batch_size=8)
+    plain = build_pipeline_work(model, ParallelPlan(**base), prof)
+    over = build_pipeline_work(model, ParallelPlan(**base, overlap_grad_reduce=True), prof)
+    est_plain, est_over = estimate_step_time_s(plain), estimate_step_time_s(over)
+    assert est_over < est_plain
+    ev = evaluate(model, ParallelPlan(**base, overlap_grad_reduce=True), prof)
+    assert isinstance(ev, Evaluation)
+    assert est_over == pytest.approx(ev.step_time_s, rel=0.05)
