@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from plansim.analytic import flops as fl
 from plansim.analytic.comm import collective_time_s
 from plansim.analytic.elementwise import layer_elementwise_traffic
+from plansim.analytic.memory import state_bytes_per_param
+from plansim.analytic.params import count_parameters
 from plansim.analytic.ranks import LayoutGroups
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
@@ -94,12 +96,25 @@ def layer_pass_times(
     return PassTimes(
         forward_s=forward_s,
         backward_input_s=dgrad + ew_bwd,
-        backward_weight_s=wgrad,
+        backward_weight_s=wgrad + _grad_accumulation_s(model, plan, profile),
         recompute_s=recompute_s,
         tp_forward_s=tp_pass,
         tp_backward_s=tp_backward,
         tp_recompute_s=tp_recompute,
     )
+
+
+def _grad_accumulation_s(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile) -> float:
+    """Unfused gradient accumulation of one layer for one micro-batch: read the fresh 16-bit
+    weight gradient, read and write the accumulation buffer (fp32 main grad for bf16, as
+    Megatron-LM; 16-bit for fp16): 2 + 2 x grad bytes per local parameter. Zero with
+    ``gradient_accumulation_fusion`` (the weight-gradient GEMM accumulates in its epilogue)."""
+    if plan.gradient_accumulation_fusion:
+        return 0.0
+    counts = count_parameters(model)
+    local = (counts.attention_per_layer + counts.mlp_per_layer) / plan.tp + counts.norms_per_layer
+    grad_bytes = state_bytes_per_param(plan.precision).grad
+    return local * (2.0 + 2.0 * grad_bytes) / profile.streaming_bytes_per_s()
 
 
 def _sp_wgrad_gather_s(

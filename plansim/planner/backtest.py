@@ -16,7 +16,9 @@ offers what existed when the run was made: the row is dated by its ``framework``
 else by its ``source_locator`` (a conference tag such as SC21 or MLSys 2023, or an arXiv id
 YYMM.NNNNN). Interleaved 1F1B entered Megatron-LM with Narayanan et al. (SC21,
 arXiv:2104.04473, 2021). Sequence parallelism and selective recompute entered Megatron-LM with
-Korthikanti et al. (arXiv:2205.05198, 2022); FlashAttention was published in 2022 (Dao et al.,
+Korthikanti et al. (arXiv:2205.05198, 2022), as did gradient-accumulation fusion into the
+weight-gradient GEMM (earlier runs add each micro-batch's gradients in a separate pass);
+FlashAttention was published in 2022 (Dao et al.,
 arXiv:2205.14135) and became Megatron-LM's default path in 2023, as did asynchronous
 pipeline sends (``--overlap-p2p-communication``) and gradient reduction overlapped with
 backward (``--overlap-grad-reduce``; Korthikanti et al. 2022 §6.3 state that their runs did
@@ -44,6 +46,7 @@ FLASH_IN_MEGATRON_YEAR = 2023
 SP_AND_SELECTIVE_YEAR = 2022
 OVERLAP_P2P_YEAR = 2023
 OVERLAP_GRAD_REDUCE_YEAR = 2023
+GRAD_ACC_FUSION_YEAR = 2022
 INTERLEAVED_YEAR = 2021
 ZERO_BUBBLE_YEAR = 2024
 
@@ -176,6 +179,7 @@ def _space(row: RunRow, notes: list[str]) -> SearchSpace:
         else (False,),
         precision=Precision(precision_text),
         attention=attention,
+        gradient_accumulation_fusion=year is None or year >= GRAD_ACC_FUSION_YEAR,
     )
 
 

@@ -41,7 +41,8 @@ class SearchSpace:
             INTERLEAVED_1F1B out of ``schedules`` to search vpp = 1 only.
         overlap_p2p_comm: values tried for interleaved plans (the others are synchronous).
         overlap_grad_reduce: values tried for plans with dp > 1 and ZeRO 0-2.
-        precision, attention: fixed for the whole search.
+        precision, attention, gradient_accumulation_fusion: fixed for the whole search
+            (implementation facts of the framework, not layout choices).
     """
 
     tp: tuple[int, ...] | None = None
@@ -64,6 +65,7 @@ class SearchSpace:
     overlap_grad_reduce: tuple[bool, ...] = (False, True)
     precision: Precision = Precision.BF16
     attention: AttentionKernel = AttentionKernel.FLASH
+    gradient_accumulation_fusion: bool = True
 
 
 def _layouts(num_gpus: int, space: SearchSpace) -> Iterator[tuple[int, int, int]]:
@@ -163,6 +165,7 @@ def _knobs(
                         attention=space.attention,
                         overlap_p2p_comm=overlap,
                         overlap_grad_reduce=grad,
+                        gradient_accumulation_fusion=space.gradient_accumulation_fusion,
                     )
 
 

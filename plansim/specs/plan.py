@@ -106,6 +106,11 @@ class ParallelPlan:
             (Megatron-LM ``--overlap-grad-reduce``, default off; PyTorch DDP buckets, Li et
             al. VLDB 2020); off, it all runs after the rank's last backward. No effect with
             ZeRO-3, whose reduce-scatters are per micro-batch already, or dp == 1.
+        gradient_accumulation_fusion: weight-gradient GEMMs accumulate straight into the
+            gradient buffer (Megatron-LM ``--gradient-accumulation-fusion``, default on since
+            2022); off, every micro-batch adds its fresh weight gradients into the buffer with
+            a separate memory-bound pass (Megatron-LM 2021's ``main_grad.add_``, PyTorch
+            autograd accumulation).
 
     Raises:
         SpecError: a degree is not a positive integer, the global batch does not split into
@@ -128,6 +133,7 @@ class ParallelPlan:
     attention: AttentionKernel = AttentionKernel.FLASH
     overlap_p2p_comm: bool = False
     overlap_grad_reduce: bool = False
+    gradient_accumulation_fusion: bool = True
 
     def __post_init__(self) -> None:
         for field in ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "global_batch_size"):
@@ -148,8 +154,9 @@ class ParallelPlan:
                 f"plan.global_batch_size({self.global_batch_size}) is not divisible by "
                 f"micro_batch_size({self.micro_batch_size}) * dp({self.dp}) = {per_step}"
             )
-        if not isinstance(self.overlap_grad_reduce, bool):
-            raise choice_error("plan.overlap_grad_reduce", self.overlap_grad_reduce, [True, False])
+        for flag in ("overlap_grad_reduce", "gradient_accumulation_fusion"):
+            if not isinstance(getattr(self, flag), bool):
+                raise choice_error(f"plan.{flag}", getattr(self, flag), [True, False])
         if self.sequence_parallel and self.tp == 1:
             raise SpecError("plan.sequence_parallel needs tp > 1 (got tp=1)")
         if self.overlap_p2p_comm and not self.schedule.interleaved:
@@ -220,6 +227,8 @@ class ParallelPlan:
             parts.append("overlap-p2p")
         if self.overlap_grad_reduce:
             parts.append("overlap-grad")
+        if not self.gradient_accumulation_fusion:
+            parts.append("unfused-grad-acc")
         if self.attention is AttentionKernel.UNFUSED:
             parts.append("unfused-attn")
         return " ".join(parts)

@@ -173,3 +173,28 @@ def test_interleaved_plan_validation_names_values() -> None:
         _interleaved(global_batch_size=12)
     assert "num_microbatches(12)" in str(info.value) and "multiple of pp(8)" in str(info.value)
     assert _interleaved().label() == "tp8 pp8 dp1 vpp3 mbs1 zero0 none interleaved-1f1b"
+
+
+def test_unfused_gradient_accumulation_adds_one_pass_over_layer_params() -> None:
+    from plansim.analytic.layer_cost import layer_pass_times
+    from plansim.analytic.ranks import layout_groups
+    from tests.unit.synthetic import round_profile
+
+    prof = round_profile()  # 1000 GB/s streaming HBM
+    counts = count_parameters(GPT3)
+    times = {}
+    for fused in (True, False):
+        plan = ParallelPlan(
+            dp=1,
+            tp=8,
+            pp=1,
+            micro_batch_size=1,
+            global_batch_size=1,
+            gradient_accumulation_fusion=fused,
+        )
+        times[fused] = layer_pass_times(
+            GPT3, plan, prof, layout_groups(plan, gpus_per_node=8)
+        ).backward_weight_s
+    local = (counts.attention_per_layer + counts.mlp_per_layer) / 8 + counts.norms_per_layer
+    # bf16: read the 2-byte fresh gradient, read and write the 4-byte fp32 main grad
+    assert times[False] - times[True] == pytest.approx(local * (2 + 8) / 1000e9, rel=1e-12)
