@@ -50,6 +50,17 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         action="store_true",
         help="asynchronous pipeline sends beside compute (interleaved-1f1b only)",
     )
+    p.add_argument(
+        "--overlap-grad-reduce",
+        action="store_true",
+        help="DP gradient reduction in buckets overlapped with backward (Megatron flag)",
+    )
+    p.add_argument(
+        "--no-gradient-accumulation-fusion",
+        dest="gradient_accumulation_fusion",
+        action="store_false",
+        help="add each micro-batch's weight gradients in a separate pass (pre-2022 Megatron)",
+    )
     p.add_argument("--attention", choices=[a.value for a in AttentionKernel], default="flash")
     p.add_argument("--format", choices=["table", "json"], default="table")
     out = p.add_argument_group("outputs (written only when the plan fits)")
@@ -94,6 +105,8 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
         precision=Precision(args.precision),
         attention=AttentionKernel(args.attention),
         overlap_p2p_comm=args.overlap_p2p_comm,
+        overlap_grad_reduce=args.overlap_grad_reduce,
+        gradient_accumulation_fusion=args.gradient_accumulation_fusion,
     )
 
 

@@ -64,6 +64,7 @@ def evaluation_dict(ev: Evaluation) -> dict[str, Any]:
             "attention": p.attention.value,
             "overlap_p2p_comm": p.overlap_p2p_comm,
             "overlap_grad_reduce": p.overlap_grad_reduce,
+            "gradient_accumulation_fusion": p.gradient_accumulation_fusion,
             "num_gpus": p.num_gpus,
         },
         "step_time_s": ev.step_time_s,

@@ -248,3 +248,17 @@ def test_backtest_malformed_cell_names_file_row_field(
     assert main(["backtest", str(runs)]) == 2
     err = capsys.readouterr().err
     assert "runs.csv: row R1 (line 2): column num_gpus: expected an integer, got 'eight'" in err
+
+
+def test_simulate_megatron_implementation_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    base = [*SIM, "--recompute", "full", "--format", "json"]
+    assert main(base) == 0
+    fused = json.loads(capsys.readouterr().out)
+    assert main([*base, "--no-gradient-accumulation-fusion"]) == 0
+    unfused = json.loads(capsys.readouterr().out)
+    assert unfused["plan"]["gradient_accumulation_fusion"] is False
+    assert unfused["step_time_s"] > fused["step_time_s"]
+    assert main([*base, "--overlap-grad-reduce"]) == 0
+    overlapped = json.loads(capsys.readouterr().out)
+    assert overlapped["plan"]["overlap_grad_reduce"] is True
+    assert overlapped["step_time_s"] < fused["step_time_s"]
