@@ -6,8 +6,15 @@ Pure. Each piece prices a mechanism with the profile's curves:
   work of the edge stages: ``plansim.analytic.layer_cost``.
 * PP send/recv of b*s*h 16-bit activations per micro-batch, split over the tp ranks (Megatron
   scatter/gather optimisation, Narayanan et al. SC21 §4.1); synchronous (the sender waits)
-  unless ``plan.overlap_p2p_comm``.
-* DP: gradient all-reduce (ZeRO 0), reduce-scatter of gradients + all-gather of 16-bit params
+  unless ``plan.overlap_p2p_comm``. With context parallelism each cp rank sends its s/cp
+  tokens to the same cp rank of the next stage.
+* Context-parallel ring attention: the exposed part of each layer's K/V ring transfers
+  (``layer_cost.ring_attention_times``) as ``cp_comm`` segments that hold the compute stream
+  (recorded on stream ``tp``, like the other blocking collectives), in forward, in the
+  input-gradient backward and in full recompute.
+* DP (over the dp * cp ranks holding the same weights: Megatron-LM reduces gradients over
+  the data-parallel group with context parallelism, ``plansim.analytic.ranks``):
+  gradient all-reduce (ZeRO 0), reduce-scatter of gradients + all-gather of 16-bit params
   (ZeRO 1/2, Megatron distributed optimizer), and ZeRO-3's per-micro-batch parameter
   all-gathers in forward and backward plus gradient reduce-scatter (ZeRO paper §7).
   Tied embeddings with pp > 1: all-reduce of the embedding gradient between first and last
@@ -18,9 +25,18 @@ Pure. Each piece prices a mechanism with the profile's curves:
   while backward still runs; the ZeRO-1/2 parameter all-gather stays after the optimizer (Megatron's
   ``--overlap-param-gather``, which hides it behind the next step's forward, is not modelled).
 * Optimizer: fused Adam over the local shard, HBM-bound (``adam_step_bytes``).
+* Links (``plansim.sim.links``, :func:`_with_links`): each communication segment and P2P
+  names the link it loads on its rank, from the tier its group spans (NVLink inside a node,
+  the NIC across nodes): PP sends by the pp group, DP/ZeRO collectives by the dp (x cp)
+  group, TP by the tp group, CP ring transfers by the cp group, the tied-embedding
+  all-reduce by the first/last stage pair; and the latency (alpha) the engine never
+  stretches when transfers share a link. The durations are unchanged.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
 
 from plansim.analytic.comm import collective_time_s, p2p_time_s
 from plansim.analytic.elementwise import adam_step_bytes
@@ -33,7 +49,7 @@ from plansim.analytic.memory import (
     state_bytes_per_param,
 )
 from plansim.analytic.params import count_parameters
-from plansim.analytic.ranks import LayoutGroups, layout_groups
+from plansim.analytic.ranks import GroupSpan, LayoutGroups, dp_cp_size, layout_groups
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan
@@ -53,17 +69,19 @@ def _zero3_microbatch_s(
     """ZeRO-3 per micro-batch: (forward all-gather, backward all-gather, grad reduce-scatter).
 
     Message = the stage's 16-bit parameters (all-gather output) and its gradients
-    (reduce-scatter input); ZeRO paper §7.2: 3 x Psi per step instead of 2 x Psi.
+    (reduce-scatter input); ZeRO paper §7.2: 3 x Psi per step instead of 2 x Psi. Sharded
+    over the dp * cp ranks.
     """
-    if plan.zero_stage != 3 or plan.dp == 1:
+    if plan.zero_stage != 3 or dp_cp_size(plan) == 1:
         return 0.0, 0.0, 0.0
     per_param = state_bytes_per_param(plan.precision)
     params = rank_parameters(model, plan, rank=0)
+    message = params * per_param.param
     gather = collective_time_s(
-        profile, collective="all_gather", message_bytes=params * per_param.param, span=groups.dp
+        profile, collective="all_gather", message_bytes=message, span=groups.dp_cp
     )
     scatter = collective_time_s(
-        profile, collective="reduce_scatter", message_bytes=params * per_param.param, span=groups.dp
+        profile, collective="reduce_scatter", message_bytes=message, span=groups.dp_cp
     )
     return gather, gather, scatter
 
@@ -93,26 +111,33 @@ def _stage_work(
     tp_bwd = n * layer.tp_backward_s + (edges.first_tp_s if first else 0.0)
     tp_bwd += edges.last_tp_s if last else 0.0
     gather_f, gather_b, scatter = zero3
+    cp_fwd = ("cp_comm", "tp", n * layer.cp_forward_s, n * layer.cp_forward_bytes)
+    cp_bwd = ("cp_comm", "tp", n * layer.cp_backward_s, n * layer.cp_backward_bytes)
+    cp_rec = ("cp_comm", "tp", n * layer.cp_recompute_s, n * layer.cp_forward_bytes)
     recompute = (
         ("dp_comm", "dp", gather_b, 0.0),
         ("recompute", "compute", n * layer.recompute_s, 0.0),
+        cp_rec,
         ("tp_comm", "tp", n * layer.tp_recompute_s, 0.0),
     )
     return StageWork(
         forward=_segments(
             ("dp_comm", "dp", gather_f, 0.0),
             ("forward", "compute", fwd, 0.0),
+            cp_fwd,
             ("tp_comm", "tp", tp_fwd, 0.0),
         ),
         backward=_segments(
             *recompute,
             ("backward", "compute", bwd_in + bwd_w, 0.0),
+            cp_bwd,
             ("tp_comm", "tp", tp_bwd, 0.0),
             ("dp_comm", "dp", scatter, 0.0),
         ),
         backward_input=_segments(
             *recompute,
             ("backward_input", "compute", bwd_in, 0.0),
+            cp_bwd,
             ("tp_comm", "tp", tp_bwd, 0.0),
         ),
         backward_weight=_segments(
@@ -137,14 +162,16 @@ def _rank_work(
     """Once-per-step work of pipeline rank ``rank``: DP gradient sync and the optimizer.
 
     With ``plan.overlap_grad_reduce`` the DP reduction is in the stages' grad buckets
-    instead (:func:`grad_buckets`); the tied-embedding all-reduce stays here."""
+    instead (:func:`grad_buckets`); the tied-embedding all-reduce stays here. DP traffic and
+    the optimizer shard are over the dp * cp ranks."""
     per_param = state_bytes_per_param(plan.precision)
     params = rank_parameters(model, plan, rank=rank)
     grad_bytes = params * per_param.grad
+    dp_cp = dp_cp_size(plan)
     sync: list[tuple[str, str, float, float]] = []
     if plan.zero_stage in (0, 1, 2) and not plan.overlap_grad_reduce:
         kind = "all_reduce" if plan.zero_stage == 0 else "reduce_scatter"
-        t = collective_time_s(profile, collective=kind, message_bytes=grad_bytes, span=groups.dp)
+        t = collective_time_s(profile, collective=kind, message_bytes=grad_bytes, span=groups.dp_cp)
         sync.append(("dp_comm", "dp", t, grad_bytes))
     counts = count_parameters(model)
     if plan.pp > 1 and counts.output_layer == 0 and rank in (0, plan.pp - 1):
@@ -152,14 +179,14 @@ def _rank_work(
         pair = type(groups.pp)(size=2, members_per_node=1, num_nodes=min(2, groups.pp.num_nodes))
         t = collective_time_s(profile, collective="all_reduce", message_bytes=emb_bytes, span=pair)
         sync.append(("embedding_grad_comm", "dp", t, emb_bytes))
-    local = params / plan.dp if plan.zero_stage >= 1 else params
+    local = params / dp_cp if plan.zero_stage >= 1 else params
     opt: list[tuple[str, str, float, float]] = [
         ("optimizer", "compute", adam_step_bytes(local) / profile.streaming_bytes_per_s(), 0.0)
     ]
-    if plan.zero_stage in (1, 2) and plan.dp > 1:
+    if plan.zero_stage in (1, 2) and dp_cp > 1:
         weight_bytes = params * per_param.param
         t = collective_time_s(
-            profile, collective="all_gather", message_bytes=weight_bytes, span=groups.dp
+            profile, collective="all_gather", message_bytes=weight_bytes, span=groups.dp_cp
         )
         opt.append(("dp_comm", "dp", t, weight_bytes))
     return RankWork(
@@ -181,7 +208,8 @@ def build_pipeline_work(
     layer = layer_pass_times(model, plan, profile, groups)
     edges = edge_times(model, plan, profile, groups)
     zero3 = _zero3_microbatch_s(model, plan, profile, groups)
-    p2p_bytes = 2.0 * model.seq_length * plan.micro_batch_size * model.hidden_size / plan.tp
+    tokens = model.seq_length / plan.cp * plan.micro_batch_size
+    p2p_bytes = 2.0 * tokens * model.hidden_size / plan.tp
     p2p = P2P(
         duration_s=p2p_time_s(profile, message_bytes=p2p_bytes, inter_node=groups.pp.num_nodes > 1),
         num_bytes=p2p_bytes,
@@ -216,10 +244,111 @@ def build_pipeline_work(
         if edge not in rank_kinds:
             rank_kinds[edge] = _rank_work(r, model=model, plan=plan, profile=profile, groups=groups)
         ranks.append(rank_kinds[edge])
-    return PipelineWork(
+    work = PipelineWork(
         stages=tuple(stages),
         ranks=tuple(ranks),
         num_microbatches=plan.num_microbatches,
         blocking_p2p=not plan.overlap_p2p_comm,
         overlap_grad_reduce=plan.overlap_grad_reduce,
+    )
+    return _with_links(work, plan=plan, profile=profile, groups=groups)
+
+
+def _tier(span: GroupSpan) -> str:
+    """Link of a group's traffic on each member: NVLink inside one node, else the NIC."""
+    return "nvlink" if span.num_nodes == 1 else "nic"
+
+
+def _alpha_s(profile: HardwareProfile, span: GroupSpan) -> float:
+    """Latency (alpha) of one collective over ``span``, as ``comm.collective_time_s`` prices
+    it: the intra-node latency (the smallest of the collective curves', a lower bound where
+    they differ), plus nic_latency_s per tree level when the group spans nodes."""
+    alpha = min(c.latency_s for name, c in profile.intra_node.items() if name != "sendrecv")
+    if span.num_nodes > 1:
+        alpha += profile.nic_latency_s * math.ceil(math.log2(span.num_nodes))
+    return alpha
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _LinkTags:
+    """Link and unstretched latency of each kind of transfer of a plan.
+
+    Attributes:
+        by_kind: {segment kind: (link, latency_s)} for communication segments. TP and CP
+            segments sum several collectives or ring steps per pass, whose count costing
+            does not keep: latency 0 (their whole duration stretches when shared).
+        p2p: (link, latency_s) of a pipeline send (``comm.p2p_time_s``'s alpha).
+    """
+
+    by_kind: dict[str, tuple[str, float]]
+    p2p: tuple[str, float]
+
+    def segment(self, seg: Segment) -> Segment:
+        tag = self.by_kind.get(seg.kind)
+        if tag is None or seg.stream == "compute":
+            return seg
+        return replace(seg, link=tag[0], latency_s=min(tag[1], seg.duration_s))
+
+    def segments(self, segs: tuple[Segment, ...]) -> tuple[Segment, ...]:
+        return tuple(self.segment(seg) for seg in segs)
+
+    def send(self, p2p: P2P) -> P2P:
+        if p2p.duration_s <= 0:
+            return p2p
+        return replace(p2p, link=self.p2p[0], latency_s=min(self.p2p[1], p2p.duration_s))
+
+    def stage(self, st: StageWork) -> StageWork:
+        return replace(
+            st,
+            forward=self.segments(st.forward),
+            backward=self.segments(st.backward),
+            backward_input=self.segments(st.backward_input),
+            backward_weight=self.segments(st.backward_weight),
+            send_forward=self.send(st.send_forward),
+            send_backward=self.send(st.send_backward),
+            grad_buckets=tuple(
+                replace(b, segment=self.segment(b.segment)) for b in st.grad_buckets
+            ),
+        )
+
+
+def _link_tags(profile: HardwareProfile, groups: LayoutGroups) -> _LinkTags:
+    """Links from the tiers the groups span (rank order tp -> cp -> dp -> pp)."""
+    pair = GroupSpan(size=2, members_per_node=1, num_nodes=min(2, groups.pp.num_nodes))
+    inter = groups.pp.num_nodes > 1
+    send_alpha = profile.nic_latency_s if inter else profile.intra_node["sendrecv"].latency_s
+    return _LinkTags(
+        by_kind={
+            "tp_comm": (_tier(groups.tp), 0.0),
+            "cp_comm": (_tier(groups.cp), 0.0),
+            "dp_comm": (_tier(groups.dp_cp), _alpha_s(profile, groups.dp_cp)),
+            "embedding_grad_comm": (_tier(pair), _alpha_s(profile, pair)),
+        },
+        p2p=(_tier(groups.pp), send_alpha),
+    )
+
+
+def _with_links(
+    work: PipelineWork, *, plan: ParallelPlan, profile: HardwareProfile, groups: LayoutGroups
+) -> PipelineWork:
+    """``work`` with every transfer tagged with its link and latency (durations unchanged),
+    and the node of each pipeline rank (rank r of the first replica is global rank
+    r * tp * cp * dp). Stages and ranks that were one object stay one."""
+    tags = _link_tags(profile, groups)
+    stages: dict[int, StageWork] = {}
+    for st in work.stages:
+        if id(st) not in stages:
+            stages[id(st)] = tags.stage(st)
+    ranks: dict[int, RankWork] = {}
+    for rk in work.ranks:
+        if id(rk) not in ranks:
+            ranks[id(rk)] = replace(
+                rk, grad_sync=tags.segments(rk.grad_sync), optimizer=tags.segments(rk.optimizer)
+            )
+    stride = plan.tp * plan.cp * plan.dp
+    return replace(
+        work,
+        stages=tuple(stages[id(st)] for st in work.stages),
+        ranks=tuple(ranks[id(rk)] for rk in work.ranks),
+        rank_nodes=tuple(r * stride // profile.gpus_per_node for r in range(plan.pp)),
     )

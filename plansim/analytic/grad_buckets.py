@@ -1,7 +1,10 @@
 """DP gradient-reduction buckets of a pipeline stage, for overlapped reduction (pure).
 
 Megatron-LM ``--overlap-grad-reduce`` (PyTorch DDP-style buckets, Li et al. VLDB 2020): the
-gradients of a stage are reduced in buckets that start while backward still runs.
+gradients of a stage are reduced in buckets that start while backward still runs. The
+reduction runs over the dp * cp ranks that hold the same weights (Megatron-LM
+``DistributedDataParallel`` allocates its gradient buffers on the data-parallel group with
+context parallelism).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from dataclasses import dataclass
 from plansim.analytic.comm import collective_time_s
 from plansim.analytic.memory import state_bytes_per_param
 from plansim.analytic.params import count_parameters
-from plansim.analytic.ranks import LayoutGroups
+from plansim.analytic.ranks import LayoutGroups, dp_cp_size
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan
@@ -100,9 +103,11 @@ def grad_buckets(
     is one bucket, ready at the end of its last backward. Approximations: buckets hold
     exactly bucket_size parameters (Megatron closes a bucket at the first whole tensor past
     it) and a bucket is ready at the end of the layer holding its last parameter
-    (:func:`_ready_fraction`). Empty for ZeRO-3 (per micro-batch reduce-scatters) or dp == 1.
+    (:func:`_ready_fraction`). Empty for ZeRO-3 (per micro-batch reduce-scatters) or
+    dp * cp == 1. The collectives span the dp * cp group; the bucket size uses dp alone, as
+    Megatron's default does (``get_data_parallel_world_size()`` without context parallelism).
     """
-    if plan.zero_stage == 3 or plan.dp == 1:
+    if plan.zero_stage == 3 or dp_cp_size(plan) == 1:
         return ()
     params = stage_parameters(model, plan, stage=stage)
     total = params.total
@@ -116,7 +121,7 @@ def grad_buckets(
         num_params = done - k * size
         message = num_params * grad_bytes
         seconds = collective_time_s(
-            profile, collective=collective, message_bytes=message, span=groups.dp
+            profile, collective=collective, message_bytes=message, span=groups.dp_cp
         )
         segment = Segment(kind="dp_comm", stream="dp", duration_s=seconds, num_bytes=message)
         buckets.append(

@@ -11,14 +11,24 @@
   backward the same, plus with SP 2 all-gathers re-forming the inputs of the column-parallel
   weight gradients; full recompute repeats the forward ones. TP is blocking (on the critical
   path).
+* Context parallelism (cp; Megatron-LM / Transformer Engine, Llama 3 §3.3.2): a rank computes
+  s/cp tokens of every sequence, so every per-token cost above (GEMM m = b*s/cp, elementwise
+  traffic, TP messages, logits) is that of s/cp tokens (:func:`cp_local_model`). Attention
+  runs as a ring (Liu et al. 2023, "Ring Attention with Blockwise Transformers"): cp steps,
+  each a blockwise attention of the local queries with one (s/cp)-token K/V chunk, so the
+  core GEMMs are the local queries over all s keys, 1/cp of the full sequence's FLOPs (the
+  2*cp load-balanced chunks give every rank and every step an equal share of the causal
+  work; :func:`layer_gemms`). The exposed ring traffic is :func:`ring_attention_times`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from plansim.analytic import flops as fl
-from plansim.analytic.comm import collective_time_s
+from plansim.analytic.activations import ring_kv_chunk_bytes
+from plansim.analytic.comm import collective_time_s, p2p_time_s
 from plansim.analytic.elementwise import layer_elementwise_traffic
 from plansim.analytic.memory import state_bytes_per_param
 from plansim.analytic.params import count_parameters
@@ -30,7 +40,12 @@ from plansim.specs.plan import AttentionKernel, ParallelPlan, Recompute
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PassTimes:
-    """Seconds of one layer for one micro-batch on one GPU, by part."""
+    """Seconds of one layer for one micro-batch on one GPU, by part.
+
+    ``cp_*_s``: exposed (not hidden behind attention compute) ring-attention transfers of the
+    forward, backward and full-recompute passes; ``cp_*_bytes``: bytes each rank sends in
+    that pass (:func:`ring_attention_times`). Zero with cp == 1.
+    """
 
     forward_s: float
     backward_input_s: float
@@ -39,6 +54,51 @@ class PassTimes:
     tp_forward_s: float
     tp_backward_s: float
     tp_recompute_s: float
+    cp_forward_s: float = 0.0
+    cp_backward_s: float = 0.0
+    cp_recompute_s: float = 0.0
+    cp_forward_bytes: float = 0.0
+    cp_backward_bytes: float = 0.0
+
+
+def cp_local_model(model: ModelSpec, cp: int) -> ModelSpec:
+    """The model as one of ``cp`` context-parallel ranks computes it: s/cp tokens a sequence.
+
+    For per-token costs only (GEMM m, elementwise traffic, TP and pipeline messages, logits).
+    Never for parameters (learned position embeddings hold s x h) nor for the attention
+    core's key length (see :func:`layer_gemms`). ``ParallelPlan`` allows cp > 1 only with
+    FlashAttention, whose elementwise traffic has no per-key term.
+    """
+    if cp == 1:
+        return model
+    return dataclasses.replace(model, seq_length=model.seq_length // cp)
+
+
+def layer_gemms(model: ModelSpec, plan: ParallelPlan) -> tuple[fl.Gemm, ...]:
+    """Per-GPU forward GEMMs of one layer on one TP rank of one of ``plan.cp`` CP ranks.
+
+    Linear layers: :func:`plansim.analytic.flops.layer_forward_gemms` with m = b*s/cp.
+    Attention core: the rank's s/cp queries attend over all s keys of the ring, per head
+    ``attn_scores`` m = s/cp, n = s and ``attn_over_v`` m = s/cp, k = s: 4*b*(s/cp)*s*h/tp
+    FLOPs forward, 1/cp of the full sequence's. The cp ring steps split this into blocks of
+    (s/cp) x (s/cp) without changing the FLOPs; one GEMM per head over the whole ring keeps
+    the efficiency lookup as at cp = 1 (each step's FlashAttention kernel covers every head
+    and sequence of the micro-batch, so pricing (s/cp)^2 blocks as separate small GEMMs
+    would understate its efficiency).
+    """
+    local = cp_local_model(model, plan.cp)
+    gemms = fl.layer_forward_gemms(local, micro_batch_size=plan.micro_batch_size, tp=plan.tp)
+    if plan.cp == 1:
+        return gemms
+    keys = model.seq_length
+    return tuple(
+        dataclasses.replace(g, n=keys)
+        if g.name == "attn_scores"
+        else dataclasses.replace(g, k=keys)
+        if g.name == "attn_over_v"
+        else g
+        for g in gemms
+    )
 
 
 def gemm_time_s(gemm: fl.Gemm, profile: HardwareProfile, *, dtype: str) -> float:
@@ -59,10 +119,11 @@ def layer_pass_times(
 ) -> PassTimes:
     """Forward, backward (input/weight), recompute and TP-collective seconds of one layer."""
     b, tp = plan.micro_batch_size, plan.tp
+    local = cp_local_model(model, plan.cp)
     dtype = _matmul_dtype(plan)
     unfused = plan.attention is AttentionKernel.UNFUSED
     fwd_gemm = wgrad = core_fwd = 0.0
-    for gemm in fl.layer_forward_gemms(model, micro_batch_size=b, tp=tp):
+    for gemm in layer_gemms(model, plan):
         is_core = gemm.name in fl.ATTENTION_CORE_GEMMS
         t = gemm_time_s(gemm, profile, dtype="bf16" if is_core and dtype == "fp8" else dtype)
         fwd_gemm += t
@@ -75,7 +136,7 @@ def layer_pass_times(
     core_bwd = (2.0 if unfused else 2.5) * core_fwd
     dgrad = (fwd_gemm - core_fwd) + core_bwd
     traffic = layer_elementwise_traffic(
-        model,
+        local,
         micro_batch_size=b,
         tp=tp,
         sequence_parallel=plan.sequence_parallel,
@@ -87,11 +148,15 @@ def layer_pass_times(
     forward_s = fwd_gemm + ew_fwd
     tp_pass = _tp_layer_pass_s(model, plan, profile, groups)
     tp_backward = tp_pass + _sp_wgrad_gather_s(model, plan, profile, groups)
-    recompute_s, tp_recompute = 0.0, 0.0
+    ring = ring_attention_times(
+        model, plan, profile, groups, core_forward_s=core_fwd, core_backward_s=core_bwd
+    )
+    recompute_s, tp_recompute, cp_recompute = 0.0, 0.0, 0.0
     if plan.recompute is Recompute.FULL:
-        recompute_s, tp_recompute = forward_s, tp_pass
+        recompute_s, tp_recompute, cp_recompute = forward_s, tp_pass, ring.forward_s
     elif plan.recompute is Recompute.SELECTIVE and unfused:
-        softmax_bytes = 9.0 * model.num_attention_heads * model.seq_length * model.seq_length * b
+        queries_x_keys = local.seq_length * model.seq_length
+        softmax_bytes = 9.0 * model.num_attention_heads * queries_x_keys * b
         recompute_s = core_fwd + softmax_bytes / tp / hbm
     return PassTimes(
         forward_s=forward_s,
@@ -101,6 +166,74 @@ def layer_pass_times(
         tp_forward_s=tp_pass,
         tp_backward_s=tp_backward,
         tp_recompute_s=tp_recompute,
+        cp_forward_s=ring.forward_s,
+        cp_backward_s=ring.backward_s,
+        cp_recompute_s=cp_recompute,
+        cp_forward_bytes=ring.forward_bytes,
+        cp_backward_bytes=ring.backward_bytes,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RingTimes:
+    """Ring attention of one layer and micro-batch on one GPU.
+
+    Attributes:
+        forward_s, backward_s: exposed transfer seconds (what attention compute does not hide).
+        forward_bytes, backward_bytes: bytes the rank sends in that pass.
+    """
+
+    forward_s: float
+    backward_s: float
+    forward_bytes: float
+    backward_bytes: float
+
+
+def ring_attention_times(
+    model: ModelSpec,
+    plan: ParallelPlan,
+    profile: HardwareProfile,
+    groups: LayoutGroups,
+    *,
+    core_forward_s: float,
+    core_backward_s: float,
+) -> RingTimes:
+    """Exposed context-parallel ring transfers of one layer (zero with cp == 1).
+
+    Ring attention (Liu et al. 2023 §3) as Transformer Engine's ``AttnFuncWithCPAndKVP2P``
+    runs it for Megatron-LM: cp steps; step i computes the blockwise attention of the local
+    queries with K/V chunk i while the chunk for step i + 1 travels to the ring neighbour.
+    With C = ``ring_kv_chunk_bytes`` (2 * (s/cp) * b * local KV width * 2 bytes), T(x) the
+    neighbour send/recv time of x bytes (``p2p_time_s``: NVLink when the cp ring is inside a
+    node, tp * cp <= GPUs per node, else one NIC rail) and c = core seconds / cp the
+    attention compute of one step (equal for every step under the load-balanced causal
+    split):
+
+    - forward: cp - 1 transfers of C, each beside one step:
+      (cp - 1) * max(0, T(C) - c_fwd); sends (cp - 1) * C bytes;
+    - backward: K, V travel again together with the partial dK, dV: step 0 sends K, V (C),
+      steps 1..cp-2 send K, V, dK, dV (2C), step cp - 1 sends dK, dV home (C):
+      2 * max(0, T(C) - c_bwd) + (cp - 2) * max(0, T(2C) - c_bwd); sends 2(cp - 1) C bytes,
+      twice the forward's.
+
+    Step 0 works on the rank's own K/V, so no transfer precedes the first step (TE posts the
+    first send beside step 0's compute). Limits: NCCL kernels and attention share the SMs
+    (hidden transfers cost nothing here); the causal half-blocks are priced at the full-block
+    GEMM efficiency.
+    """
+    cp = plan.cp
+    if cp == 1:
+        return RingTimes(forward_s=0.0, backward_s=0.0, forward_bytes=0.0, backward_bytes=0.0)
+    chunk = ring_kv_chunk_bytes(model, micro_batch_size=plan.micro_batch_size, tp=plan.tp, cp=cp)
+    inter = groups.cp.num_nodes > 1
+    one = p2p_time_s(profile, message_bytes=chunk, inter_node=inter)
+    two = p2p_time_s(profile, message_bytes=2.0 * chunk, inter_node=inter)
+    step_fwd, step_bwd = core_forward_s / cp, core_backward_s / cp
+    return RingTimes(
+        forward_s=(cp - 1) * max(0.0, one - step_fwd),
+        backward_s=2 * max(0.0, one - step_bwd) + (cp - 2) * max(0.0, two - step_bwd),
+        forward_bytes=(cp - 1) * chunk,
+        backward_bytes=2.0 * (cp - 1) * chunk,
     )
 
 
@@ -127,7 +260,7 @@ def _sp_wgrad_gather_s(
     shares the GPU with it."""
     if plan.tp == 1 or not plan.sequence_parallel:
         return 0.0
-    message = 2.0 * model.seq_length * plan.micro_batch_size * model.hidden_size
+    message = 2.0 * model.seq_length / plan.cp * plan.micro_batch_size * model.hidden_size
     return 2.0 * collective_time_s(
         profile, collective="all_gather", message_bytes=message, span=groups.tp
     )
@@ -136,10 +269,10 @@ def _sp_wgrad_gather_s(
 def _tp_layer_pass_s(
     model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, groups: LayoutGroups
 ) -> float:
-    """TP collectives of one layer in one pass (forward or backward)."""
+    """TP collectives of one layer in one pass (forward or backward), for s/cp tokens."""
     if plan.tp == 1:
         return 0.0
-    message = 2.0 * model.seq_length * plan.micro_batch_size * model.hidden_size
+    message = 2.0 * model.seq_length / plan.cp * plan.micro_batch_size * model.hidden_size
     if plan.sequence_parallel:
         ag = collective_time_s(
             profile, collective="all_gather", message_bytes=message, span=groups.tp
@@ -174,10 +307,12 @@ def edge_times(
     values; vocab-parallel cross-entropy all-reduces three fp32 values per token (max,
     sum of exponentials, target logit) (Megatron-LM ``VocabParallelEmbedding`` and
     ``vocab_parallel_cross_entropy``). Cross-entropy traffic: read 16-bit logits, write fp32,
-    softmax read and write fp32 (14 B per logit forward); backward 8 B per logit.
+    softmax read and write fp32 (14 B per logit forward); backward 8 B per logit. With
+    context parallelism every cp rank does this for its s/cp tokens.
     """
     b, tp = plan.micro_batch_size, plan.tp
-    tokens = model.seq_length * b
+    local = cp_local_model(model, plan.cp)
+    tokens = local.seq_length * b
     hbm = profile.streaming_bytes_per_s()
     launch = profile.kernel_launch_s
     act_bytes = 2.0 * tokens * model.hidden_size
@@ -191,7 +326,7 @@ def edge_times(
         ce_tp = 3 * collective_time_s(
             profile, collective="all_reduce", message_bytes=4.0 * tokens, span=groups.tp
         )
-    logits = fl.logits_forward_gemm(model, micro_batch_size=b, tp=tp)
+    logits = fl.logits_forward_gemm(local, micro_batch_size=b, tp=tp)
     logits_s = gemm_time_s(logits, profile, dtype=_matmul_dtype(plan))
     num_logits = tokens * model.vocab_size / tp
     norm_s = 4.0 * model.hidden_size * tokens / hbm + launch

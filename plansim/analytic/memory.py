@@ -10,14 +10,20 @@ equivalent of all L layers, Korthikanti §4.2; interleaved 1F1B: L(1 + (p - 1)/(
 stage 0, Korthikanti §4.2.3), plus the embedding output on the first stage
 and logits on the last (Korthikanti §4.3). The profile's reserve covers CUDA context, NCCL
 buffers and fragmentation.
+
+Context parallelism (cp): activations, logits and the embedding output are those of the
+rank's s/cp tokens (1/cp of the cp = 1 bytes); weights are replicated over cp, and the ZeRO
+shards are taken over the dp * cp ranks that reduce gradients together (Megatron-LM's
+distributed optimizer shards over ``get_data_parallel_group(with_context_parallel=True)``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plansim.analytic.activations import layer_activations
+from plansim.analytic.activations import layer_activations, ring_kv_chunk_bytes
 from plansim.analytic.params import count_parameters
+from plansim.analytic.ranks import dp_cp_size
 from plansim.schedule.builders import interleaved_warmup
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
@@ -177,11 +183,12 @@ class MemoryBreakdown:
 def rank_memory(
     model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *, rank: int
 ) -> MemoryBreakdown:
-    """Peak memory of pipeline rank ``rank`` (one GPU) under ``plan``."""
+    """Peak memory of pipeline rank ``rank`` (one GPU) under ``plan``; ZeRO shards over
+    dp * cp ranks."""
     params = rank_parameters(model, plan, rank=rank)
     states = model_state_bytes(
         params,
-        dp=plan.dp,
+        dp=dp_cp_size(plan),
         zero_stage=plan.zero_stage,
         per_param=state_bytes_per_param(plan.precision),
     )
@@ -197,7 +204,8 @@ def rank_memory(
 
 
 def microbatch_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float:
-    """Bytes one micro-batch's forward leaves stored on ``rank`` until its backward."""
+    """Bytes one micro-batch's forward leaves stored on ``rank`` until its backward (its
+    s/cp tokens with context parallelism)."""
     act = layer_activations(
         model,
         micro_batch_size=plan.micro_batch_size,
@@ -205,10 +213,11 @@ def microbatch_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: i
         sequence_parallel=plan.sequence_parallel,
         recompute=plan.recompute,
         flash=plan.attention is AttentionKernel.FLASH,
+        cp=plan.cp,
     )
     per_mb = act.stored_bytes * (model.num_layers // plan.pp)
     if rank == 0:  # embedding output (dropout mask), Korthikanti §4.3
-        sbh = model.seq_length * plan.micro_batch_size * model.hidden_size
+        sbh = model.seq_length / plan.cp * plan.micro_batch_size * model.hidden_size
         per_mb += sbh / (plan.tp if plan.sequence_parallel else 1)
     return per_mb
 
@@ -220,13 +229,18 @@ def stored_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) 
 
 
 def transient_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float:
-    """Short-lived buffers at the peak: recompute working set, logits, ZeRO-3 gathered layer.
+    """Short-lived buffers at the peak: recompute working set, logits, ZeRO-3 gathered layer,
+    context-parallel ring buffers.
 
     Full recompute re-materialises one layer (Korthikanti §5); the last rank holds fp32
     logits 4*s*b*V/t for the cross-entropy plus the final-norm and output-layer inputs
-    (Korthikanti §4.3); ZeRO-3 holds one gathered layer and one prefetched layer.
+    (Korthikanti §4.3); ZeRO-3 holds one gathered layer and one prefetched layer. With cp,
+    s is the rank's s/cp tokens, and one layer's ring attention holds max(cp, 4) K/V chunks
+    (``ring_kv_chunk_bytes``): Transformer Engine's ``AttnFuncWithCPAndKVP2P`` keeps every
+    received chunk until the layer's forward ends, and its backward double-buffers (K, V,
+    dK, dV) = 2 x 2 chunks.
     """
-    s, b, h = model.seq_length, plan.micro_batch_size, model.hidden_size
+    s, b, h = model.seq_length / plan.cp, plan.micro_batch_size, model.hidden_size
     act = layer_activations(
         model,
         micro_batch_size=b,
@@ -234,8 +248,11 @@ def transient_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float
         sequence_parallel=plan.sequence_parallel,
         recompute=plan.recompute,
         flash=plan.attention is AttentionKernel.FLASH,
+        cp=plan.cp,
     )
     total = act.working_bytes
+    chunk = ring_kv_chunk_bytes(model, micro_batch_size=b, tp=plan.tp, cp=plan.cp)
+    total += max(plan.cp, 4) * chunk
     if rank == plan.pp - 1:
         total += 4.0 * s * b * model.vocab_size / plan.tp + 4.0 * s * b * h / plan.tp
     if plan.zero_stage == 3:

@@ -6,6 +6,17 @@ global rank = tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank)).
 Worked example: tp=2, dp=2, pp=2 on nodes of 4 GPUs. TP groups {0,1} {2,3} {4,5} {6,7};
 DP groups {0,2} {1,3} {4,6} {5,7} (stride tp = 2, both members in one node);
 PP groups {0,4} {1,5} {2,6} {3,7} (stride tp*dp = 4: each hop crosses a node).
+
+With context parallelism: tp=2, cp=2, dp=2, pp=2 on nodes of 4 GPUs (16 GPUs, 4 nodes).
+TP groups {0,1} {2,3} ... {14,15}; CP groups {0,2} {1,3} {4,6} {5,7} {8,10} ... (stride tp = 2,
+inside a node since tp*cp <= 4); DP groups {0,4} {1,5} {2,6} {3,7} {8,12} ... (stride
+tp*cp = 4: crosses a node); DP x CP groups {0,2,4,6} {1,3,5,7} {8,10,12,14} {9,11,13,15}
+(stride tp = 2, two members in each of two nodes); PP groups {0,8} {1,9} ... {7,15} (stride
+tp*cp*dp = 8). The DP x CP group (ranks with the same tp and pp rank) is Megatron-LM's
+``get_data_parallel_group(with_context_parallel=True)``: the cp ranks of a replica hold the
+same weights and see different tokens, so gradients are reduced, and the distributed
+optimizer shards its states, over dp * cp ranks (``DistributedDataParallel`` allocates the
+gradient buffers on ``intra_dp_cp_group``).
 """
 
 from __future__ import annotations
@@ -50,12 +61,29 @@ def group_span(*, size: int, stride: int, gpus_per_node: int) -> GroupSpan:
     return GroupSpan(size=size, members_per_node=per_node, num_nodes=num_nodes)
 
 
+def dp_cp_size(plan: ParallelPlan) -> int:
+    """Ranks that hold the same weights and reduce their gradients together: dp * cp
+    (Megatron-LM's data-parallel group with context parallelism; ZeRO shards over it)."""
+    return plan.dp * plan.cp
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LayoutGroups:
-    """Spans of the TP, DP and PP groups of a plan (all groups of a kind are alike)."""
+    """Spans of the process groups of a plan (all groups of a kind are alike).
+
+    Attributes:
+        tp: tensor-parallel group (stride 1).
+        cp: context-parallel ring (stride tp); the KV chunks of ring attention travel on it.
+        dp: data-parallel group without cp (stride tp * cp).
+        dp_cp: data-parallel group with cp (dp * cp ranks, stride tp): gradient reduction,
+            ZeRO sharding and the ZeRO-1/2/3 parameter all-gathers run over it.
+        pp: pipeline group (stride tp * cp * dp).
+    """
 
     tp: GroupSpan
+    cp: GroupSpan
     dp: GroupSpan
+    dp_cp: GroupSpan
     pp: GroupSpan
 
     @property
@@ -65,10 +93,16 @@ class LayoutGroups:
 
 
 def layout_groups(plan: ParallelPlan, *, gpus_per_node: int) -> LayoutGroups:
-    """TP, DP and PP group spans for ``plan`` with rank order tp -> cp -> dp -> pp."""
+    """TP, CP, DP, DP x CP and PP group spans for ``plan`` with rank order tp -> cp -> dp -> pp.
+
+    The cp ring stays inside a node when tp * cp <= gpus_per_node; the DP x CP group is
+    contiguous in (cp, dp), so its stride is tp.
+    """
     return LayoutGroups(
         tp=group_span(size=plan.tp, stride=1, gpus_per_node=gpus_per_node),
+        cp=group_span(size=plan.cp, stride=plan.tp, gpus_per_node=gpus_per_node),
         dp=group_span(size=plan.dp, stride=plan.tp * plan.cp, gpus_per_node=gpus_per_node),
+        dp_cp=group_span(size=dp_cp_size(plan), stride=plan.tp, gpus_per_node=gpus_per_node),
         pp=group_span(
             size=plan.pp, stride=plan.tp * plan.cp * plan.dp, gpus_per_node=gpus_per_node
         ),

@@ -9,11 +9,25 @@ provenance, then each curve point by point. Reading and validation are in
 from __future__ import annotations
 
 import argparse
+import datetime
+import sys
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from plansim.io.profiles import list_profiles, load_profile, profile_to_dict
+from plansim.calibrate.importer import TIERS, update_from_nccl_tests
+from plansim.calibrate.nccl_tests import read_nccl_tests_log
+from plansim.errors import InputFileError
+from plansim.io.profiles import (
+    list_profiles,
+    load_profile,
+    merge_profile,
+    profile_to_dict,
+    profile_to_yaml,
+    profiles_dir,
+    write_profile,
+)
 from plansim.specs.hardware import HardwareProfile
 from plansim.units import (
     bytes_per_s_to_gb_per_s,
@@ -47,6 +61,33 @@ def add_parser(subparsers: Any) -> None:
         help="a name from 'plansim profiles list' or a .yaml path",
     )
     show_parser.set_defaults(func=run_show)
+    import_parser = actions.add_parser(
+        "import-nccl-tests",
+        help="fit nccl-tests logs (alpha-beta per collective) into a profile",
+        description=(
+            "Parse nccl-tests output (all_reduce_perf, all_gather_perf, reduce_scatter_perf, "
+            "sendrecv_perf), fit latency + busbw per collective and merge the result into "
+            "PROFILE, replacing only those entries. Unparseable lines are reported with their "
+            "line number; complete rows of a truncated log are still used."
+        ),
+    )
+    import_parser.add_argument("logs", nargs="+", metavar="LOG", help="nccl-tests output file")
+    import_parser.add_argument(
+        "--into",
+        required=True,
+        metavar="PROFILE",
+        help="profile to merge into: a .yaml path or a name from 'plansim profiles list'",
+    )
+    import_parser.add_argument(
+        "--tier",
+        choices=TIERS,
+        default="intra-node",
+        help="intra-node: intra_node curves (default); inter-node: nic_gb_per_s, nic_latency_us",
+    )
+    import_parser.add_argument(
+        "--dry-run", action="store_true", help="print the merged profile, write nothing"
+    )
+    import_parser.set_defaults(func=run_import)
 
 
 def summary_row(profile: HardwareProfile) -> dict[str, Any]:
@@ -143,4 +184,44 @@ def run_show(args: argparse.Namespace) -> int:
     _print_rows(_scalar_rows(data))
     _matmul_tables(profile)
     _collective_tables(profile)
+    return 0
+
+
+def _profile_file(name_or_path: str) -> Path:
+    """The file behind ``--into``: a path as given, or a shipped profile's file by name."""
+    if name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path:
+        path = Path(name_or_path)
+    else:
+        load_profile(name_or_path)  # UnknownNameError listing the names
+        path = profiles_dir() / f"{name_or_path}.yaml"
+    if not path.exists():
+        raise InputFileError(
+            f"--into {name_or_path}: file not found; import-nccl-tests merges into an existing "
+            "profile (write one with 'plansim calibrate' or start from a shipped one)"
+        )
+    return path
+
+
+def run_import(args: argparse.Namespace) -> int:
+    """Parse the logs, fit, merge into the profile (or print it with --dry-run); returns 0."""
+    path = _profile_file(args.into)
+    base = load_profile(str(path))
+    logs = [read_nccl_tests_log(log) for log in args.logs]
+    for log in logs:
+        for problem in log.problems:
+            print(f"warning: {problem.describe(log.source)}", file=sys.stderr)
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    imported = update_from_nccl_tests(logs, tier=args.tier, base=base, date=date)
+    for note in imported.notes:
+        print(f"note: {note}", file=sys.stderr)
+    profile = merge_profile(base, imported.update)
+    report = sys.stderr if args.dry_run else sys.stdout
+    if args.dry_run:
+        sys.stdout.write(profile_to_yaml(profile))
+    else:
+        write_profile(profile, path)
+    verb = "would update" if args.dry_run else "updated"
+    print(f"{verb} {path.name} ({args.tier}):", file=report)
+    for line in imported.lines:
+        print(f"  {line}", file=report)
     return 0

@@ -32,7 +32,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--tp", type=int, required=True, help="tensor-parallel size")
     p.add_argument("--pp", type=int, required=True, help="pipeline-parallel size")
     p.add_argument("--dp", type=int, default=None, help="data-parallel size (default: derived)")
-    p.add_argument("--cp", type=int, default=1, help="context-parallel size (1 only for now)")
+    p.add_argument(
+        "--cp",
+        type=int,
+        default=1,
+        help="context-parallel size (ring attention; the sequence length must split into "
+        "2 * cp chunks; needs --attention flash)",
+    )
     p.add_argument(
         "--vpp",
         type=int,
@@ -115,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
 
     Raises:
         SpecError: the flags describe a layout that cannot split the model (layers over
-            pp * vpp, heads over tp): a usage error (exit 2), not an infeasible plan.
+            pp * vpp, heads over tp, the sequence over 2 * cp): a usage error (exit 2), not
+            an infeasible plan.
     """
     plan = plan_from_args(args)
     outputs = _outputs(args)
@@ -125,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
         num_layers=model.num_layers,
         num_attention_heads=model.num_attention_heads,
         num_query_groups=model.num_query_groups,
+        seq_length=model.seq_length,
     )
     if reason is not None:
         raise SpecError(f"{model.name}: {reason}")

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -444,6 +445,16 @@ def _dump(data: Mapping[str, Any]) -> str:
     return "".join(parts)
 
 
+def _new_file_mode(target: Path) -> int:
+    """Permissions for a replacement of ``target``: its own, or 0o666 less the umask (mkstemp
+    alone would leave 0o600)."""
+    if target.exists():
+        return stat.S_IMODE(target.stat().st_mode)
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def write_profile(profile: HardwareProfile, path: str | Path) -> None:
     """Write ``profile`` as YAML to ``path`` atomically (temp file in the same folder, then
     ``os.replace``): on any failure the previous file is left untouched.
@@ -455,9 +466,11 @@ def write_profile(profile: HardwareProfile, path: str | Path) -> None:
     data = profile_to_dict(profile)
     profile_from_dict(data, source=str(target))  # never write a file that cannot be read
     text = _dump(data)
+    mode = _new_file_mode(target)
     fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     done = False
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
@@ -467,3 +480,104 @@ def write_profile(profile: HardwareProfile, path: str | Path) -> None:
     finally:
         if not done:
             Path(tmp_name).unlink(missing_ok=True)
+
+
+def profile_to_yaml(profile: HardwareProfile) -> str:
+    """The YAML text :func:`write_profile` would write (for ``--dry-run`` output).
+
+    Raises:
+        InputFileError: the profile would not load back.
+    """
+    data = profile_to_dict(profile)
+    profile_from_dict(data, source=profile.name)
+    return _dump(data)
+
+
+# --------------------------------------------------------------------------- merging
+#: HardwareProfile scalar field -> its YAML key (the provenance key of that number).
+SCALAR_KEYS = {s.field: s.key for s in _SCALARS}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProfileUpdate:
+    """Measured numbers that replace a profile's entries (SI units), with their provenance.
+
+    Attributes:
+        name, description: replace the profile's when given.
+        peak_flops_per_s, matmul_efficiency, intra_node: entries replaced per key (dtype or
+            collective); the profile's other keys stay.
+        scalars: HardwareProfile scalar fields (``hbm_bytes_per_s``, ``nic_latency_s``, ...;
+            see :data:`SCALAR_KEYS`) -> SI value.
+        gpus_per_node: replaces the profile's when given.
+        provenance: dotted YAML key (``peak_tflops.fp32``, ``intra_node.all_reduce``,
+            ``intra_node.all_reduce.latency_us``, ``hbm_bandwidth_gb_per_s``) -> source; every
+            replaced number needs one.
+    """
+
+    name: str | None = None
+    description: str | None = None
+    peak_flops_per_s: Mapping[str, float] = field(default_factory=dict)
+    matmul_efficiency: Mapping[str, Curve] = field(default_factory=dict)
+    intra_node: Mapping[str, CollectiveCurve] = field(default_factory=dict)
+    scalars: Mapping[str, float] = field(default_factory=dict)
+    gpus_per_node: int | None = None
+    provenance: Mapping[str, str] = field(default_factory=dict)
+
+    def replaced_keys(self) -> list[str]:
+        """Dotted keys of the numbers this update replaces."""
+        keys = [f"peak_tflops.{d}" for d in self.peak_flops_per_s]
+        keys += [f"matmul_efficiency.{d}" for d in self.matmul_efficiency]
+        for name in self.intra_node:
+            keys += [f"intra_node.{name}", f"intra_node.{name}.latency_us"]
+        keys += [SCALAR_KEYS[f] for f in self.scalars]
+        return keys + (["gpus_per_node"] if self.gpus_per_node is not None else [])
+
+
+def merge_profile(base: HardwareProfile | None, update: ProfileUpdate) -> HardwareProfile:
+    """``base`` with the entries of ``update`` replaced and every other entry (and its
+    provenance) kept; with no ``base``, ``update`` must hold every field.
+
+    Raises:
+        InputFileError: an updated number has no provenance, a field is missing with no base,
+            or the result is not a valid profile.
+    """
+    unknown = sorted(set(update.scalars) - set(SCALAR_KEYS))
+    if unknown:
+        raise InputFileError(f"update has unknown scalar fields: {', '.join(unknown)}")
+    missing = sorted(k for k in update.replaced_keys() if k not in update.provenance)
+    if missing:
+        raise InputFileError(f"update gives no source for: {', '.join(missing)}")
+    if base is None:
+        absent = sorted(set(SCALAR_KEYS) - set(update.scalars))
+        absent += [k for k in ("name", "gpus_per_node") if getattr(update, k) is None]
+        if absent or not update.peak_flops_per_s or len(update.intra_node) < len(COLLECTIVES):
+            raise InputFileError(
+                "cannot create a profile from these measurements alone: missing "
+                f"{', '.join(absent) or 'peaks or collectives'}; merge into an existing profile"
+            )
+    fields: dict[str, Any] = {}
+    if base is not None:
+        fields = {
+            "name": base.name,
+            "description": base.description,
+            "gpus_per_node": base.gpus_per_node,
+            **{f: getattr(base, f) for f in SCALAR_KEYS},
+        }
+    fields.update(update.scalars)
+    for key in ("name", "description", "gpus_per_node"):
+        if getattr(update, key) is not None:
+            fields[key] = getattr(update, key)
+    fields.setdefault("description", fields["name"])
+    try:
+        return HardwareProfile(
+            **fields,
+            peak_flops_per_s={**(base.peak_flops_per_s if base else {}), **update.peak_flops_per_s},
+            matmul_efficiency={
+                **(base.matmul_efficiency if base else {}),
+                **update.matmul_efficiency,
+            },
+            intra_node={**(base.intra_node if base else {}), **update.intra_node},
+            provenance={**(base.provenance if base else {}), **update.provenance},
+        )
+    except SpecError as exc:
+        raise InputFileError(f"merged profile is invalid: {exc}") from None

@@ -26,6 +26,13 @@ not overlap it). The zero-bubble schedule
 ZB-H1 (split backward, Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024,
 arXiv:2401.10241, January 2024) is offered to runs dated 2024 or later. An undated row is
 searched over everything.
+
+Context parallelism (cp; Megatron-LM, Llama 3 §3.3.2): a stated cp is modelled as given
+(cp > 1 with FlashAttention whatever the date: Megatron-LM runs cp only through Transformer
+Engine's fused attention). A blank cp is searched over 1 and the divisors of the GPU count up
+to ``MAX_SEARCHED_CP`` only for sequences of at least ``LONG_CONTEXT_TOKENS`` tokens (where
+activations, not weights, fill memory) and FlashAttention; otherwise cp = 1, and the note
+says which.
 """
 
 from __future__ import annotations
@@ -49,6 +56,10 @@ OVERLAP_GRAD_REDUCE_YEAR = 2023
 GRAD_ACC_FUSION_YEAR = 2022
 INTERLEAVED_YEAR = 2021
 ZERO_BUBBLE_YEAR = 2024
+#: A blank cp is searched only for sequences at least this long (long-context training).
+LONG_CONTEXT_TOKENS = 16384
+#: Largest cp tried for a blank cp cell (a ring inside one 8-GPU node with tp = 1).
+MAX_SEARCHED_CP = 8
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -145,9 +156,6 @@ def _space(row: RunRow, notes: list[str]) -> SearchSpace:
     precision_text = row.text("precision") or ""
     if precision_text not in {p.value for p in Precision}:
         raise Skip(f"precision {precision_text or 'blank'} not modelled")
-    cp = row.integer("cp")
-    if cp is not None and cp > 1:
-        raise Skip(f"context parallelism (cp={cp}) not modelled yet")
     recompute = row.text("recompute")
     zero = row.integer("zero_stage")
     sp = row.flag("sequence_parallel")
@@ -157,13 +165,20 @@ def _space(row: RunRow, notes: list[str]) -> SearchSpace:
     if recompute is not None and recompute not in {r.value for r in Recompute}:
         raise Skip(f"recompute {recompute!r} not modelled")
     year = run_year(row)
-    attention = _attention(year, notes)
+    stated_cp = row.integer("cp")
+    if stated_cp is not None and stated_cp > 1:
+        attention = AttentionKernel.FLASH
+        notes.append(f"cp {stated_cp} (flash attention, as context parallelism needs)")
+    else:
+        attention = _attention(year, notes)
+    cps = _cp_values(row, stated_cp, attention, notes)
     modern = year is None or year >= SP_AND_SELECTIVE_YEAR
     vpps, schedules = _pipeline_schedule(row, year, notes)
     return SearchSpace(
         vpps=vpps,
         schedules=schedules,
         tp=_fixed(row, "tp", notes, "tp"),
+        cp=cps,
         pp=_fixed(row, "pp", notes, "pp"),
         dp=_fixed(row, "dp", notes, "dp"),
         micro_batch_size=_fixed(row, "micro_batch_size_seqs", notes, "mbs"),
@@ -181,6 +196,29 @@ def _space(row: RunRow, notes: list[str]) -> SearchSpace:
         attention=attention,
         gradient_accumulation_fusion=year is None or year >= GRAD_ACC_FUSION_YEAR,
     )
+
+
+def _cp_values(
+    row: RunRow, stated: int | None, attention: AttentionKernel, notes: list[str]
+) -> tuple[int, ...]:
+    """cp values to search: the stated one; for a blank cell 1 plus the divisors of num_gpus
+    up to MAX_SEARCHED_CP when the sequence has at least LONG_CONTEXT_TOKENS tokens and
+    attention is flash, else 1 (noted)."""
+    if stated is not None:
+        return (stated,)
+    seq = row.integer("seq_len_tokens") or 0
+    if seq < LONG_CONTEXT_TOKENS:
+        notes.append(f"cp blank: 1 (seq_len {seq} < {LONG_CONTEXT_TOKENS})")
+        return (1,)
+    if attention is not AttentionKernel.FLASH:
+        notes.append("cp blank: 1 (context parallelism needs flash attention)")
+        return (1,)
+    gpus = row.integer("num_gpus") or 1
+    values = tuple(c for c in range(1, MAX_SEARCHED_CP + 1) if gpus % c == 0)
+    notes.append(
+        f"cp searched ({', '.join(map(str, values))}; seq_len {seq} >= {LONG_CONTEXT_TOKENS})"
+    )
+    return values
 
 
 def _pipeline_schedule(

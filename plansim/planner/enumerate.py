@@ -1,14 +1,16 @@
 """Enumerate parallel layouts for a model, GPU count and global batch (pure).
 
-Divisor generators in the style of calculon's execution search: every (tp, pp, dp) with
-tp * pp * dp = num_gpus, every micro-batch size that divides the per-replica batch, every ZeRO
+Divisor generators in the style of calculon's execution search: every (tp, cp, pp, dp) with
+tp * cp * pp * dp = num_gpus (cp = 1 unless the search space asks for context parallelism),
+every micro-batch size that divides the per-replica batch, every ZeRO
 stage, recompute mode, sequence-parallel setting and schedule, and every virtual pipeline
 size (vpp): vpp = 1 with the non-interleaved schedules (GPipe, 1F1B and, with pp > 1, ZB-H1:
 Qi et al. ICLR 2024 §2.1), vpp > 1 with interleaved 1F1B (Narayanan et al. SC21 §2.2.2).
 Combinations that cannot be built (a model that does not split, memory) are rejected later by
 ``plansim.planner.evaluate.check_plan`` with a reason, so the planner can count them;
 interleaved plans whose micro-batch count is not a multiple of pp (Megatron-LM's rule, see
-``ParallelPlan``) are not generated at all.
+``ParallelPlan``) and cp > 1 with unfused attention (``ParallelPlan`` refuses it) are not
+generated at all.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ class SearchSpace:
 
     Attributes:
         tp, pp, dp, micro_batch_size: fixed values to try, or None for every divisor.
+        cp: context-parallel sizes to try, or None for every divisor of num_gpus / tp. The
+            default (1,) keeps the search as small as without context parallelism; long-context
+            searches (s >= 16k tokens, where activations dominate) should pass e.g.
+            (1, 2, 4, 8). cp > 1 is tried only with FlashAttention.
         vpps: virtual pipeline sizes to try, or None for vpp = 1 plus every vpp in
             2..``max_vpp`` dividing num_layers / pp (only with pp > 1, and only when the
             enumeration is given num_layers). vpp = 1 pairs with the non-interleaved schedules
@@ -46,6 +52,7 @@ class SearchSpace:
     """
 
     tp: tuple[int, ...] | None = None
+    cp: tuple[int, ...] | None = (1,)
     pp: tuple[int, ...] | None = None
     dp: tuple[int, ...] | None = None
     micro_batch_size: tuple[int, ...] | None = None
@@ -68,16 +75,32 @@ class SearchSpace:
     gradient_accumulation_fusion: bool = True
 
 
-def _layouts(num_gpus: int, space: SearchSpace) -> Iterator[tuple[int, int, int]]:
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """One (tp, cp, pp, dp) with tp * cp * pp * dp = num_gpus."""
+
+    tp: int
+    cp: int
+    pp: int
+    dp: int
+
+
+def _layouts(num_gpus: int, space: SearchSpace) -> Iterator[Layout]:
+    """Every layout the space allows, in (tp, cp, pp) order; cp > 1 only with FlashAttention."""
+    flash = space.attention is AttentionKernel.FLASH
     for tp in space.tp or divisors(num_gpus):
         if num_gpus % tp:
             continue
-        for pp in space.pp or divisors(num_gpus // tp):
-            if (num_gpus // tp) % pp:
+        for cp in space.cp or divisors(num_gpus // tp):
+            if (num_gpus // tp) % cp or (cp > 1 and not flash):
                 continue
-            dp = num_gpus // (tp * pp)
-            if space.dp is None or dp in space.dp:
-                yield tp, pp, dp
+            rest = num_gpus // (tp * cp)
+            for pp in space.pp or divisors(rest):
+                if rest % pp:
+                    continue
+                dp = rest // pp
+                if space.dp is None or dp in space.dp:
+                    yield Layout(tp=tp, cp=cp, pp=pp, dp=dp)
 
 
 def vpp_values(pp: int, *, num_layers: int | None, space: SearchSpace) -> tuple[int, ...]:
@@ -108,19 +131,20 @@ def enumerate_plans(
         num_layers: the model's layers; needed to search vpp when ``space.vpps`` is None
             (without it only vpp = 1 is generated).
     """
-    for tp, pp, dp in _layouts(num_gpus, space):
+    for layout in _layouts(num_gpus, space):
+        dp = layout.dp
         if global_batch_size % dp:
             continue
         per_replica = global_batch_size // dp
         mbs_values = space.micro_batch_size or tuple(
             d for d in divisors(per_replica) if d <= space.max_micro_batch_size
         )
-        vpps = vpp_values(pp, num_layers=num_layers, space=space)
+        vpps = vpp_values(layout.pp, num_layers=num_layers, space=space)
         for mbs in mbs_values:
             if global_batch_size % (mbs * dp):
                 continue
             for vpp in vpps:
-                yield from _knobs(tp, pp, dp, mbs, vpp, global_batch_size, space)
+                yield from _knobs(layout, mbs, vpp, global_batch_size, space)
 
 
 def _schedules(pp: int, vpp: int, num_microbatches: int, space: SearchSpace) -> list[Schedule]:
@@ -137,11 +161,13 @@ def _schedules(pp: int, vpp: int, num_microbatches: int, space: SearchSpace) -> 
 
 
 def _knobs(
-    tp: int, pp: int, dp: int, mbs: int, vpp: int, gbs: int, space: SearchSpace
+    layout: Layout, mbs: int, vpp: int, gbs: int, space: SearchSpace
 ) -> Iterator[ParallelPlan]:
+    tp, pp, dp = layout.tp, layout.pp, layout.dp
+    dp_cp = dp * layout.cp  # ranks that reduce gradients and shard ZeRO states together
     schedules = _schedules(pp, vpp, gbs // (mbs * dp), space)
     for zero in space.zero_stages:
-        if zero > 0 and dp == 1:
+        if zero > 0 and dp_cp == 1:
             continue  # ZeRO without data parallelism is plain DP
         for recompute in space.recomputes:
             if recompute is Recompute.SELECTIVE and space.attention is AttentionKernel.FLASH:
@@ -149,11 +175,14 @@ def _knobs(
             for sp in space.sequence_parallel:
                 if sp and tp == 1:
                     continue
-                for schedule, overlap, grad in _comm_modes(schedules, space, dp=dp, zero=zero):
+                for schedule, overlap, grad in _comm_modes(
+                    schedules, space, dp_cp=dp_cp, zero=zero
+                ):
                     yield ParallelPlan(
                         dp=dp,
                         tp=tp,
                         pp=pp,
+                        cp=layout.cp,
                         vpp=vpp,
                         micro_batch_size=mbs,
                         global_batch_size=gbs,
@@ -170,12 +199,12 @@ def _knobs(
 
 
 def _comm_modes(
-    schedules: list[Schedule], space: SearchSpace, *, dp: int, zero: int
+    schedules: list[Schedule], space: SearchSpace, *, dp_cp: int, zero: int
 ) -> Iterator[tuple[Schedule, bool, bool]]:
     """(schedule, overlap_p2p_comm, overlap_grad_reduce) triples: p2p overlap is an option of
-    interleaved 1F1B only; gradient-reduction overlap needs dp > 1 and ZeRO 0-2 (ZeRO-3
+    interleaved 1F1B only; gradient-reduction overlap needs dp * cp > 1 and ZeRO 0-2 (ZeRO-3
     reduce-scatters every micro-batch)."""
-    grads = space.overlap_grad_reduce if dp > 1 and zero < 3 else (False,)
+    grads = space.overlap_grad_reduce if dp_cp > 1 and zero < 3 else (False,)
     for schedule in schedules:
         for overlap in space.overlap_p2p_comm if schedule.interleaved else (False,):
             for grad in grads:

@@ -66,6 +66,7 @@ def check_plan(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile) -
         num_layers=model.num_layers,
         num_attention_heads=model.num_attention_heads,
         num_query_groups=model.num_query_groups,
+        seq_length=model.seq_length,
     )
     if reason:
         return Rejected(plan=plan, category="layout does not divide the model", reason=reason)

@@ -10,7 +10,7 @@ Model (one representative pipeline replica, one optimizer step):
   own stream (it then counts as idle compute in the bubble).
 - F(s, j), s > 0, starts once the activation of F(s-1, j) has been **received**; B(s, j) or
   I(s, j), s < last, once the gradient of B/I(s+1, j) has. After F(s, j) ends, the sender's
-  ``pp_send`` stream (FIFO, one transfer at a time, per rank: :class:`_FifoStream`) carries
+  ``pp_send`` stream (FIFO, one transfer at a time, per rank: ``links.FifoStream``) carries
   ``stages[s].send_forward``; after B/I(s, j) ends it carries ``stages[s].send_backward``.
   The transfer is recorded on the sender (``pp_send``) and the receiver (``pp_recv``).
   Zero-length transfers still order the events. Adjacent stages on the same rank
@@ -30,6 +30,13 @@ Model (one representative pipeline replica, one optimizer step):
   ``grad_sync`` rows stage -1. The rank's ``optimizer`` segments start when the ``dp``
   stream has carried all of them. In-action ``dp`` segments (ZeRO-3 gathers) hold the
   compute stream and do not go through that queue.
+- **Contention** (``plansim.sim.links``): a transfer that names a link (``Segment.link``,
+  ``P2P.link``: the rank's NVLink, NIC or PCIe) takes its ``duration_s`` only while alone on
+  it; transfers active on one link at once share it equally (processor sharing; the
+  ``latency_s`` part never stretches). That covers the queued ``pp_send`` and ``dp``
+  transfers once they leave their FIFO and the in-action ``tp``/``dp`` segments (blocking
+  TP collectives load NVLink beside a DP bucket). Transfers without a link, and any
+  transfer that never overlaps another on a link, keep their durations exactly.
 - Memory per rank = ``static_bytes`` + ``activation_bytes`` of every (s, j) whose F has
   started and whose B (or W, when split) has not ended; sampled at every change.
 
@@ -39,7 +46,6 @@ on the inputs; no global state, no randomness.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -60,6 +66,7 @@ from plansim.schedule.checks import (
     provides,
 )
 from plansim.sim import timeline as tl
+from plansim.sim.links import FifoStream, Network
 from plansim.specs.work import P2P, PipelineWork, Segment
 
 _SEGMENTS = {
@@ -111,43 +118,6 @@ class SimResult:
     compute_busy_s: tuple[float, ...] = ()
 
 
-class _FifoStream:
-    """A stream that carries one transfer at a time, first come first served.
-
-    Gives the start and end times of ``simpy.Resource(capacity=1)`` with one process per
-    transfer that requests, holds for its duration and releases (a transfer starts when it
-    is queued, or exactly when the previous one ends), but costs one Timeout per transfer
-    instead of a process, a request and a release (measured: simulate() about 40% faster
-    at p=16, m=256).
-    """
-
-    __slots__ = ("_busy", "_env", "_queue")
-
-    def __init__(self, env: simpy.Environment) -> None:
-        self._env = env
-        self._queue: deque[tuple[float, Callable[[float, float], None]]] = deque()
-        self._busy = False
-
-    def put(self, duration_s: float, on_done: Callable[[float, float], None]) -> None:
-        """Queue a transfer of ``duration_s``; ``on_done(start_s, end_s)`` runs at its end."""
-        self._queue.append((duration_s, on_done))
-        if not self._busy:
-            self._start_next()
-
-    def _start_next(self) -> None:
-        duration_s, on_done = self._queue.popleft()
-        self._busy = True
-        start = self._env.now
-        timeout = self._env.timeout(duration_s)
-        timeout.callbacks.append(lambda _event: self._finish(start, on_done))
-
-    def _finish(self, start: float, on_done: Callable[[float, float], None]) -> None:
-        self._busy = False
-        on_done(start, self._env.now)
-        if self._queue:
-            self._start_next()
-
-
 class _Run:
     """Mutable state of one simulation; created, executed and summarised by simulate()."""
 
@@ -160,8 +130,10 @@ class _Run:
         self.memory_rows = [(r, 0.0, b) for r, b in enumerate(self.memory)]
         self.peak = list(self.memory)
         self.arrived: dict[SignalKey, simpy.Event] = {}
-        self.pp_send = [_FifoStream(self.env) for _ in work.ranks]
-        self.dp = [_FifoStream(self.env) for _ in work.ranks]
+        nodes = [work.node_of_rank(rank) for rank in range(work.num_ranks)]
+        self.network = Network(self.env, rank_nodes=nodes)
+        self.pp_send = [FifoStream(self.env, self.network) for _ in work.ranks]
+        self.dp = [FifoStream(self.env, self.network) for _ in work.ranks]
         self.dp_last: list[simpy.Event | None] = [None] * work.num_ranks
         self.last_backward = _last_backwards(actions, work)
         self.position = [0] * work.num_ranks
@@ -209,11 +181,19 @@ class _Run:
     def _segments(
         self, rank: int, segments: Sequence[Segment], stage: int, microbatch: int
     ) -> _Process:
-        """Run segments back to back, recording each on its own stream."""
+        """Run segments back to back, recording each on its own stream; a segment with a
+        link shares it with the rank's other transfers (``plansim.sim.links``)."""
         env = self.env
         for seg in segments:
             start = env.now
-            if seg.duration_s > 0:
+            if seg.link and seg.duration_s > 0:
+                links = self.network.collective_links(rank, seg.link)
+                transfer = self.network.start(
+                    links, duration_s=seg.duration_s, latency_s=seg.latency_s
+                )
+                while not transfer.finished:  # its end moves while it shares a link
+                    yield transfer.end_event
+            elif seg.duration_s > 0:
                 yield env.timeout(seg.duration_s)
             self.rows.append(
                 (rank, seg.stream, seg.kind, stage, microbatch, start, env.now, seg.num_bytes)
@@ -258,7 +238,8 @@ class _Run:
             self.rows.append((dst, "pp_recv", recv_kind, consumer, microbatch, start, end, nbytes))
             arrival.succeed()
 
-        self.pp_send[src].put(p2p.duration_s, done)
+        links = self.network.p2p_links(src, dst, p2p.link) if p2p.link else ()
+        self.pp_send[src].put(p2p.duration_s, done, links=links, latency_s=p2p.latency_s)
         return arrival
 
     def _queue_dp(self, rank: int, seg: Segment, stage: int) -> None:
@@ -270,7 +251,8 @@ class _Run:
             self.rows.append(row)
             done.succeed()
 
-        self.dp[rank].put(seg.duration_s, finished)
+        links = self.network.collective_links(rank, seg.link) if seg.link else ()
+        self.dp[rank].put(seg.duration_s, finished, links=links, latency_s=seg.latency_s)
         self.dp_last[rank] = done
 
     def _release_buckets(

@@ -23,7 +23,9 @@ stream with ``stage >= 0``: the segments of F/B/I/W actions (TP collectives bloc
 Rows of one (rank, stream) do not overlap, except on ``pp_recv``, where a rank may receive
 from both neighbours at once, and on ``dp``, where a blocking in-action ``dp`` segment
 (ZeRO-3 gather) could meet a queued gradient bucket. Gradient-bucket rows on ``dp`` carry
-their stage with micro-batch -1.
+their stage with micro-batch -1. A communication row spans the transfer as it ran: when it
+shared a link with other transfers (``plansim.sim.links``) it lasts longer than its costed
+``duration_s``; ``bytes`` stays what it moved.
 
 **Exposed communication** (:func:`exposed_comm_s`): per rank, the time its compute stream
 is idle while communication runs on the rank, by kind.

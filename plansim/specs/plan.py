@@ -81,7 +81,12 @@ class ParallelPlan:
     holds consecutive ranks and stays inside a node when tp <= GPUs per node.
 
     Attributes:
-        dp, tp, pp, cp: parallel degrees; num_gpus = dp * tp * pp * cp.
+        dp, tp, pp, cp: parallel degrees; num_gpus = dp * tp * pp * cp. Context parallelism
+            (cp, Megatron-LM ``--context-parallel-size``; Llama 3, Dubey et al. 2024 §3.3.2)
+            gives each of cp ranks s/cp tokens of every sequence and runs attention as a ring
+            (Liu et al. 2023); weights are replicated over cp and gradients reduced over the
+            dp * cp ranks (``plansim.analytic.ranks``). The micro-batch count does not depend
+            on cp (the cp ranks of a replica share its sequences).
         vpp: virtual pipeline stages per rank (model chunks, Megatron
             ``virtual_pipeline_model_parallel_size``); 1 = not interleaved.
         micro_batch_size: sequences per micro-batch (``--micro-batch-size``).
@@ -105,7 +110,7 @@ class ParallelPlan:
             reduce-scatter) of each model chunk starts in buckets while backward still runs
             (Megatron-LM ``--overlap-grad-reduce``, default off; PyTorch DDP buckets, Li et
             al. VLDB 2020); off, it all runs after the rank's last backward. No effect with
-            ZeRO-3, whose reduce-scatters are per micro-batch already, or dp == 1.
+            ZeRO-3, whose reduce-scatters are per micro-batch already, or dp * cp == 1.
         gradient_accumulation_fusion: weight-gradient GEMMs accumulate straight into the
             gradient buffer (Megatron-LM ``--gradient-accumulation-fusion``, default on since
             2022); off, every micro-batch adds its fresh weight gradients into the buffer with
@@ -115,7 +120,9 @@ class ParallelPlan:
     Raises:
         SpecError: a degree is not a positive integer, the global batch does not split into
             micro-batches over dp, zero_stage is out of 0-3, sequence_parallel with tp == 1,
-            or vpp and the schedule do not go together (see ``schedule``).
+            vpp and the schedule do not go together (see ``schedule``), or cp > 1 without
+            FlashAttention (Megatron-LM supports context parallelism only in Transformer
+            Engine's attention).
     """
 
     dp: int
@@ -165,8 +172,12 @@ class ParallelPlan:
                 f"(got {self.schedule.value}), as in Megatron-LM"
             )
         self._check_schedule()
-        if self.cp != 1:
-            raise SpecError(f"plan.cp({self.cp}): context parallelism is not modelled yet; use 1")
+        if self.cp > 1 and self.attention is not AttentionKernel.FLASH:
+            raise SpecError(
+                f"plan.cp({self.cp}) needs attention {AttentionKernel.FLASH.value} (got "
+                f"{self.attention.value}): Megatron-LM runs context parallelism only through "
+                f"Transformer Engine's fused attention (TEDotProductAttention)"
+            )
 
     def _check_schedule(self) -> None:
         """vpp, pp and micro-batch count against the schedule (Megatron-LM's rules; ZB-H1:
@@ -235,13 +246,20 @@ class ParallelPlan:
 
 
 def check_plan_divides_model(
-    plan: ParallelPlan, *, num_layers: int, num_attention_heads: int, num_query_groups: int
+    plan: ParallelPlan,
+    *,
+    num_layers: int,
+    num_attention_heads: int,
+    num_query_groups: int,
+    seq_length: int | None = None,
 ) -> str | None:
     """Return why ``plan`` cannot split the model, or None when it can.
 
     Checks: layers split evenly over pp * vpp stages (each model chunk holds whole layers);
-    heads and query groups over tp. For a vpp that does not divide the layers per rank, the
-    reason lists the vpp values that do.
+    heads and query groups over tp; with cp > 1, the sequence into 2 * cp chunks (Megatron-LM
+    context parallelism gives each cp rank chunks i and 2cp - 1 - i, balancing the causal
+    mask; ``get_batch_on_this_cp_rank``). For a vpp that does not divide the layers per rank,
+    the reason lists the vpp values that do. ``seq_length`` None skips the cp check.
     """
     if num_layers % plan.num_stages:
         reason = (
@@ -260,4 +278,9 @@ def check_plan_divides_model(
         return f"num_attention_heads({num_attention_heads}) is not divisible by tp({plan.tp})"
     if num_query_groups % plan.tp and plan.tp % num_query_groups:
         return f"num_query_groups({num_query_groups}) and tp({plan.tp}) do not divide one another"
+    if seq_length is not None and plan.cp > 1 and seq_length % (2 * plan.cp):
+        return (
+            f"seq_length({seq_length}) is not divisible by 2 * cp({plan.cp}) = {2 * plan.cp}: "
+            f"context parallelism splits each sequence into 2 * cp load-balanced chunks"
+        )
     return None

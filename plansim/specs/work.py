@@ -15,6 +15,22 @@ from plansim.errors import SpecError
 #: one after another (TP collectives block the compute stream, as in Megatron);
 #: "pp_send"/"pp_recv" and "dp" run concurrently with compute.
 STREAMS = ("compute", "tp", "pp_send", "pp_recv", "dp")
+#: Links a transfer can use on its rank (``plansim.sim.links``): the GPU's NVLink, its NIC,
+#: its PCIe link (with the node's host memory behind it), or "" = no link modelled (the
+#: transfer takes its duration whatever else runs).
+LINKS = ("", "nvlink", "nic", "pcie")
+
+
+def _check_transfer(what: str, *, duration_s: float, latency_s: float, link: str) -> None:
+    """Shared checks of a timed transfer's duration, latency and link."""
+    if not duration_s >= 0:
+        raise SpecError(f"{what}: duration_s must be >= 0, got {duration_s}")
+    if not 0 <= latency_s <= duration_s:
+        raise SpecError(
+            f"{what}: latency_s must be in [0, duration_s={duration_s}], got {latency_s}"
+        )
+    if link not in LINKS:
+        raise SpecError(f"{what}: link={link!r}; choose one of: {', '.join(map(repr, LINKS))}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -25,28 +41,57 @@ class Segment:
         kind: what it is: ``forward``, ``backward``, ``backward_input``, ``backward_weight``,
             ``recompute``, ``tp_comm``, ``dp_comm``, ``optimizer``, ...
         stream: one of STREAMS; ``tp`` segments hold the compute stream too (blocking).
-        duration_s: seconds.
+        duration_s: seconds when nothing else uses its link (the profile's figure).
         num_bytes: bytes moved (communication) or 0.
+        link: the rank's link the transfer loads (one of LINKS; "" = none modelled). Only
+            communication segments (any stream but ``compute``) may name one; concurrent
+            transfers on one link share it (``plansim.sim.links``).
+        latency_s: the part of duration_s that does not depend on bandwidth (alpha of the
+            alpha-beta model); it is not stretched when the link is shared.
+
+    Raises:
+        SpecError: unknown stream or link, negative duration, latency outside
+            [0, duration_s], or a link on the compute stream.
     """
 
     kind: str
     stream: str
     duration_s: float
     num_bytes: float = 0.0
+    link: str = ""
+    latency_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.stream not in STREAMS:
             raise SpecError(f"segment.stream={self.stream!r}; choose one of: {', '.join(STREAMS)}")
-        if not self.duration_s >= 0:
-            raise SpecError(f"segment {self.kind}: duration_s must be >= 0, got {self.duration_s}")
+        what = f"segment {self.kind}"
+        _check_transfer(what, duration_s=self.duration_s, latency_s=self.latency_s, link=self.link)
+        if self.link and self.stream == "compute":
+            raise SpecError(f"{what}: link={self.link!r} on the compute stream; kernels use none")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class P2P:
-    """A point-to-point transfer between neighbouring pipeline stages, per micro-batch."""
+    """A point-to-point transfer between neighbouring pipeline stages, per micro-batch.
+
+    Attributes:
+        duration_s: seconds when nothing else uses its links (the profile's figure).
+        num_bytes: bytes moved.
+        link: tier it travels on (one of LINKS; "" = none modelled): it loads the sending
+            half of the sender's link and the receiving half of the receiver's.
+        latency_s: the part of duration_s not stretched when a link is shared.
+
+    Raises:
+        SpecError: negative duration, latency outside [0, duration_s], or unknown link.
+    """
 
     duration_s: float
     num_bytes: float
+    link: str = ""
+    latency_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_transfer("p2p", duration_s=self.duration_s, latency_s=self.latency_s, link=self.link)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -150,9 +195,12 @@ class PipelineWork:
     With ``overlap_grad_reduce`` the stages' gradient buckets start on the ``dp`` stream as
     soon as they are ready, beside the remaining backward work (Megatron-LM
     ``--overlap-grad-reduce``); otherwise after the rank's last action.
+    ``rank_nodes`` gives the node of each rank, for the per-node host-memory link behind
+    ``pcie`` transfers; empty: every rank on a node of its own.
 
     Raises:
-        SpecError: stage count not a multiple of rank count, or no micro-batches.
+        SpecError: stage count not a multiple of rank count, no micro-batches, or
+            rank_nodes neither empty nor one non-negative node index per rank.
     """
 
     stages: tuple[StageWork, ...]
@@ -160,6 +208,7 @@ class PipelineWork:
     num_microbatches: int
     blocking_p2p: bool = False
     overlap_grad_reduce: bool = False
+    rank_nodes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.ranks or len(self.stages) % len(self.ranks):
@@ -169,6 +218,13 @@ class PipelineWork:
             )
         if self.num_microbatches < 1:
             raise SpecError(f"num_microbatches must be >= 1, got {self.num_microbatches}")
+        if self.rank_nodes and (
+            len(self.rank_nodes) != len(self.ranks) or min(self.rank_nodes) < 0
+        ):
+            raise SpecError(
+                f"rank_nodes={self.rank_nodes} must give a node index >= 0 for each of the "
+                f"{len(self.ranks)} ranks (or be empty)"
+            )
 
     @property
     def num_ranks(self) -> int:
@@ -183,3 +239,7 @@ class PipelineWork:
     def rank_of_stage(self, stage: int) -> int:
         """Rank holding ``stage``."""
         return stage % self.num_ranks
+
+    def node_of_rank(self, rank: int) -> int:
+        """Node holding ``rank`` (``rank_nodes``, or the rank's own when empty)."""
+        return self.rank_nodes[rank] if self.rank_nodes else rank

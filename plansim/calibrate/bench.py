@@ -1,0 +1,402 @@
+"""Per-rank microbenchmarks: the code each launched rank runs (imports torch).
+
+Every rank runs every compute item at the same time as the others and times it itself;
+collectives run in groups of ranks 0..g-1. Before timing an item the ranks agree (all_reduce
+MAX over the world) on its warm-up time, so they take the same decisions (repetitions, skip)
+and stay in step. Timing: ``time.perf_counter`` around a loop of calls on CPU (ops are
+synchronous), CUDA events on a GPU. Each rank writes its rows to ``rank<r>.json`` in the run's
+work folder; :mod:`plansim.calibrate.runner` aggregates them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from plansim.calibrate.plan import Item, Plan
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+Fn = Callable[[], object]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankConfig:
+    """What every rank needs (pickled to the spawned processes)."""
+
+    backend: str
+    device: str
+    plan: Plan
+    workdir: str
+    pg_timeout_s: float
+
+
+def rank_main(rank: int, world: int, config: RankConfig, queue: Any) -> None:
+    """Entry point of one rank (``torch.multiprocessing`` passes ``rank`` first)."""
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    device = torch.device("cpu")
+    if config.device == "cuda":
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+    dist.init_process_group(
+        config.backend,
+        init_method=Path(config.workdir, "store").as_uri(),
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=config.pg_timeout_s),
+    )
+    bench = _Bench(rank=rank, world=world, device=device, plan=config.plan)
+    rows = bench.memory_rows()
+    for index, item in enumerate(config.plan.items):
+        if rank == 0:
+            queue.put((index, item.label))
+        rows += bench.measure(item)
+    result = {"rank": rank, "rows": rows, "env": environment(device) if rank == 0 else {}}
+    target = Path(config.workdir, f"rank{rank}.json")
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result), encoding="utf-8")
+    os.replace(tmp, target)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+class _Bench:
+    """Builds, times and records the items of one rank."""
+
+    def __init__(self, *, rank: int, world: int, device: torch.device, plan: Plan) -> None:
+        self.rank, self.world, self.device, self.plan = rank, world, device, plan
+        self.groups = {g: dist.new_group(list(range(g))) for g in plan.group_sizes}
+        self.skipped: set[str] = set()
+
+    # ------------------------------------------------------------------ timing
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _time(self, fn: Fn, inner: int) -> float:
+        """Seconds per call of ``fn`` over ``inner`` back-to-back calls."""
+        if self.device.type == "cuda":
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(inner):
+                fn()
+            end.record()
+            end.synchronize()
+            return float(start.elapsed_time(end)) * 1e-3 / inner
+        begin = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        return (time.perf_counter() - begin) / inner
+
+    def _agree_max(self, value: float) -> float:
+        """The largest ``value`` over all ranks (inf when any rank failed)."""
+        tensor = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return float(tensor.item())
+
+    # ------------------------------------------------------------------ items
+    def measure(self, item: Item) -> list[dict[str, Any]]:
+        """Rows for ``item`` (this rank's timing, or rank 0's note of a skip)."""
+        timing = self.plan.timing
+        if item.family in self.skipped:  # the same on every rank: no need to agree
+            reason = f"a smaller call of this {item.kind} dtype took over {timing.max_call_s} s"
+            return self._note(item, "skipped", reason)
+        member = item.kind != "collective" or self.rank < item.group_size
+        fn: Fn | None = None
+        estimate, note = 0.0, "failed on another rank"
+        if member:
+            try:
+                fn = self._build(item)
+                for _ in range(max(1, timing.warmup)):
+                    self._barrier(item)
+                    estimate = self._time(fn, 1)
+            except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
+                fn, estimate = None, math.inf
+                note = f"unsupported: {str(exc).splitlines()[0][:200]}"
+        agreed = self._agree_max(estimate)
+        if math.isinf(agreed):
+            return self._note(item, "unsupported", note)
+        if item.kind in ("gemm", "attention") and agreed > timing.max_call_s:
+            self.skipped.add(item.family)
+        if fn is None:
+            return []
+        inner, reps = timing.repetitions(agreed)
+        samples = []
+        for _ in range(reps):
+            self._barrier(item)
+            samples.append(self._time(fn, inner))
+        return [self._row(item, samples, inner)]
+
+    def _barrier(self, item: Item) -> None:
+        if item.kind == "collective":
+            dist.barrier(group=self.groups[item.group_size])
+
+    def _row(self, item: Item, samples: list[float], inner: int) -> dict[str, Any]:
+        return {
+            **_item_columns(item),
+            "rank": self.rank,
+            "status": "ok",
+            "reps": len(samples),
+            "inner": inner,
+            "median_s": statistics.median(samples),
+            "min_s": min(samples),
+            "max_s": max(samples),
+            "note": "",
+        }
+
+    def _note(self, item: Item, status: str, note: str) -> list[dict[str, Any]]:
+        if self.rank != 0:
+            return []
+        nan = math.nan
+        return [
+            {
+                **_item_columns(item),
+                "rank": 0,
+                "status": status,
+                "reps": 0,
+                "inner": 0,
+                "median_s": nan,
+                "min_s": nan,
+                "max_s": nan,
+                "note": note,
+            }
+        ]
+
+    def memory_rows(self) -> list[dict[str, Any]]:
+        """Memory this rank's process holds after start-up (torch, process group, buffers)."""
+        self._agree_max(0.0)  # a first collective: communicator buffers are allocated
+        rows = []
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            values = {"device_total": float(total), "device_used_after_init": float(total - free)}
+        else:
+            values = {"rss_after_init": float(_rss_bytes())}
+        for op, value in values.items():
+            rows.append(
+                {
+                    "kind": "memory",
+                    "op": op,
+                    "dtype": "",
+                    "shape": "1",
+                    "group_size": 1,
+                    "work": value,
+                    "work_unit": "byte",
+                    "rank": self.rank,
+                    "status": "ok",
+                    "reps": 1,
+                    "inner": 1,
+                    "median_s": math.nan,
+                    "min_s": math.nan,
+                    "max_s": math.nan,
+                    "note": "",
+                }
+            )
+        return rows
+
+    # ------------------------------------------------------------------ builders
+    def _build(self, item: Item) -> Fn:
+        builders: dict[str, Callable[[Item], Fn]] = {
+            "gemm": self._gemm,
+            "attention": self._attention,
+            "stream": self._stream,
+            "launch": self._launch,
+            "adam": self._adam,
+            "copy": self._copy,
+            "collective": self._collective,
+        }
+        return builders[item.kind](item)
+
+    def _gemm(self, item: Item) -> Fn:
+        m, n, k = item.shape
+        if item.dtype == "fp8":
+            return self._gemm_fp8(m, n, k)
+        dtype = DTYPES[item.dtype]
+        a = torch.randn(m, k, device=self.device).to(dtype)
+        b = torch.randn(k, n, device=self.device).to(dtype)
+        out = torch.empty(m, n, device=self.device, dtype=dtype)
+        return lambda: torch.matmul(a, b, out=out)
+
+    def _gemm_fp8(self, m: int, n: int, k: int) -> Fn:
+        fp8 = torch.float8_e4m3fn
+        a = torch.randn(m, k, device=self.device).to(fp8)
+        b = torch.randn(n, k, device=self.device).to(fp8).t()  # column-major, as cuBLASLt wants
+        scale = torch.ones((), device=self.device)
+        return lambda: torch._scaled_mm(
+            a, b, scale_a=scale, scale_b=scale, out_dtype=torch.bfloat16
+        )
+
+    def _attention(self, item: Item) -> Fn:
+        batch, heads, seq, head_dim = item.shape
+        dtype = DTYPES[item.dtype]
+        backward = item.op == "sdpa_fwd_bwd"
+        q, k, v = (
+            torch.randn(
+                batch, heads, seq, head_dim, device=self.device, dtype=dtype
+            ).requires_grad_(backward)
+            for _ in range(3)
+        )
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        if not backward:
+
+            def forward() -> None:
+                with torch.no_grad():
+                    sdpa(q, k, v, is_causal=True)
+
+            return forward
+        grad = torch.randn(batch, heads, seq, head_dim, device=self.device, dtype=dtype)
+
+        def forward_backward() -> None:
+            sdpa(q, k, v, is_causal=True).backward(grad)
+            q.grad = k.grad = v.grad = None
+
+        return forward_backward
+
+    def _stream(self, item: Item) -> Fn:
+        (n,) = item.shape
+        a, b, c = (torch.rand(n, device=self.device) for _ in range(3))
+        kernels: dict[str, Fn] = {
+            "copy": lambda: c.copy_(a),
+            "scale": lambda: torch.mul(a, 3.0, out=c),
+            "add": lambda: torch.add(a, b, out=c),
+            "triad": lambda: torch.add(a, b, alpha=3.0, out=c),
+        }
+        return kernels[item.op]
+
+    def _launch(self, item: Item) -> Fn:
+        x = torch.ones(item.shape, device=self.device)
+        return lambda: torch.add(x, x)
+
+    def _adam(self, item: Item) -> Fn:
+        (n,) = item.shape
+        param = torch.nn.Parameter(torch.randn(n))  # host Adam (offload): always on the CPU
+        param.grad = torch.randn(n)
+        optimizer = torch.optim.Adam([param], lr=1e-4, foreach=True)
+        return optimizer.step
+
+    def _copy(self, item: Item) -> Fn:
+        (size,) = item.shape
+        host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+        dev = torch.empty(size, dtype=torch.uint8, device=self.device)
+        if item.op == "h2d":
+            return lambda: dev.copy_(host, non_blocking=True)
+        return lambda: host.copy_(dev, non_blocking=True)
+
+    def _collective(self, item: Item) -> Fn:
+        group, n = self.groups[item.group_size], item.group_size
+        elements = item.shape[0] // 4
+
+        def make(count: int) -> torch.Tensor:
+            return torch.ones(count, device=self.device)
+
+        if item.op == "all_reduce":
+            buffer = make(elements)
+            return lambda: dist.all_reduce(buffer, group=group)
+        if item.op == "all_gather":
+            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+            part, whole = make(elements // n), make(elements)
+            return lambda: gather(whole, part, group=group)
+        if item.op == "reduce_scatter":
+            scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+            whole, part = make(elements), make(elements // n)
+            return lambda: scatter(part, whole, group=group)
+        send, recv = make(elements), make(elements)
+        nxt, prev = (self.rank + 1) % n, (self.rank - 1) % n
+
+        def sendrecv() -> None:
+            ops = [
+                dist.P2POp(dist.isend, send, nxt, group),
+                dist.P2POp(dist.irecv, recv, prev, group),
+            ]
+            for request in dist.batch_isend_irecv(ops):
+                request.wait()
+
+        return sendrecv
+
+
+def _item_columns(item: Item) -> dict[str, Any]:
+    return {
+        "kind": item.kind,
+        "op": item.op,
+        "dtype": item.dtype,
+        "shape": item.shape_text,
+        "group_size": item.group_size,
+        "work": item.work,
+        "work_unit": item.work_unit,
+    }
+
+
+def _rss_bytes() -> int:
+    """Resident set size of this process (Linux /proc; else the peak from getrusage)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(peak * (1 if platform.system() == "Darwin" else 1024))
+
+
+def cpu_name() -> str:
+    """The CPU model (``/proc/cpuinfo`` ``model name``; else the platform's)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _driver_version() -> str:
+    """NVIDIA driver version from nvidia-smi, or '' when unavailable."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return ""
+    try:
+        done = subprocess.run(
+            [smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout.strip().splitlines()[0] if done.stdout.strip() else ""
+
+
+def environment(device: torch.device) -> dict[str, str]:
+    """Versions and device names for provenance (no paths)."""
+    env = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "os": f"{platform.system()} {platform.release()}",
+        "cpu": cpu_name(),
+        "cpu_count": str(os.cpu_count() or 0),
+    }
+    if device.type == "cuda":
+        env["device_name"] = torch.cuda.get_device_name(device)
+        env["cuda"] = str(torch.version.cuda)
+        env["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
+        env["driver"] = _driver_version()
+    else:
+        env["device_name"] = env["cpu"]
+    return env

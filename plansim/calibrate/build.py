@@ -1,0 +1,316 @@
+"""Raw calibration measurements -> a profile update with provenance. Pure (pandas, no torch).
+
+How each HardwareProfile number is obtained (``hardware_profiles/README.md`` "Calibrated
+profiles" says the same for readers of the YAML):
+
+======================  =====================================================================
+peak_tflops.<dtype>     best octave-binned median GEMM rate measured (a base profile's
+                        datasheet peak is kept when it is at least that: fractions then stay
+                        relative to the datasheet)
+matmul_efficiency       median rate per FLOPs octave / peak (:func:`.fit.fit_efficiency`)
+kernel_launch_us        median time of a 1-element add (per-op dispatch overhead)
+hbm_bandwidth_gb_per_s  best STREAM kernel rate (bytes read + written per second), largest size
+hbm_efficiency_fraction the ``add`` kernel's rate / that best rate
+hbm_capacity_gib        GPU: device memory; CPU: host memory / ranks (the ranks share it)
+memory_reserve_gib      memory held after start-up (GPU: device memory in use; CPU: rank RSS
+                        + the host memory already in use / ranks) + 5% of capacity for the
+                        allocator (assumption, as the GPU profiles)
+gpus_per_node           ranks launched (CPU: cores used, one thread each)
+intra_node.<c>          collective fit at the largest group (:func:`.fit.fit_collective`)
+nic_gb_per_s, _latency  CPU: the send/recv fit (same host: loopback, not a NIC); GPU: kept
+                        from the base profile, else an assumption equal to send/recv
+pcie_gb_per_s           GPU: pinned host-to-device copy; CPU: a host memory copy
+                        (bytes copied per second = half the STREAM copy rate)
+======================  =====================================================================
+
+Compute times are the median over ranks of each rank's median (the ranks run concurrently);
+a collective's time is the slowest rank's median (the call ends when the last rank is done).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from plansim.calibrate.fit import CollectiveFit, fit_collective, fit_efficiency
+from plansim.io.profiles import ProfileUpdate
+from plansim.specs.hardware import COLLECTIVES, CollectiveCurve, Curve, HardwareProfile
+
+#: Allocator fragmentation share of capacity added to the reserve (README "Memory reserve").
+FRAGMENTATION_FRACTION = 0.05
+_GIB = 2**30
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunInfo:
+    """Facts about one calibration run, for provenance and the CPU/GPU mapping."""
+
+    run_id: str
+    date: str
+    backend: str
+    device: str
+    nproc: int
+    quick: bool
+    raw_file: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    host_memory_total_bytes: float = 0.0
+    host_memory_available_bytes: float = 0.0
+    load_average: tuple[float, float] | None = None
+
+    @property
+    def busy(self) -> bool:
+        """True when other work competed for the CPUs (1-min load average above 0.5 per CPU
+        beyond this run's own ranks, before or after)."""
+        if self.load_average is None:
+            return False
+        cpus = float(self.env.get("cpu_count") or 0) or float(self.nproc)
+        before, after = self.load_average
+        return before > 0.5 * cpus or after > self.nproc + 0.5 * cpus
+
+    def source(self) -> str:
+        """``measured: <device>, <date>, <versions>, <ranks>; raw: <file> run <id>``."""
+        env = self.env
+        versions = [f"torch {env.get('torch', '?')}", self.backend]
+        if self.device == "cuda":
+            versions += [
+                f"NCCL {env.get('nccl', '?')}",
+                f"CUDA {env.get('cuda', '?')}",
+                f"driver {env.get('driver') or '?'}",
+            ]
+        unit = "GPU" if self.device == "cuda" else "core"
+        load = ""
+        if self.load_average is not None:
+            load = (
+                f", 1-min load average {self.load_average[0]:.2f} before / "
+                f"{self.load_average[1]:.2f} after on {env.get('cpu_count', '?')} CPUs"
+            )
+        return (
+            f"measured: {env.get('device_name', '?')}, {self.date}, {', '.join(versions)}, "
+            f"{self.nproc} ranks x 1 {unit} (1 thread each), plansim calibrate"
+            f"{' --quick' if self.quick else ''}{load}; raw: {self.raw_file} run {self.run_id}"
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Built:
+    """The update and a short summary (label, value) for the terminal."""
+
+    update: ProfileUpdate
+    summary: tuple[tuple[str, str], ...]
+    collective_fits: Mapping[str, CollectiveFit]
+
+
+def aggregate(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per measured item: ``time_s`` over ranks and ``num_ranks`` that timed it."""
+    ok = rows[(rows["status"] == "ok") & (rows["kind"] != "memory")]
+    keys = ["kind", "op", "dtype", "shape", "group_size", "work", "work_unit"]
+    grouped = ok.groupby(keys, sort=False)["median_s"]
+    table = grouped.agg(["median", "max", "size"]).reset_index()
+    collective = table["kind"] == "collective"
+    table["time_s"] = table["median"].where(~collective, table["max"])
+    return table.rename(columns={"size": "num_ranks"}).drop(columns=["median", "max"])
+
+
+def build_update(
+    rows: pd.DataFrame,
+    info: RunInfo,
+    *,
+    base: HardwareProfile | None,
+    name: str,
+    description: str | None = None,
+) -> Built:
+    """The profile update from a run's raw rows (all ranks)."""
+    table = aggregate(rows)
+    parts = _Parts()
+    _compute(parts, table, info, base)
+    _memory_bound(parts, table, info)
+    _capacity(parts, rows, info)
+    fits = _collectives(parts, table, info, base)
+    default = (
+        f"{info.env.get('device_name', info.device)}: {info.nproc} ranks x 1 "
+        f"{'GPU' if info.device == 'cuda' else 'core'} ({info.backend}), plansim calibrate"
+    )
+    update = ProfileUpdate(
+        name=name,
+        description=description or (base.description if base else default),
+        peak_flops_per_s=parts.peaks,
+        matmul_efficiency=parts.curves,
+        intra_node=parts.collectives,
+        scalars=parts.scalars,
+        gpus_per_node=info.nproc,
+        provenance={**parts.provenance, "gpus_per_node": f"{info.source()}; ranks launched"},
+    )
+    return Built(update=update, summary=tuple(parts.summary), collective_fits=fits)
+
+
+@dataclass
+class _Parts:
+    peaks: dict[str, float] = field(default_factory=dict)
+    curves: dict[str, Curve] = field(default_factory=dict)
+    collectives: dict[str, CollectiveCurve] = field(default_factory=dict)
+    scalars: dict[str, float] = field(default_factory=dict)
+    provenance: dict[str, str] = field(default_factory=dict)
+    summary: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _compute(
+    parts: _Parts, table: pd.DataFrame, info: RunInfo, base: HardwareProfile | None
+) -> None:
+    """Peaks and matmul efficiency per dtype; attention rates go to the summary only."""
+    source = info.source()
+    for key, gemms in table[table["kind"] == "gemm"].groupby("dtype", sort=True):
+        dtype = str(key)
+        measured = fit_efficiency(gemms["work"].tolist(), gemms["time_s"].tolist())
+        peak, peak_note = measured.best_per_s, "best octave-median GEMM rate measured"
+        base_peak = base.peak_flops_per_s.get(dtype) if base else None
+        base_source = base.provenance.get(f"peak_tflops.{dtype}", "") if base else ""
+        if base_peak and base_peak >= peak and not base_source.startswith("measured"):
+            peak, peak_note = base_peak, ""
+        fitted = fit_efficiency(gemms["work"].tolist(), gemms["time_s"].tolist(), peak_per_s=peak)
+        if peak_note:
+            parts.peaks[dtype] = peak
+            parts.provenance[f"peak_tflops.{dtype}"] = f"{source}; {peak_note}"
+        parts.curves[dtype] = fitted.curve
+        parts.provenance[f"matmul_efficiency.{dtype}"] = (
+            f"{source}; {len(gemms)} GEMMs (transformer QKV, attention-out, MLP up/down, "
+            f"logits), {fitted.min_work:.3g}-{fitted.max_work:.3g} FLOPs; median rate per "
+            f"FLOPs octave / peak {peak / 1e12:.4g} TFLOP/s; ranks concurrent"
+        )
+        parts.summary.append((f"GEMM {dtype} best", f"{measured.best_per_s / 1e9:.4g} GFLOP/s"))
+    attention = table[table["kind"] == "attention"]
+    for names, group in attention.groupby(["op", "dtype"], sort=True):
+        rate = (group["work"] / group["time_s"]).max()
+        label = " ".join(str(n) for n in names)
+        parts.summary.append((f"attention {label} best", f"{rate / 1e9:.4g} GFLOP/s"))
+    for _, row in table[table["kind"] == "adam"].iterrows():
+        rate = row["work"] / row["time_s"]
+        parts.summary.append(
+            (f"host Adam step {row['shape']} params", f"{rate / 1e6:.4g} M params/s")
+        )
+
+
+def _memory_bound(parts: _Parts, table: pd.DataFrame, info: RunInfo) -> None:
+    """Streaming bandwidth and its efficiency, per-op overhead, and the host-copy rate."""
+    source = info.source()
+    stream = table[table["kind"] == "stream"]
+    if not stream.empty:
+        largest = stream[
+            stream["work"] / stream["work"].groupby(stream["op"]).transform("max") == 1
+        ]
+        rates = (largest["work"] / largest["time_s"]).groupby(largest["op"]).max()
+        best_op = str(rates.idxmax())
+        best = float(rates.max())
+        share = float(rates.get("add", best)) / best
+        elements = largest["shape"].iloc[0]
+        parts.scalars["hbm_bytes_per_s"] = best
+        parts.provenance["hbm_bandwidth_gb_per_s"] = (
+            f"{source}; best STREAM kernel ({best_op}) on {elements} fp32 elements per tensor, "
+            "bytes read + written per second, ranks concurrent"
+        )
+        parts.scalars["hbm_efficiency_fraction"] = min(1.0, share)
+        parts.provenance["hbm_efficiency_fraction"] = (
+            f"{source}; STREAM add rate / the best kernel's rate (same size)"
+        )
+        parts.summary.append(("stream best", f"{best / 1e9:.4g} GB/s ({best_op})"))
+        if info.device != "cuda" and "copy" in rates:
+            parts.scalars["pcie_bytes_per_s"] = float(rates["copy"]) / 2
+            parts.provenance["pcie_gb_per_s"] = (
+                f"{source}; CPU: a host<->device copy is a host memory copy: bytes copied per "
+                "second (half the STREAM copy rate, which counts read + write)"
+            )
+    launch = table[table["kind"] == "launch"]
+    if not launch.empty:
+        parts.scalars["kernel_launch_s"] = float(launch["time_s"].median())
+        parts.provenance["kernel_launch_us"] = (
+            f"{source}; median time of a 1-element add (per-op dispatch overhead)"
+        )
+    h2d = table[(table["kind"] == "copy") & (table["op"] == "h2d")]
+    if not h2d.empty:
+        top = h2d.sort_values("work").iloc[-1]
+        parts.scalars["pcie_bytes_per_s"] = float(top["work"] / top["time_s"])
+        parts.provenance["pcie_gb_per_s"] = (
+            f"{source}; pinned host-to-device copy of {int(top['work'])} bytes"
+        )
+
+
+def _capacity(parts: _Parts, rows: pd.DataFrame, info: RunInfo) -> None:
+    """Memory capacity per rank and the reserve the model cannot use."""
+    memory = rows[(rows["kind"] == "memory") & (rows["status"] == "ok")]
+    per_op = memory.groupby("op")["work"].median()
+    source = info.source()
+    if info.device == "cuda" and "device_total" in per_op:
+        capacity = float(per_op["device_total"])
+        held = float(per_op.get("device_used_after_init", 0.0))
+        what = "device memory in use after start-up (CUDA context, NCCL buffers)"
+        cap_note = "torch.cuda.mem_get_info total"
+    elif info.host_memory_total_bytes > 0:
+        capacity = info.host_memory_total_bytes / info.nproc
+        in_use = info.host_memory_total_bytes - info.host_memory_available_bytes
+        held = float(per_op.get("rss_after_init", 0.0)) + in_use / info.nproc
+        what = "rank RSS after start-up (torch + process group) + host memory in use / ranks"
+        cap_note = f"CPU: host memory / {info.nproc} ranks (the ranks share it)"
+    else:
+        return
+    reserve = held + FRAGMENTATION_FRACTION * capacity
+    parts.scalars["hbm_capacity_bytes"] = capacity
+    parts.provenance["hbm_capacity_gib"] = f"{source}; {cap_note}"
+    parts.scalars["memory_reserve_bytes"] = min(reserve, 0.9 * capacity)
+    parts.provenance["memory_reserve_gib"] = (
+        f"{source}; {what} = {held / _GIB:.3g} GiB, + {FRAGMENTATION_FRACTION:.0%} of capacity "
+        "for allocator fragmentation (assumption, as the GPU profiles)"
+    )
+    parts.summary.append(
+        ("memory per rank", f"{capacity / _GIB:.3g} GiB, reserve {reserve / _GIB:.3g} GiB")
+    )
+
+
+def _collectives(
+    parts: _Parts, table: pd.DataFrame, info: RunInfo, base: HardwareProfile | None
+) -> dict[str, CollectiveFit]:
+    """Latency + busbw curve per collective at the largest group; NIC from send/recv."""
+    source = info.source()
+    fits: dict[str, CollectiveFit] = {}
+    comm = table[table["kind"] == "collective"]
+    for name in COLLECTIVES:
+        rows = comm[comm["op"] == name]
+        if rows.empty:
+            continue
+        group = int(rows["group_size"].max())
+        rows = rows[rows["group_size"] == group]
+        fit = fit_collective(
+            name, rows["work"].tolist(), rows["time_s"].tolist(), num_ranks=max(group, 2)
+        )
+        fits[name] = fit
+        parts.collectives[name] = fit.curve
+        parts.provenance[f"intra_node.{name}"] = (
+            f"{source}; {info.backend} {name}, time = slowest rank's median; {fit.describe()}"
+        )
+        parts.provenance[f"intra_node.{name}.latency_us"] = (
+            f"{source}; alpha of the alpha-beta fit (capped at the smallest time)"
+        )
+        large = fit.curve.busbw_bytes_per_s.y[-1]
+        parts.summary.append(
+            (
+                f"{name} ({group} ranks)",
+                f"latency {fit.curve.latency_s * 1e6:.4g} us, "
+                f"busbw {large / 1e9:.4g} GB/s at the largest size",
+            )
+        )
+    if "sendrecv" in fits and (info.device != "cuda" or base is None):
+        curve = fits["sendrecv"].curve
+        parts.scalars["nic_bytes_per_s"] = curve.busbw_bytes_per_s.y[-1]
+        parts.scalars["nic_latency_s"] = curve.latency_s
+        how = (
+            f"{source}; NOT a NIC: {info.backend} send/recv between ranks on this host "
+            "(loopback), bandwidth term at the largest size; a multi-node CPU job would use "
+            "the real network"
+            if info.device != "cuda"
+            else "assumption: equal to the intra-node send/recv measured here (no multi-node "
+            "measurement; replace with plansim profiles import-nccl-tests --tier inter-node); "
+            f"{source}"
+        )
+        parts.provenance["nic_gb_per_s"] = how
+        parts.provenance["nic_latency_us"] = how
+    return fits

@@ -1,0 +1,183 @@
+"""nccl-tests logs -> a profile update (``plansim profiles import-nccl-tests``). Pure.
+
+Intra-node tier: every collective found becomes ``intra_node.<collective>`` (latency and busbw
+curve from :func:`plansim.calibrate.fit.fit_collective`). When a collective appears in several
+runs, the run with the most sizes is used and the others are reported.
+
+Inter-node tier: the profile has one NIC figure, so one multi-node run is used (all_reduce,
+else reduce_scatter, all_gather, sendrecv) and the inter-node model of
+``plansim.analytic.comm`` is inverted: a group spanning nodes has busbw
+``min(intra busbw, ranks_per_node * nic)`` and alpha ``intra latency + nic_latency *
+ceil(log2(nodes))``, so ``nic = busbw / ranks_per_node`` (bandwidth term at the largest
+size; send/recv: ``nic = busbw``) and ``nic_latency = (alpha - intra latency) /
+ceil(log2(nodes))``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from plansim.calibrate.fit import CollectiveFit, fit_collective
+from plansim.calibrate.nccl_tests import NcclTestsLog, NcclTestsRun
+from plansim.errors import InputFileError
+from plansim.io.profiles import ProfileUpdate
+from plansim.specs.hardware import HardwareProfile
+
+TIERS = ("intra-node", "inter-node")
+_INTER_NODE_PREFERENCE = ("all_reduce", "reduce_scatter", "all_gather", "sendrecv")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Imported:
+    """The update, one line per number set, and notes on runs not used."""
+
+    update: ProfileUpdate
+    lines: tuple[str, ...]
+    notes: tuple[str, ...]
+    fits: dict[str, CollectiveFit]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Source:
+    log: NcclTestsLog
+    run: NcclTestsRun
+
+    @property
+    def name(self) -> str:
+        return Path(self.log.source).name
+
+    def describe(self) -> str:
+        run = self.run
+        nodes = f"{run.num_nodes} node(s)" if run.num_nodes else "nodes not stated"
+        ranks = f"{run.num_ranks} ranks" if run.num_ranks else "ranks not stated"
+        extra = [f"nccl-tests {run.nccl_tests_version}"] if run.nccl_tests_version else []
+        extra += [f"NCCL {run.nccl_version}"] if run.nccl_version else []
+        extra += list(run.devices)
+        lines = f"lines {run.rows[0].line}-{run.rows[-1].line}"
+        truncated = "" if run.complete else ", truncated: complete rows only"
+        return (
+            f"nccl-tests: {self.name} {lines} ({run.binary}, {ranks} on {nodes}"
+            f"{', ' + ', '.join(extra) if extra else ''}{truncated})"
+        )
+
+
+def _runs(logs: Sequence[NcclTestsLog]) -> dict[str, list[_Source]]:
+    found: dict[str, list[_Source]] = {}
+    for log in logs:
+        for run in log.runs:
+            found.setdefault(run.collective, []).append(_Source(log=log, run=run))
+    return found
+
+
+def _pick(sources: list[_Source], notes: list[str]) -> _Source:
+    """The run with the most sizes (the last of equals); the others are noted."""
+    best = max(reversed(sources), key=lambda s: len(s.run.rows))
+    for other in sources:
+        if other is not best:
+            notes.append(
+                f"{other.name}:{other.run.first_line}: {other.run.collective} also measured "
+                f"here; not used (one curve per collective; used {best.name}:"
+                f"{best.run.first_line}, {len(best.run.rows)} sizes)"
+            )
+    return best
+
+
+def _fit(source: _Source) -> CollectiveFit:
+    run = source.run
+    ranks = run.num_ranks or (2 if run.collective == "sendrecv" else None)
+    if ranks is None:
+        raise InputFileError(
+            f"{source.name}:{run.first_line}: cannot tell how many ranks ran {run.binary} "
+            "(no '#  Rank' lines and no algbw to infer it from)"
+        )
+    sizes = [float(r.size_bytes) for r in run.rows]
+    times = [r.time_s for r in run.rows]
+    return fit_collective(run.collective, sizes, times, num_ranks=ranks)
+
+
+def update_from_nccl_tests(
+    logs: Sequence[NcclTestsLog], *, tier: str, base: HardwareProfile, date: str
+) -> Imported:
+    """The update for ``base`` from parsed logs on ``tier`` (``intra-node``/``inter-node``).
+
+    Raises:
+        InputFileError: a run spans the wrong number of nodes for ``tier``, its rank count is
+            unknown, or no usable run exists for ``tier``.
+    """
+    if tier not in TIERS:
+        raise InputFileError(f"tier {tier!r} is not allowed; choose one of: {', '.join(TIERS)}")
+    found = _runs(logs)
+    notes: list[str] = []
+    if tier == "intra-node":
+        return _intra_node(found, notes, date)
+    return _inter_node(found, notes, base, date)
+
+
+def _intra_node(found: dict[str, list[_Source]], notes: list[str], date: str) -> Imported:
+    curves, provenance, lines, fits = {}, {}, [], {}
+    for collective, sources in sorted(found.items()):
+        source = _pick(sources, notes)
+        if (source.run.num_nodes or 1) > 1:
+            raise InputFileError(
+                f"{source.name}:{source.run.first_line}: {source.run.binary} spans "
+                f"{source.run.num_nodes} nodes; import it with --tier inter-node"
+            )
+        fit = _fit(source)
+        fits[collective] = fit
+        curves[collective] = fit.curve
+        where = f"{source.describe()}; imported {date}"
+        provenance[f"intra_node.{collective}"] = (
+            f"{where}; smaller of the out-of-place and in-place time per size; {fit.describe()}"
+        )
+        provenance[f"intra_node.{collective}.latency_us"] = (
+            f"{where}; alpha of the alpha-beta fit (capped at the smallest time)"
+        )
+        lines.append(f"intra_node.{collective} <- {source.name}: {fit.describe()}")
+    update = ProfileUpdate(intra_node=curves, provenance=provenance)
+    return Imported(update=update, lines=tuple(lines), notes=tuple(notes), fits=fits)
+
+
+def _inter_node(
+    found: dict[str, list[_Source]], notes: list[str], base: HardwareProfile, date: str
+) -> Imported:
+    multi = {c: [s for s in sources if (s.run.num_nodes or 0) >= 2] for c, sources in found.items()}
+    order = [c for c in _INTER_NODE_PREFERENCE if multi.get(c)]
+    if not order:
+        raise InputFileError(
+            "--tier inter-node needs a run over at least 2 nodes (nodes are counted from the "
+            "host names in the '#  Rank' lines); none found"
+        )
+    collective = order[0]
+    source = _pick(multi[collective], notes)
+    notes += [f"{c}: not used for the NIC figures ({collective} preferred)" for c in order[1:]]
+    run, fit = source.run, _fit(source)
+    nodes = run.num_nodes or 2
+    per_node = 1 if collective == "sendrecv" else max(1, (run.num_ranks or nodes) // nodes)
+    busbw = fit.curve.busbw_bytes_per_s.y[-1]
+    intra = base.intra_node[collective].latency_s
+    hops = math.ceil(math.log2(nodes))
+    nic_latency = max(0.0, fit.curve.latency_s - intra) / hops
+    where = f"{source.describe()}; imported {date}"
+    provenance = {
+        "nic_gb_per_s": (
+            f"{where}; busbw of the bandwidth term at the largest size "
+            f"{busbw / 1e9:.4g} GB/s / {per_node} ranks per node (plansim.analytic.comm: "
+            f"busbw = ranks_per_node * nic across nodes); {fit.describe()}"
+        ),
+        "nic_latency_us": (
+            f"{where}; (alpha {fit.curve.latency_s * 1e6:.4g} us - this profile's intra-node "
+            f"{collective} latency {intra * 1e6:.4g} us) / ceil(log2({nodes} nodes))"
+        ),
+    }
+    update = ProfileUpdate(
+        scalars={"nic_bytes_per_s": busbw / per_node, "nic_latency_s": nic_latency},
+        provenance=provenance,
+    )
+    lines = (
+        f"nic_gb_per_s = {busbw / per_node / 1e9:.4g}, nic_latency_us = {nic_latency * 1e6:.4g} "
+        f"<- {source.name} ({collective}, {run.num_ranks} ranks on {nodes} nodes)",
+    )
+    return Imported(update=update, lines=lines, notes=tuple(notes), fits={collective: fit})

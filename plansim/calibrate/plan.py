@@ -1,0 +1,275 @@
+"""What ``plansim calibrate`` measures: a fixed, ordered list of items. Pure (no torch).
+
+Compute items run on every rank at the same time (a rank is one "device": one GPU, or one
+CPU core with one thread), so the rates include the contention a data-parallel job sees.
+
+* GEMMs: the five matmuls of a transformer layer and its logits for ``tokens`` x ``hidden``
+  (Narayanan et al. SC21 Eq. 2: QKV (T,h)x(h,3h), attention output (T,h)x(h,h), MLP up
+  (T,h)x(h,4h), MLP down (T,4h)x(4h,h), logits (T,h)x(h,V) with V = 8h), per dtype, in
+  ascending FLOPs. Once one call of a dtype takes longer than ``max_call_s``, that dtype's
+  larger GEMMs are skipped (so a slow dtype, e.g. fp16 on a CPU without fp16 units, costs
+  seconds, not hours); the measured range is recorded.
+* Attention: ``scaled_dot_product_attention`` (causal) forward, and forward + backward.
+* Streaming kernels (STREAM copy/scale/add/triad) on tensors larger than a CPU's last-level
+  cache, per-op overhead (a 1-element add), a host Adam step (``torch.optim.Adam``), and on a
+  GPU pinned host<->device copies.
+* Collectives: all_reduce, all_gather, reduce_scatter and send/recv over message sizes and
+  group sizes (ranks 0..g-1).
+
+Message sizes are nccl-tests' size (``plansim.specs.hardware``): the all-reduce buffer, the
+gathered output, the reduce-scatter input, the bytes each rank sends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plansim.specs.hardware import COLLECTIVES
+
+#: dtypes measured for GEMMs and attention; fp8 only where the device has it.
+GEMM_DTYPES = ("fp32", "bf16", "fp16")
+#: Element size in bytes per dtype.
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+#: Bytes a STREAM kernel moves per element of fp32 (reads + writes).
+STREAM_ACCESSES = {"copy": 2, "scale": 2, "add": 3, "triad": 3}
+GEMM_OPS = ("qkv", "attn_out", "mlp_up", "mlp_down", "logits")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Item:
+    """One measurement.
+
+    Attributes:
+        kind: ``gemm``, ``attention``, ``stream``, ``launch``, ``adam``, ``copy`` or
+            ``collective``.
+        op: what runs (``mlp_up``, ``sdpa_fwd``, ``add``, ``all_reduce``, ``h2d``, ...).
+        dtype: element type (``fp32``, ``bf16``, ...); ``fp32`` for streams and Adam.
+        shape: gemm (m, n, k); attention (batch, heads, seq, head_dim); stream (elements,);
+            launch (1,); adam (parameters,); copy (bytes,); collective (message bytes,).
+        group_size: ranks taking part (1 for compute: every rank runs its own copy).
+        work: per call: FLOPs (gemm, attention), bytes (stream, copy, collective),
+            parameters (adam), 1 (launch).
+        work_unit: ``flop``, ``byte``, ``param`` or ``call``.
+    """
+
+    kind: str
+    op: str
+    dtype: str
+    shape: tuple[int, ...]
+    group_size: int = 1
+    work: float
+    work_unit: str
+
+    @property
+    def shape_text(self) -> str:
+        """``512x2048x512`` (the raw CSV's ``shape`` column)."""
+        return "x".join(str(s) for s in self.shape)
+
+    @property
+    def label(self) -> str:
+        """What the progress bar shows."""
+        group = f" over {self.group_size} ranks" if self.kind == "collective" else ""
+        return f"{self.kind} {self.op} {self.dtype} {self.shape_text}{group}".replace("  ", " ")
+
+    @property
+    def family(self) -> str:
+        """Items skipped together once one call is too slow (one GEMM or attention dtype)."""
+        return f"{self.kind}/{self.op if self.kind == 'attention' else ''}/{self.dtype}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timing:
+    """How each item is timed.
+
+    Attributes:
+        warmup: untimed calls before timing (the first also estimates the call time).
+        min_reps, max_reps: timed repetitions (the median is kept).
+        target_s: aim for about this much timed work per item.
+        min_rep_s: a repetition loops the call until it lasts at least this long (timer
+            resolution), then divides.
+        max_call_s: compute calls slower than this skip the rest of their family.
+    """
+
+    warmup: int
+    min_reps: int
+    max_reps: int
+    target_s: float
+    min_rep_s: float
+    max_call_s: float
+
+    def repetitions(self, call_s: float) -> tuple[int, int]:
+        """(inner calls per repetition, repetitions) for a call of ``call_s`` seconds."""
+        inner = max(1, min(10_000, int(self.min_rep_s / max(call_s, 1e-9)) + 1))
+        rep_s = max(call_s * inner, 1e-9)
+        reps = int(self.target_s / rep_s)
+        return inner, max(self.min_reps, min(self.max_reps, reps))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    """The ordered items and their timing policy."""
+
+    items: tuple[Item, ...]
+    timing: Timing
+    group_sizes: tuple[int, ...]
+    quick: bool
+
+
+QUICK = Timing(warmup=1, min_reps=3, max_reps=9, target_s=0.08, min_rep_s=2e-3, max_call_s=0.12)
+FULL = Timing(warmup=2, min_reps=5, max_reps=50, target_s=0.5, min_rep_s=5e-3, max_call_s=2.0)
+
+
+def gemm_shapes(tokens: int, hidden: int) -> dict[str, tuple[int, int, int]]:
+    """(m, n, k) of each transformer GEMM for ``tokens`` rows and ``hidden`` size."""
+    return {
+        "qkv": (tokens, 3 * hidden, hidden),
+        "attn_out": (tokens, hidden, hidden),
+        "mlp_up": (tokens, 4 * hidden, hidden),
+        "mlp_down": (tokens, hidden, 4 * hidden),
+        "logits": (tokens, 8 * hidden, hidden),
+    }
+
+
+def _gemm_items(dtypes: tuple[str, ...], configs: tuple[tuple[int, int], ...]) -> list[Item]:
+    items: list[Item] = []
+    for dtype in dtypes:
+        seen: set[tuple[int, int, int]] = set()
+        family: list[Item] = []
+        for tokens, hidden in configs:
+            for op, (m, n, k) in gemm_shapes(tokens, hidden).items():
+                if (m, n, k) in seen:
+                    continue
+                seen.add((m, n, k))
+                family.append(
+                    Item(
+                        kind="gemm",
+                        op=op,
+                        dtype=dtype,
+                        shape=(m, n, k),
+                        work=2.0 * m * n * k,
+                        work_unit="flop",
+                    )
+                )
+        items += sorted(family, key=lambda i: (i.work, i.op))
+    return items
+
+
+def _attention_items(dtypes: tuple[str, ...], seqs: tuple[int, ...], heads: int) -> list[Item]:
+    """Causal SDPA; model FLOPs: forward 4*b*h*s^2*d / 2, backward twice the forward."""
+    items: list[Item] = []
+    for op, factor in (("sdpa_fwd", 1.0), ("sdpa_fwd_bwd", 3.0)):
+        for dtype in dtypes:
+            for seq in seqs:
+                fwd = 4.0 * heads * seq * seq * 64 / 2
+                items.append(
+                    Item(
+                        kind="attention",
+                        op=op,
+                        dtype=dtype,
+                        shape=(1, heads, seq, 64),
+                        work=fwd * factor,
+                        work_unit="flop",
+                    )
+                )
+    return items
+
+
+def _memory_items(
+    stream_ops: tuple[str, ...], elements: tuple[int, ...], adam_params: tuple[int, ...]
+) -> list[Item]:
+    items = [
+        Item(kind="launch", op="tiny_add", dtype="fp32", shape=(1,), work=1.0, work_unit="call")
+    ]
+    for n in elements:
+        for op in stream_ops:
+            work = float(STREAM_ACCESSES[op] * 4 * n)
+            items.append(
+                Item(kind="stream", op=op, dtype="fp32", shape=(n,), work=work, work_unit="byte")
+            )
+    for p in adam_params:
+        items.append(
+            Item(kind="adam", op="adam", dtype="fp32", shape=(p,), work=float(p), work_unit="param")
+        )
+    return items
+
+
+def _copy_items(sizes: tuple[int, ...]) -> list[Item]:
+    return [
+        Item(kind="copy", op=op, dtype="", shape=(s,), work=float(s), work_unit="byte")
+        for op in ("h2d", "d2h")
+        for s in sizes
+    ]
+
+
+def message_size(nominal: int, group_size: int) -> int:
+    """``nominal`` rounded up to a multiple of 4 * group_size bytes (whole fp32 elements on
+    every rank for all_gather / reduce_scatter)."""
+    unit = 4 * group_size
+    return max(unit, -(-nominal // unit) * unit)
+
+
+def _collective_items(group_sizes: tuple[int, ...], sizes: tuple[int, ...]) -> list[Item]:
+    items: list[Item] = []
+    for group in group_sizes:
+        for collective in COLLECTIVES:
+            for nominal in sizes:
+                size = message_size(nominal, group)
+                items.append(
+                    Item(
+                        kind="collective",
+                        op=collective,
+                        dtype="fp32",
+                        shape=(size,),
+                        group_size=group,
+                        work=float(size),
+                        work_unit="byte",
+                    )
+                )
+    return items
+
+
+def group_sizes_for(nproc: int, *, quick: bool) -> tuple[int, ...]:
+    """Quick: the whole world only; full: powers of two from 2 up, and the world."""
+    if quick:
+        return (nproc,)
+    sizes = {nproc}
+    size = 2
+    while size < nproc:
+        sizes.add(size)
+        size *= 2
+    return tuple(sorted(sizes))
+
+
+def build_plan(*, nproc: int, device: str, quick: bool, fp8: bool = False) -> Plan:
+    """The items for ``nproc`` ranks on ``device`` (``cpu`` or ``cuda``)."""
+    groups = group_sizes_for(nproc, quick=quick)
+    dtypes = GEMM_DTYPES + (("fp8",) if fp8 else ())
+    gpu = device == "cuda"
+    configs: tuple[tuple[int, int], ...]
+    messages: tuple[int, ...]
+    if quick:
+        configs = ((64, 64), (128, 128), (256, 256), (512, 512), (1024, 1024))
+        if gpu:
+            configs = ((512, 512), (2048, 2048), (4096, 4096), (8192, 8192))
+        items = _gemm_items(dtypes, configs)
+        items += _attention_items(("fp32", "bf16"), (256, 1024), heads=4)
+        items += _memory_items(("copy", "add"), (1 << 24,), (1 << 20,))
+        messages = (64, 1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22, 1 << 23, 1 << 24, 1 << 25)
+    else:
+        configs = ((64, 64), (128, 128), (256, 256), (512, 512), (1024, 1024), (2048, 2048))
+        if gpu:
+            configs = ((256, 256), (1024, 1024), (2048, 2048), (4096, 4096), (8192, 8192))
+            configs += ((16384, 8192),)
+        items = _gemm_items(dtypes, configs)
+        items += _attention_items(dtypes, (256, 512, 1024, 2048), heads=8)
+        items += _memory_items(
+            tuple(STREAM_ACCESSES), (1 << 22, 1 << 24, 1 << 26), (1 << 20, 1 << 23)
+        )
+        messages = tuple(1 << e for e in range(6, 28, 1))
+    if gpu:
+        items += _copy_items(tuple(1 << e for e in (20, 24, 28, 30)))
+        messages = messages + ((1 << 28, 1 << 30) if not quick else ())
+    items += _collective_items(groups, messages)
+    return Plan(
+        items=tuple(items), timing=QUICK if quick else FULL, group_sizes=groups, quick=quick
+    )

@@ -1,0 +1,122 @@
+"""The only reader/writer of raw calibration measurements (``<profile>.raw.csv``). Pure.
+
+One row per measured item and rank (tidy), beside the profile it backs; provenance entries
+name the file and the ``run_id`` their numbers came from. Columns:
+
+==============  ==============================================================================
+run_id          calibration run (UTC time stamp ``YYYYmmddTHHMMSS.mmmZ``)
+kind, op        what ran (``gemm``/``mlp_up``, ``collective``/``all_reduce``, ``memory``/...)
+dtype, shape    element type; ``m x n x k``, ``b x h x s x d``, elements, bytes, ...
+group_size      ranks taking part (collectives), else 1
+rank            the rank that timed it
+status          ``ok``, ``skipped`` or ``unsupported`` (with ``note``)
+reps, inner     timed repetitions, calls per repetition
+work, work_unit FLOPs / bytes / parameters / calls per call; bytes for ``memory`` rows
+median_s ...    seconds per call: median, min, max over the repetitions
+==============  ==============================================================================
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import pandas as pd
+
+from plansim.errors import InputFileError
+
+COLUMNS = (
+    "run_id",
+    "kind",
+    "op",
+    "dtype",
+    "shape",
+    "group_size",
+    "rank",
+    "status",
+    "reps",
+    "inner",
+    "work",
+    "work_unit",
+    "median_s",
+    "min_s",
+    "max_s",
+    "note",
+)
+_TEXT = ("run_id", "kind", "op", "dtype", "shape", "status", "work_unit", "note")
+
+
+def raw_path(profile_path: str | Path) -> Path:
+    """``X.yaml`` -> ``X.raw.csv`` in the same folder."""
+    path = Path(profile_path)
+    return path.with_name(f"{path.stem}.raw.csv")
+
+
+def frame(rows: Iterable[dict[str, object]], *, run_id: str) -> pd.DataFrame:
+    """Rows (dicts with the columns other than run_id) as a table in column order."""
+    table = pd.DataFrame.from_records(list(rows))
+    table.insert(0, "run_id", run_id)
+    missing = [c for c in COLUMNS if c not in table.columns]
+    if missing:
+        raise ValueError(f"raw measurements lack columns: {', '.join(missing)}")
+    return table.loc[:, list(COLUMNS)]
+
+
+def read_raw(path: str | Path) -> pd.DataFrame:
+    """The table in ``path``; an empty table when the file does not exist.
+
+    Raises:
+        InputFileError: the file exists but is not a raw-measurement CSV.
+    """
+    target = Path(path)
+    if not target.exists():
+        return pd.DataFrame(columns=list(COLUMNS))
+    try:
+        table = pd.read_csv(target, dtype={c: str for c in _TEXT}, keep_default_na=False)
+    except (OSError, ValueError, pd.errors.ParserError) as exc:
+        raise InputFileError(f"{target.name}: cannot read raw measurements: {exc}") from None
+    missing = [c for c in COLUMNS if c not in table.columns]
+    if missing:
+        raise InputFileError(f"{target.name}: not a raw-measurement CSV (lacks {missing})")
+    for column in ("median_s", "min_s", "max_s", "work"):
+        table[column] = pd.to_numeric(table[column].replace("", "nan"), errors="coerce")
+    return table.loc[:, list(COLUMNS)]
+
+
+def merge_raw(old: pd.DataFrame, new: pd.DataFrame, *, keep_runs: Iterable[str]) -> pd.DataFrame:
+    """``new`` plus the rows of ``old`` whose run is still cited (``keep_runs``)."""
+    kept = old[old["run_id"].isin(set(keep_runs)) & ~old["run_id"].isin(set(new["run_id"]))]
+    parts = [part for part in (kept, new) if not part.empty]
+    return pd.concat(parts, ignore_index=True) if parts else new
+
+
+def _new_file_mode(target: Path) -> int:
+    """Permissions for a replacement of ``target``: its own, or 0o666 less the umask (mkstemp
+    alone would leave 0o600)."""
+    if target.exists():
+        return stat.S_IMODE(target.stat().st_mode)
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def write_raw(table: pd.DataFrame, path: str | Path) -> None:
+    """Write ``table`` to ``path`` atomically (temp file in the same folder, then replace)."""
+    target = Path(path)
+    mode = _new_file_mode(target)
+    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    done = False
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+            table.to_csv(handle, index=False, float_format="%.12g")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, target)
+        done = True
+    finally:
+        if not done:
+            Path(tmp_name).unlink(missing_ok=True)
