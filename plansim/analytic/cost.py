@@ -36,7 +36,7 @@ Pure. Each piece prices a mechanism with the profile's curves:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from plansim.analytic.comm import collective_time_s, p2p_time_s
 from plansim.analytic.elementwise import adam_step_bytes
@@ -282,20 +282,48 @@ class _LinkTags:
 
     by_kind: dict[str, tuple[str, float]]
     p2p: tuple[str, float]
+    done: dict[Segment, Segment] = field(default_factory=dict)  # equal segments tag once
 
     def segment(self, seg: Segment) -> Segment:
-        tag = self.by_kind.get(seg.kind)
-        if tag is None or seg.stream == "compute":
+        if seg.stream == "compute":
             return seg
-        return replace(seg, link=tag[0], latency_s=min(tag[1], seg.duration_s))
+        tagged = self.done.get(seg)
+        if tagged is None:
+            tag = self.by_kind.get(seg.kind)
+            if tag is None:
+                tagged = seg
+            else:  # the constructor, not dataclasses.replace: costing runs per candidate
+                tagged = Segment(
+                    kind=seg.kind,
+                    stream=seg.stream,
+                    duration_s=seg.duration_s,
+                    num_bytes=seg.num_bytes,
+                    link=tag[0],
+                    latency_s=min(tag[1], seg.duration_s),
+                )
+            self.done[seg] = tagged
+        return tagged
 
     def segments(self, segs: tuple[Segment, ...]) -> tuple[Segment, ...]:
-        return tuple(self.segment(seg) for seg in segs)
+        return tuple([self.segment(seg) for seg in segs])
 
     def send(self, p2p: P2P) -> P2P:
         if p2p.duration_s <= 0:
             return p2p
-        return replace(p2p, link=self.p2p[0], latency_s=min(self.p2p[1], p2p.duration_s))
+        link, alpha = self.p2p
+        return P2P(
+            duration_s=p2p.duration_s,
+            num_bytes=p2p.num_bytes,
+            link=link,
+            latency_s=min(alpha, p2p.duration_s),
+        )
+
+    def bucket(self, b: GradBucket) -> GradBucket:
+        return GradBucket(
+            segment=self.segment(b.segment),
+            ready_fraction=b.ready_fraction,
+            num_params=b.num_params,
+        )
 
     def stage(self, st: StageWork) -> StageWork:
         return replace(
@@ -306,9 +334,7 @@ class _LinkTags:
             backward_weight=self.segments(st.backward_weight),
             send_forward=self.send(st.send_forward),
             send_backward=self.send(st.send_backward),
-            grad_buckets=tuple(
-                replace(b, segment=self.segment(b.segment)) for b in st.grad_buckets
-            ),
+            grad_buckets=tuple(self.bucket(b) for b in st.grad_buckets),
         )
 
 

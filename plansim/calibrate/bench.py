@@ -85,10 +85,6 @@ class _Bench:
         self.skipped: set[str] = set()
 
     # ------------------------------------------------------------------ timing
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
     def _time(self, fn: Fn, inner: int) -> float:
         """Seconds per call of ``fn`` over ``inner`` back-to-back calls."""
         if self.device.type == "cuda":

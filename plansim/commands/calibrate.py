@@ -32,14 +32,22 @@ def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "calibrate",
         help="benchmark this machine and write its hardware profile",
-        description=__doc__.splitlines()[0] if __doc__ else None,
+        description=(
+            "Benchmark this machine (GEMMs, attention, memory bandwidth, collectives) with N "
+            "ranks and write PROFILE.yaml and PROFILE.raw.csv, or merge into an existing "
+            "PROFILE.yaml replacing only what was measured."
+        ),
     )
     parser.add_argument("--backend", required=True, choices=("gloo", "nccl"))
     parser.add_argument("--nproc", required=True, type=int, help="ranks (CPU cores or GPUs)")
     parser.add_argument(
         "--device", choices=("cpu", "cuda"), default=None, help="default: cpu (gloo), cuda (nccl)"
     )
-    parser.add_argument("--quick", action="store_true", help="fewer sizes (about a minute)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer sizes and repetitions (under a minute on 2 CPU cores)",
+    )
     parser.add_argument("--out", required=True, help="profile YAML to write or merge into")
     parser.add_argument("--name", default=None, help="profile name (default: the file stem)")
     parser.add_argument("--description", default=None, help="one line for 'profiles list'")

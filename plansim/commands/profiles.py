@@ -90,13 +90,18 @@ def add_parser(subparsers: Any) -> None:
     import_parser.set_defaults(func=run_import)
 
 
+def _sig(value: float) -> float:
+    """``value`` to 4 significant digits (a CPU's 0.0777 TFLOP/s must not print as 0.0)."""
+    return float(f"{value:.4g}")
+
+
 def summary_row(profile: HardwareProfile) -> dict[str, Any]:
     """The ``profiles list`` row of one profile (edge units in the column names)."""
     return {
         "name": profile.name,
         "hbm_gib": round(bytes_to_gib(profile.hbm_capacity_bytes), 1),
         "usable_gib": round(bytes_to_gib(profile.usable_memory_bytes), 1),
-        "bf16_tflops": round(flops_per_s_to_tflops(profile.peak_flops_per_s.get("bf16", 0.0)), 1),
+        "bf16_tflops": _sig(flops_per_s_to_tflops(profile.peak_flops_per_s.get("bf16", 0.0))),
         "hbm_tb_per_s": round(bytes_per_s_to_gb_per_s(profile.hbm_bytes_per_s) / 1000, 3),
         "gpus_per_node": profile.gpus_per_node,
         "nic_gb_per_s": round(bytes_per_s_to_gb_per_s(profile.nic_bytes_per_s), 2),
@@ -145,7 +150,7 @@ def _matmul_tables(profile: HardwareProfile) -> None:
                 "gemm_flops": [int(x) for x in curve.x],
                 "square_n": [round((x / 2) ** (1 / 3)) for x in curve.x],
                 "fraction_of_peak": curve.y,
-                "tflops": [round(flops_per_s_to_tflops(peak * y), 1) for y in curve.y],
+                "tflops": [_sig(flops_per_s_to_tflops(peak * y)) for y in curve.y],
             }
         )
         print(

@@ -36,7 +36,8 @@ Model (one representative pipeline replica, one optimizer step):
   ``latency_s`` part never stretches). That covers the queued ``pp_send`` and ``dp``
   transfers once they leave their FIFO and the in-action ``tp``/``dp`` segments (blocking
   TP collectives load NVLink beside a DP bucket). Transfers without a link, and any
-  transfer that never overlaps another on a link, keep their durations exactly.
+  transfer that never overlaps another on a link, keep their durations exactly; links only
+  one issuer can use (``links.declare_sources``) are plain delays, with no bookkeeping.
 - Memory per rank = ``static_bytes`` + ``activation_bytes`` of every (s, j) whose F has
   started and whose B (or W, when split) has not ended; sampled at every change.
 
@@ -66,7 +67,7 @@ from plansim.schedule.checks import (
     provides,
 )
 from plansim.sim import timeline as tl
-from plansim.sim.links import FifoStream, Network
+from plansim.sim.links import FifoStream, Link, Network, declare_sources
 from plansim.specs.work import P2P, PipelineWork, Segment
 
 _SEGMENTS = {
@@ -132,6 +133,7 @@ class _Run:
         self.arrived: dict[SignalKey, simpy.Event] = {}
         nodes = [work.node_of_rank(rank) for rank in range(work.num_ranks)]
         self.network = Network(self.env, rank_nodes=nodes)
+        declare_sources(self.network, work)
         self.pp_send = [FifoStream(self.env, self.network) for _ in work.ranks]
         self.dp = [FifoStream(self.env, self.network) for _ in work.ranks]
         self.dp_last: list[simpy.Event | None] = [None] * work.num_ranks
@@ -186,18 +188,22 @@ class _Run:
         env = self.env
         for seg in segments:
             start = env.now
-            if seg.link and seg.duration_s > 0:
-                links = self.network.collective_links(rank, seg.link)
-                transfer = self.network.start(
-                    links, duration_s=seg.duration_s, latency_s=seg.latency_s
-                )
-                while not transfer.finished:  # its end moves while it shares a link
-                    yield transfer.end_event
-            elif seg.duration_s > 0:
-                yield env.timeout(seg.duration_s)
+            if seg.duration_s > 0:
+                links = self._links(rank, seg.link) if seg.link else ()
+                if not links:
+                    yield env.timeout(seg.duration_s)
+                else:
+                    transfer = self.network.start(
+                        links, duration_s=seg.duration_s, latency_s=seg.latency_s
+                    )
+                    while not transfer.finished:  # its end moves while it shares a link
+                        yield transfer.end_event
             self.rows.append(
                 (rank, seg.stream, seg.kind, stage, microbatch, start, env.now, seg.num_bytes)
             )
+
+    def _links(self, rank: int, tier: str) -> tuple[Link, ...]:
+        return self.network.route(self.network.collective_links(rank, tier))
 
     def _add_memory(self, rank: int, delta_bytes: float) -> None:
         self.memory[rank] += delta_bytes
@@ -238,7 +244,7 @@ class _Run:
             self.rows.append((dst, "pp_recv", recv_kind, consumer, microbatch, start, end, nbytes))
             arrival.succeed()
 
-        links = self.network.p2p_links(src, dst, p2p.link) if p2p.link else ()
+        links = self.network.route(self.network.p2p_links(src, dst, p2p.link)) if p2p.link else ()
         self.pp_send[src].put(p2p.duration_s, done, links=links, latency_s=p2p.latency_s)
         return arrival
 
@@ -251,7 +257,7 @@ class _Run:
             self.rows.append(row)
             done.succeed()
 
-        links = self.network.collective_links(rank, seg.link) if seg.link else ()
+        links = self._links(rank, seg.link) if seg.link else ()
         self.dp[rank].put(seg.duration_s, finished, links=links, latency_s=seg.latency_s)
         self.dp_last[rank] = done
 
