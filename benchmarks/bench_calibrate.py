@@ -17,6 +17,7 @@ Run:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import subprocess
 import sys
 import tempfile
@@ -37,9 +38,16 @@ ALL_REDUCE_BYTES = (16 * MIB, 12 * MIB)
 TOLERANCE = 0.25
 
 
+#: Passes over the probes, spread over the run: a VM's cores change speed over seconds (the
+#: 2-core machine this targets alternates between about 80 and 120 GFLOP/s fp32 per core), so
+#: one burst of repetitions measures whichever state the core was in; the median over passes
+#: is the typical speed, which is what the profile records too (median over its passes).
+PASSES = 5
+
+
 def probe_plan(nproc: int) -> Plan:
-    """The fresh measurements: more repetitions than the calibration."""
-    items = [
+    """The fresh measurements: :data:`PASSES` passes over every probe."""
+    probes = [
         Item(
             kind="gemm",
             op="probe",
@@ -50,7 +58,7 @@ def probe_plan(nproc: int) -> Plan:
         )
         for d, m, n, k in GEMMS
     ]
-    items += [
+    probes += [
         Item(
             kind="collective",
             op="all_reduce",
@@ -62,7 +70,8 @@ def probe_plan(nproc: int) -> Plan:
         )
         for size in ALL_REDUCE_BYTES
     ]
-    timing = Timing(warmup=2, min_reps=10, max_reps=30, target_s=0.5, min_rep_s=2e-3, max_call_s=60)
+    items = [dataclasses.replace(p, sweep=i) for i in range(PASSES) for p in probes]
+    timing = Timing(warmup=2, min_reps=5, max_reps=30, target_s=0.2, min_rep_s=2e-3, max_call_s=60)
     return Plan(items=tuple(items), timing=timing, group_sizes=(nproc,), quick=False)
 
 
@@ -97,13 +106,20 @@ def main() -> int:
         profile = load_profile(path)
     plan = probe_plan(args.nproc)
     rows, _ = run_items(plan, backend="gloo", device="cpu", nproc=args.nproc, timeout_s=300)
-    table = aggregate(frame(rows, run_id="probe"))
-    print(f"\nprofile {profile.name}; fresh measurement on {args.nproc} ranks (median)")
-    print(f"{'what':<34} {'measured ms':>12} {'predicted ms':>13} {'error':>8}")
+    raw = frame(rows, run_id="probe")
+    table = aggregate(raw)
+    print(f"\nprofile {profile.name}; fresh measurement on {args.nproc} ranks, {PASSES} passes")
+    print("(per pass: median over ranks for GEMMs, slowest rank for all_reduce; measured: the")
+    print(" median over passes, each pass in [])")
+    print(f"{'what':<30} {'measured ms':>12} {'predicted ms':>13} {'error':>8}  per pass ms")
     worst = 0.0
-    for item in plan.items:
+    for item in (i for i in plan.items if i.sweep == 0):
+        same = (raw["op"] == item.op) & (raw["shape"] == item.shape_text)
+        same &= raw["dtype"] == item.dtype
         match = table[(table["op"] == item.op) & (table["shape"] == item.shape_text)]
         match = match[match["dtype"] == item.dtype]
+        pick = "max" if item.kind == "collective" else "median"
+        passes = raw[same].groupby("sweep")["median_s"].agg(pick)
         measured = float(match["time_s"].iloc[0])
         predicted = predict(profile, item)
         error = predicted / measured - 1
@@ -113,7 +129,10 @@ def main() -> int:
             if item.kind == "gemm"
             else f"all_reduce {item.work / MIB:g} MiB x {item.group_size}"
         )
-        print(f"{what:<34} {measured * 1e3:12.3f} {predicted * 1e3:13.3f} {error:+8.1%}")
+        per_pass = " ".join(f"{t * 1e3:.2f}" for t in passes)
+        print(
+            f"{what:<30} {measured * 1e3:12.3f} {predicted * 1e3:13.3f} {error:+8.1%}  [{per_pass}]"
+        )
     verdict = "within" if worst <= TOLERANCE else "OUTSIDE"
     print(f"\nworst error {worst:.1%}: {verdict} the {TOLERANCE:.0%} target")
     return 0

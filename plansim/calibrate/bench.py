@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from plansim.calibrate.plan import Item, Plan
+from plansim.calibrate.plan import CPU_SHARE_OK, Item, Plan
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -82,7 +82,9 @@ class _Bench:
     def __init__(self, *, rank: int, world: int, device: torch.device, plan: Plan) -> None:
         self.rank, self.world, self.device, self.plan = rank, world, device, plan
         self.groups = {g: dist.new_group(list(range(g))) for g in plan.group_sizes}
-        self.skipped: set[str] = set()
+        #: family -> the smallest work per call found slower than ``max_call_s``: items of the
+        #: family at least that large are skipped (in every pass).
+        self.too_slow: dict[str, float] = {}
 
     # ------------------------------------------------------------------ timing
     def _time(self, fn: Fn, inner: int) -> float:
@@ -111,8 +113,8 @@ class _Bench:
     def measure(self, item: Item) -> list[dict[str, Any]]:
         """Rows for ``item`` (this rank's timing, or rank 0's note of a skip)."""
         timing = self.plan.timing
-        if item.family in self.skipped:  # the same on every rank: no need to agree
-            reason = f"a smaller call of this {item.kind} dtype took over {timing.max_call_s} s"
+        if item.work >= self.too_slow.get(item.family, math.inf):  # the same on every rank
+            reason = f"a call this large of this {item.kind} dtype took over {timing.max_call_s} s"
             return self._note(item, "skipped", reason)
         member = item.kind != "collective" or self.rank < item.group_size
         fn: Fn | None = None
@@ -130,21 +132,51 @@ class _Bench:
         if math.isinf(agreed):
             return self._note(item, "unsupported", note)
         if item.kind in ("gemm", "attention") and agreed > timing.max_call_s:
-            self.skipped.add(item.family)
+            self.too_slow[item.family] = min(item.work, self.too_slow.get(item.family, math.inf))
         if fn is None:
             return []
         inner, reps = timing.repetitions(agreed)
+        if self.device.type != "cpu" or not _busy(item):
+            samples, _ = self._repeat(item, fn, inner, reps)
+            return [self._row(item, samples, inner, math.nan)]
+        samples, share = self._repeat(item, fn, inner, reps)
+        worst = -self._agree_max(-share)  # the least CPU any rank had (same on all ranks)
+        best, attempts = (worst, samples, share), 1
+        while worst < CPU_SHARE_OK and attempts <= timing.retries:
+            time.sleep(0.5 * attempts)  # let the competing work pass
+            samples, share = self._repeat(item, fn, inner, reps)
+            worst = -self._agree_max(-share)
+            attempts += 1
+            if worst > best[0]:
+                best = (worst, samples, share)
+        row = self._row(item, best[1], inner, best[2])
+        if attempts > 1:
+            row["note"] = (
+                f"timed {attempts} times (a rank had < {CPU_SHARE_OK:.0%} of a core); kept "
+                f"the attempt whose least-CPU rank had {best[0]:.0%}"
+            )
+        return [row]
+
+    def _repeat(self, item: Item, fn: Fn, inner: int, reps: int) -> tuple[list[float], float]:
+        """``reps`` timed repetitions and this process's CPU time / wall time over them."""
         samples = []
+        cpu_begin, wall_begin = time.process_time(), time.perf_counter()
         for _ in range(reps):
             self._barrier(item)
             samples.append(self._time(fn, inner))
-        return [self._row(item, samples, inner)]
+        wall = time.perf_counter() - wall_begin
+        return samples, (time.process_time() - cpu_begin) / wall if wall > 0 else math.nan
 
     def _barrier(self, item: Item) -> None:
         if item.kind == "collective":
             dist.barrier(group=self.groups[item.group_size])
 
-    def _row(self, item: Item, samples: list[float], inner: int) -> dict[str, Any]:
+    def _row(
+        self, item: Item, samples: list[float], inner: int, cpu_share: float
+    ) -> dict[str, Any]:
+        """One timing row; ``cpu_share`` is this process's CPU time / wall time while timing
+        (compute on a CPU device: below 1 when the rank waited for a core, i.e. other work
+        competed; not recorded for collectives, which wait in the transport)."""
         return {
             **_item_columns(item),
             "rank": self.rank,
@@ -154,6 +186,7 @@ class _Bench:
             "median_s": statistics.median(samples),
             "min_s": min(samples),
             "max_s": max(samples),
+            "cpu_share": cpu_share,
             "note": "",
         }
 
@@ -171,6 +204,7 @@ class _Bench:
                 "median_s": nan,
                 "min_s": nan,
                 "max_s": nan,
+                "cpu_share": nan,
                 "note": note,
             }
         ]
@@ -194,6 +228,7 @@ class _Bench:
                     "group_size": 1,
                     "work": value,
                     "work_unit": "byte",
+                    "sweep": 0,
                     "rank": self.rank,
                     "status": "ok",
                     "reps": 1,
@@ -201,6 +236,7 @@ class _Bench:
                     "median_s": math.nan,
                     "min_s": math.nan,
                     "max_s": math.nan,
+                    "cpu_share": math.nan,
                     "note": "",
                 }
             )
@@ -326,6 +362,11 @@ class _Bench:
         return sendrecv
 
 
+def _busy(item: Item) -> bool:
+    """Items that keep their core busy all the time (collectives wait in the transport)."""
+    return item.kind != "collective"
+
+
 def _item_columns(item: Item) -> dict[str, Any]:
     return {
         "kind": item.kind,
@@ -335,6 +376,7 @@ def _item_columns(item: Item) -> dict[str, Any]:
         "group_size": item.group_size,
         "work": item.work,
         "work_unit": item.work_unit,
+        "sweep": item.sweep,
     }
 
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from plansim.calibrate.fit import CollectiveFit, fit_collective, fit_efficiency
+from plansim.calibrate.plan import CPU_SHARE_OK
 from plansim.io.profiles import ProfileUpdate
 from plansim.specs.hardware import COLLECTIVES, CollectiveCurve, Curve, HardwareProfile
 
@@ -95,22 +96,42 @@ class RunInfo:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Built:
-    """The update and a short summary (label, value) for the terminal."""
+    """The update, a short summary (label, value) for the terminal, and how many compute
+    timings ran with less than :data:`CPU_SHARE_OK` of a core (``contended`` of ``timed``)."""
 
     update: ProfileUpdate
     summary: tuple[tuple[str, str], ...]
     collective_fits: Mapping[str, CollectiveFit]
+    contended: int = 0
+    timed: int = 0
+
+
+_COMPUTE_KINDS = ("gemm", "attention", "stream", "launch", "adam")
+
+
+def contention(rows: pd.DataFrame) -> tuple[int, int]:
+    """(compute timings with cpu_share < CPU_SHARE_OK, compute timings with a cpu_share)."""
+    compute = rows[rows["kind"].isin(_COMPUTE_KINDS) & (rows["status"] == "ok")]
+    shares = pd.to_numeric(compute["cpu_share"], errors="coerce").dropna()
+    return int((shares < CPU_SHARE_OK).sum()), len(shares)
 
 
 def aggregate(rows: pd.DataFrame) -> pd.DataFrame:
-    """One row per measured item: ``time_s`` over ranks and ``num_ranks`` that timed it."""
+    """One row per measured item: ``time_s`` and ``num_ranks`` that timed it.
+
+    Per pass (``sweep``): the median over ranks for compute, the slowest rank for a
+    collective; then the median over passes.
+    """
     ok = rows[(rows["status"] == "ok") & (rows["kind"] != "memory")]
     keys = ["kind", "op", "dtype", "shape", "group_size", "work", "work_unit"]
-    grouped = ok.groupby(keys, sort=False)["median_s"]
-    table = grouped.agg(["median", "max", "size"]).reset_index()
-    collective = table["kind"] == "collective"
-    table["time_s"] = table["median"].where(~collective, table["max"])
-    return table.rename(columns={"size": "num_ranks"}).drop(columns=["median", "max"])
+    per_pass = ok.groupby([*keys, "sweep"], sort=False)["median_s"].agg(["median", "max", "size"])
+    per_pass = per_pass.reset_index()
+    collective = per_pass["kind"] == "collective"
+    per_pass["time_s"] = per_pass["median"].where(~collective, per_pass["max"])
+    table = per_pass.groupby(keys, sort=False).agg(
+        time_s=("time_s", "median"), num_ranks=("size", "max"), passes=("sweep", "nunique")
+    )
+    return table.reset_index()
 
 
 def build_update(
@@ -123,7 +144,15 @@ def build_update(
 ) -> Built:
     """The profile update from a run's raw rows (all ranks)."""
     table = aggregate(rows)
+    contended, timed = contention(rows)
     parts = _Parts()
+    if timed:
+        parts.compute_note = (
+            f"; {contended} of {timed} compute timings had < {CPU_SHARE_OK:.0%} of a core "
+            "(other work competed)"
+            if contended
+            else f"; every compute timing ({timed}) had >= {CPU_SHARE_OK:.0%} of a core"
+        )
     _compute(parts, table, info, base)
     _memory_bound(parts, table, info)
     _capacity(parts, rows, info)
@@ -142,7 +171,13 @@ def build_update(
         gpus_per_node=info.nproc,
         provenance={**parts.provenance, "gpus_per_node": f"{info.source()}; ranks launched"},
     )
-    return Built(update=update, summary=tuple(parts.summary), collective_fits=fits)
+    return Built(
+        update=update,
+        summary=tuple(parts.summary),
+        collective_fits=fits,
+        contended=contended,
+        timed=timed,
+    )
 
 
 @dataclass
@@ -153,13 +188,14 @@ class _Parts:
     scalars: dict[str, float] = field(default_factory=dict)
     provenance: dict[str, str] = field(default_factory=dict)
     summary: list[tuple[str, str]] = field(default_factory=list)
+    compute_note: str = ""
 
 
 def _compute(
     parts: _Parts, table: pd.DataFrame, info: RunInfo, base: HardwareProfile | None
 ) -> None:
     """Peaks and matmul efficiency per dtype; attention rates go to the summary only."""
-    source = info.source()
+    source = info.source() + parts.compute_note
     for key, gemms in table[table["kind"] == "gemm"].groupby("dtype", sort=True):
         dtype = str(key)
         measured = fit_efficiency(gemms["work"].tolist(), gemms["time_s"].tolist())
@@ -176,7 +212,8 @@ def _compute(
         parts.provenance[f"matmul_efficiency.{dtype}"] = (
             f"{source}; {len(gemms)} GEMMs (transformer QKV, attention-out, MLP up/down, "
             f"logits), {fitted.min_work:.3g}-{fitted.max_work:.3g} FLOPs; median rate per "
-            f"FLOPs octave / peak {peak / 1e12:.4g} TFLOP/s; ranks concurrent"
+            f"FLOPs octave / peak {peak / 1e12:.4g} TFLOP/s; ranks concurrent, median over "
+            f"ranks and {int(gemms['passes'].max())} passes"
         )
         parts.summary.append((f"GEMM {dtype} best", f"{measured.best_per_s / 1e9:.4g} GFLOP/s"))
     attention = table[table["kind"] == "attention"]
@@ -193,7 +230,7 @@ def _compute(
 
 def _memory_bound(parts: _Parts, table: pd.DataFrame, info: RunInfo) -> None:
     """Streaming bandwidth and its efficiency, per-op overhead, and the host-copy rate."""
-    source = info.source()
+    source = info.source() + parts.compute_note
     stream = table[table["kind"] == "stream"]
     if not stream.empty:
         largest = stream[
@@ -285,7 +322,8 @@ def _collectives(
         fits[name] = fit
         parts.collectives[name] = fit.curve
         parts.provenance[f"intra_node.{name}"] = (
-            f"{source}; {info.backend} {name}, time = slowest rank's median; {fit.describe()}"
+            f"{source}; {info.backend} {name}, time = slowest rank's median, median over "
+            f"{int(rows['passes'].max())} passes; {fit.describe()}"
         )
         parts.provenance[f"intra_node.{name}.latency_us"] = (
             f"{source}; alpha of the alpha-beta fit (capped at the smallest time)"

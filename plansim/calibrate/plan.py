@@ -22,6 +22,7 @@ gathered output, the reduce-scatter input, the bytes each rank sends.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from plansim.specs.hardware import COLLECTIVES
@@ -33,6 +34,9 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 #: Bytes a STREAM kernel moves per element of fp32 (reads + writes).
 STREAM_ACCESSES = {"copy": 2, "scale": 2, "add": 3, "triad": 3}
 GEMM_OPS = ("qkv", "attn_out", "mlp_up", "mlp_down", "logits")
+#: A CPU rank whose CPU time is below this share of the wall time while timing compute waited
+#: for a core: other work competed (collectives are exempt: they wait in the transport).
+CPU_SHARE_OK = 0.9
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,6 +54,7 @@ class Item:
         work: per call: FLOPs (gemm, attention), bytes (stream, copy, collective),
             parameters (adam), 1 (launch).
         work_unit: ``flop``, ``byte``, ``param`` or ``call``.
+        sweep: which pass over the GEMMs and collectives (0, 1, ...); see :func:`build_plan`.
     """
 
     kind: str
@@ -59,6 +64,7 @@ class Item:
     group_size: int = 1
     work: float
     work_unit: str
+    sweep: int = 0
 
     @property
     def shape_text(self) -> str:
@@ -69,7 +75,9 @@ class Item:
     def label(self) -> str:
         """What the progress bar shows."""
         group = f" over {self.group_size} ranks" if self.kind == "collective" else ""
-        return f"{self.kind} {self.op} {self.dtype} {self.shape_text}{group}".replace("  ", " ")
+        sweep = f" (pass {self.sweep + 1})" if self.sweep else ""
+        text = f"{self.kind} {self.op} {self.dtype} {self.shape_text}{group}{sweep}"
+        return text.replace("  ", " ")
 
     @property
     def family(self) -> str:
@@ -88,6 +96,9 @@ class Timing:
         min_rep_s: a repetition loops the call until it lasts at least this long (timer
             resolution), then divides.
         max_call_s: compute calls slower than this skip the rest of their family.
+        retries: a CPU compute item is timed again (after a short pause) up to this many times
+            while some rank had less than :data:`CPU_SHARE_OK` of a core; the attempt with the
+            most CPU is kept.
     """
 
     warmup: int
@@ -96,6 +107,7 @@ class Timing:
     target_s: float
     min_rep_s: float
     max_call_s: float
+    retries: int = 0
 
     def repetitions(self, call_s: float) -> tuple[int, int]:
         """(inner calls per repetition, repetitions) for a call of ``call_s`` seconds."""
@@ -115,8 +127,12 @@ class Plan:
     quick: bool
 
 
-QUICK = Timing(warmup=1, min_reps=3, max_reps=9, target_s=0.08, min_rep_s=2e-3, max_call_s=0.12)
-FULL = Timing(warmup=2, min_reps=5, max_reps=50, target_s=0.5, min_rep_s=5e-3, max_call_s=2.0)
+QUICK = Timing(
+    warmup=1, min_reps=3, max_reps=9, target_s=0.08, min_rep_s=2e-3, max_call_s=0.12, retries=1
+)
+FULL = Timing(
+    warmup=2, min_reps=5, max_reps=50, target_s=0.5, min_rep_s=5e-3, max_call_s=2.0, retries=3
+)
 
 
 def gemm_shapes(tokens: int, hidden: int) -> dict[str, tuple[int, int, int]]:
@@ -241,7 +257,12 @@ def group_sizes_for(nproc: int, *, quick: bool) -> tuple[int, ...]:
 
 
 def build_plan(*, nproc: int, device: str, quick: bool, fp8: bool = False) -> Plan:
-    """The items for ``nproc`` ranks on ``device`` (``cpu`` or ``cuda``)."""
+    """The items for ``nproc`` ranks on ``device`` (``cpu`` or ``cuda``).
+
+    GEMMs and collectives are measured in ``passes`` sweeps (3 with ``quick``, else 5) spread
+    over the run, so that a machine whose speed drifts (a VM's host, clocks) is sampled at
+    several times; the profile takes the median over passes.
+    """
     groups = group_sizes_for(nproc, quick=quick)
     dtypes = GEMM_DTYPES + (("fp8",) if fp8 else ())
     gpu = device == "cuda"
@@ -251,25 +272,29 @@ def build_plan(*, nproc: int, device: str, quick: bool, fp8: bool = False) -> Pl
         configs = ((64, 64), (128, 128), (256, 256), (512, 512), (1024, 1024))
         if gpu:
             configs = ((512, 512), (2048, 2048), (4096, 4096), (8192, 8192))
-        items = _gemm_items(dtypes, configs)
-        items += _attention_items(("fp32", "bf16"), (256, 1024), heads=4)
-        items += _memory_items(("copy", "add"), (1 << 24,), (1 << 20,))
+        others = _attention_items(("fp32", "bf16"), (256, 1024), heads=4)
+        others += _memory_items(("copy", "add"), (1 << 24,), (1 << 20,))
         messages = (64, 1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22, 1 << 23, 1 << 24, 1 << 25)
     else:
         configs = ((64, 64), (128, 128), (256, 256), (512, 512), (1024, 1024), (2048, 2048))
         if gpu:
             configs = ((256, 256), (1024, 1024), (2048, 2048), (4096, 4096), (8192, 8192))
             configs += ((16384, 8192),)
-        items = _gemm_items(dtypes, configs)
-        items += _attention_items(dtypes, (256, 512, 1024, 2048), heads=8)
-        items += _memory_items(
+        others = _attention_items(dtypes, (256, 512, 1024, 2048), heads=8)
+        others += _memory_items(
             tuple(STREAM_ACCESSES), (1 << 22, 1 << 24, 1 << 26), (1 << 20, 1 << 23)
         )
         messages = tuple(1 << e for e in range(6, 28, 1))
     if gpu:
-        items += _copy_items(tuple(1 << e for e in (20, 24, 28, 30)))
+        others += _copy_items(tuple(1 << e for e in (20, 24, 28, 30)))
         messages = messages + ((1 << 28, 1 << 30) if not quick else ())
-    items += _collective_items(groups, messages)
+    gemms, collectives = _gemm_items(dtypes, configs), _collective_items(groups, messages)
+    passes = 3 if quick else 5
+    items: list[Item] = []
+    for index in range(passes):
+        items += [dataclasses.replace(i, sweep=index) for i in gemms]
+        items += others if index == 0 else []
+        items += [dataclasses.replace(i, sweep=index) for i in collectives]
     return Plan(
         items=tuple(items), timing=QUICK if quick else FULL, group_sizes=groups, quick=quick
     )

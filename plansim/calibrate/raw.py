@@ -8,11 +8,15 @@ run_id          calibration run (UTC time stamp ``YYYYmmddTHHMMSS.mmmZ``)
 kind, op        what ran (``gemm``/``mlp_up``, ``collective``/``all_reduce``, ``memory``/...)
 dtype, shape    element type; ``m x n x k``, ``b x h x s x d``, elements, bytes, ...
 group_size      ranks taking part (collectives), else 1
+sweep           pass over the GEMMs and collectives (0, 1, ...; other items: 0)
 rank            the rank that timed it
 status          ``ok``, ``skipped`` or ``unsupported`` (with ``note``)
 reps, inner     timed repetitions, calls per repetition
 work, work_unit FLOPs / bytes / parameters / calls per call; bytes for ``memory`` rows
 median_s ...    seconds per call: median, min, max over the repetitions
+cpu_share       compute on a CPU device: the rank's CPU time / wall time while timing
+                (below 1: it waited for a core, other work competed); empty for
+                collectives (they wait in the transport) and on GPUs
 ==============  ==============================================================================
 """
 
@@ -35,6 +39,7 @@ COLUMNS = (
     "dtype",
     "shape",
     "group_size",
+    "sweep",
     "rank",
     "status",
     "reps",
@@ -44,8 +49,11 @@ COLUMNS = (
     "median_s",
     "min_s",
     "max_s",
+    "cpu_share",
     "note",
 )
+#: Columns a file may lack (written by an earlier version): filled with NaN on reading.
+_OPTIONAL = {"cpu_share": float("nan"), "sweep": 0}
 _TEXT = ("run_id", "kind", "op", "dtype", "shape", "status", "work_unit", "note")
 
 
@@ -59,6 +67,9 @@ def frame(rows: Iterable[dict[str, object]], *, run_id: str) -> pd.DataFrame:
     """Rows (dicts with the columns other than run_id) as a table in column order."""
     table = pd.DataFrame.from_records(list(rows))
     table.insert(0, "run_id", run_id)
+    for column, default in _OPTIONAL.items():
+        if column not in table.columns:
+            table[column] = default
     missing = [c for c in COLUMNS if c not in table.columns]
     if missing:
         raise ValueError(f"raw measurements lack columns: {', '.join(missing)}")
@@ -78,10 +89,13 @@ def read_raw(path: str | Path) -> pd.DataFrame:
         table = pd.read_csv(target, dtype={c: str for c in _TEXT}, keep_default_na=False)
     except (OSError, ValueError, pd.errors.ParserError) as exc:
         raise InputFileError(f"{target.name}: cannot read raw measurements: {exc}") from None
+    for column, default in _OPTIONAL.items():
+        if column not in table.columns:
+            table[column] = default
     missing = [c for c in COLUMNS if c not in table.columns]
     if missing:
         raise InputFileError(f"{target.name}: not a raw-measurement CSV (lacks {missing})")
-    for column in ("median_s", "min_s", "max_s", "work"):
+    for column in ("median_s", "min_s", "max_s", "work", "cpu_share"):
         table[column] = pd.to_numeric(table[column].replace("", "nan"), errors="coerce")
     return table.loc[:, list(COLUMNS)]
 

@@ -139,6 +139,12 @@ def run(args: argparse.Namespace) -> int:
             "after): other work competed for the CPUs and the timings include that",
             file=sys.stderr,
         )
+    if result.built.contended:
+        print(
+            f"note: {result.built.contended} of {result.built.timed} compute timings had less "
+            "than 90% of a core (other work competed); the profile's provenance says so",
+            file=sys.stderr,
+        )
     width = max(len(label) for label, _ in result.built.summary)
     for label, value in result.built.summary:
         print(f"  {label:<{width}}  {value}", file=report)

@@ -102,9 +102,9 @@ def summary_row(profile: HardwareProfile) -> dict[str, Any]:
         "hbm_gib": round(bytes_to_gib(profile.hbm_capacity_bytes), 1),
         "usable_gib": round(bytes_to_gib(profile.usable_memory_bytes), 1),
         "bf16_tflops": _sig(flops_per_s_to_tflops(profile.peak_flops_per_s.get("bf16", 0.0))),
-        "hbm_tb_per_s": round(bytes_per_s_to_gb_per_s(profile.hbm_bytes_per_s) / 1000, 3),
+        "hbm_tb_per_s": _sig(bytes_per_s_to_gb_per_s(profile.hbm_bytes_per_s) / 1000),
         "gpus_per_node": profile.gpus_per_node,
-        "nic_gb_per_s": round(bytes_per_s_to_gb_per_s(profile.nic_bytes_per_s), 2),
+        "nic_gb_per_s": _sig(bytes_per_s_to_gb_per_s(profile.nic_bytes_per_s)),
         "description": profile.description,
     }
 
@@ -117,7 +117,9 @@ def run_list(args: argparse.Namespace) -> int:
         return 0
     table = pd.DataFrame(rows)
     width = int(table["description"].str.len().max())
-    print(table.to_string(index=False, formatters={"description": f"{{:<{width}}}".format}))
+    formatters = {"description": f"{{:<{width}}}".format}
+    formatters |= {k: "{:g}".format for k in ("bf16_tflops", "hbm_tb_per_s", "nic_gb_per_s")}
+    print(table.to_string(index=False, formatters=formatters))
     return 0
 
 

@@ -182,6 +182,20 @@ def test_cpu_mapping_gives_every_profile_field_with_provenance() -> None:
     assert "attention sdpa_fwd fp32 best" in labels and "host Adam step 1048576 params" in labels
 
 
+def test_compute_timings_without_a_whole_core_are_counted_and_cited() -> None:
+    rows = synthetic_rows()
+    gemms = [r for r in rows if r["kind"] == "gemm" and r["status"] == "ok"]
+    for i, row in enumerate(gemms):
+        row["cpu_share"] = 0.5 if i < 3 else 0.99
+    built, profile = _built_profile(rows)
+    assert (built.contended, built.timed) == (3, len(gemms))
+    assert (
+        f"3 of {len(gemms)} compute timings had < 90% of a core"
+        in (profile.provenance["matmul_efficiency.fp32"])
+    )
+    assert "compute timings" not in profile.provenance["intra_node.all_reduce"]
+
+
 def test_datasheet_peak_of_the_base_is_kept_and_fractions_follow_it() -> None:
     base = load_profile("h100-sxm5-80gb")
     table = frame(synthetic_rows(dtypes=("bf16",), collectives=()), run_id="r")

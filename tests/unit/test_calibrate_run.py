@@ -108,3 +108,10 @@ def test_calibrate_quick_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert set(comm["rank"]) == {0, 1} and set(comm["op"]) == set(COLLECTIVES)
     assert (comm["median_s"] > 0).all()
     assert 16 * 2**20 in set(comm["work"])
+    # every pass times GEMMs: a size over the time limit skips only the larger ones, in each pass
+    gemm = raw[(raw["kind"] == "gemm") & (raw["status"] == "ok")]
+    assert set(gemm["sweep"]) == {0, 1, 2}
+    for (_, dtype), timed in gemm.groupby(["sweep", "dtype"]):
+        skipped = raw[(raw["kind"] == "gemm") & (raw["status"] == "skipped")]
+        skipped = skipped[skipped["dtype"] == dtype]
+        assert skipped.empty or skipped["work"].min() >= timed["work"].max()

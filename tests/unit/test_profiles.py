@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -37,6 +38,9 @@ SHIPPED = (
     "h100-sxm5-80gb",
     "h200-sxm-141gb",
 )
+#: Profiles measured by ``plansim calibrate`` on a machine of CI's kind (raw CSV beside them).
+MEASURED = ("cpu-2core-gloo",)
+EVERY = tuple(sorted(SHIPPED + MEASURED))
 
 #: Measured MAMF (max achievable matmul TFLOP/s), hardware.csv / H04; H200 bf16 = H100's.
 MAMF_TFLOPS = {
@@ -69,8 +73,28 @@ def _write_yaml(path: Path, data: object) -> Path:
 
 
 # --------------------------------------------------------------------------- shipped data
-def test_list_profiles_is_the_six_shipped_files() -> None:
-    assert list_profiles() == list(SHIPPED)
+def test_list_profiles_is_the_datasheet_and_the_measured_files() -> None:
+    assert list_profiles() == list(EVERY)
+
+
+@pytest.mark.parametrize("name", MEASURED)
+def test_measured_profile_has_its_raw_measurements(name: str) -> None:
+    """Every number of a calibrated profile is measured, and the raw CSV it names is beside it
+    with the run the provenance cites."""
+    profile = load_profile(name)
+    assert set(profile.intra_node) == set(COLLECTIVES)
+    assert {"fp32", "bf16"} <= set(profile.dtypes())
+    assert all(text.startswith("measured: ") for text in profile.provenance.values())
+    raw = io_profiles.profiles_dir() / f"{name}.raw.csv"
+    runs = set(pd.read_csv(raw)["run_id"])
+    cited = {t.split(" run ")[1].split(";")[0] for t in profile.provenance.values()}
+    assert cited <= runs and cited
+
+
+@pytest.mark.parametrize("name", MEASURED)
+def test_measured_profile_round_trips(name: str) -> None:
+    data = _raw(name)
+    assert profile_to_dict(profile_from_dict(data, source=name)) == data
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -306,7 +330,7 @@ def test_missing_file_is_an_input_error(tmp_path: Path) -> None:
 def test_unknown_name_lists_the_known_ones() -> None:
     with pytest.raises(UnknownNameError) as info:
         load_profile("h300-sxm")
-    assert info.value.known == list(SHIPPED)
+    assert info.value.known == list(EVERY)
     assert "unknown hardware profile 'h300-sxm'" in str(info.value)
 
 
@@ -324,9 +348,9 @@ def test_cli_list_prints_one_row_per_profile(capsys: pytest.CaptureFixture[str])
     assert main(["profiles", "list"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:3] == ["name", "hbm_gib", "usable_gib"]
-    assert [line.split()[0] for line in lines[1:]] == list(SHIPPED)
+    assert [line.split()[0] for line in lines[1:]] == list(EVERY)
     a100 = next(line for line in lines if line.startswith("a100-sxm4-80gb"))
-    assert a100.split()[1:8] == ["80.0", "73.3", "312.0", "2.039", "8", "23.5", "NVIDIA"]
+    assert a100.split()[1:8] == ["80.0", "73.3", "312", "2.039", "8", "23.5", "NVIDIA"]
 
 
 def test_cli_show_prints_numbers_with_provenance(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,222 @@
+"""Profile YAML (a parsed mapping) -> :class:`HardwareProfile`, with one clear error per problem.
+
+Every problem is an :class:`InputFileError` naming the source and the key path
+(``hardware_profiles/x.yaml: intra_node.all_reduce.busbw_gb_per_s: expected a list of
+numbers, got 'abc'``); there are no silent defaults for required keys. Numbers are converted
+from the edge units in the key names to SI (``plansim.io.profile_schema``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from plansim.errors import InputFileError, SpecError
+from plansim.io.profile_schema import (
+    COLLECTIVE_KEYS,
+    MATMUL_KEYS,
+    SCALARS,
+    SCHEMA_VERSION,
+    TOP,
+    TOP_LEVEL_KEYS,
+)
+from plansim.specs.hardware import COLLECTIVES, CollectiveCurve, Curve, HardwareProfile
+from plansim.units import gb_per_s_to_bytes_per_s, tflops_to_flops_per_s, us_to_s
+
+
+# --------------------------------------------------------------------------- field access
+@dataclass(frozen=True)
+class _Ctx:
+    """Where a value came from, for error messages: ``<source>: <key path>: <problem>``."""
+
+    source: str
+
+    def error(self, path: str, problem: str) -> InputFileError:
+        return InputFileError(f"{self.source}: {path}: {problem}")
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _join(path: str, key: str) -> str:
+    return key if path == TOP else f"{path}.{key}"
+
+
+def _mapping(ctx: _Ctx, value: object, path: str) -> Mapping[str, object]:
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise ctx.error(path, f"expected a mapping with text keys, got {_show(value)}")
+    return value
+
+
+def _require(ctx: _Ctx, mapping: Mapping[str, object], path: str, allowed: Sequence[str]) -> None:
+    """Raise for any missing or unknown key of ``mapping`` (whose own path is ``path``)."""
+    unknown = [k for k in mapping if k not in allowed]
+    if unknown:
+        raise ctx.error(
+            path, f"unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(allowed)}"
+        )
+    for key in allowed:
+        if key not in mapping:
+            raise ctx.error(_join(path, key), "missing required key")
+
+
+def _number(ctx: _Ctx, value: object, path: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ctx.error(path, f"expected a number, got {_show(value)}")
+    return float(value)
+
+
+def _integer(ctx: _Ctx, value: object, path: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ctx.error(path, f"expected an integer, got {_show(value)}")
+    return value
+
+
+def _text(ctx: _Ctx, value: object, path: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ctx.error(path, f"expected non-empty text, got {_show(value)}")
+    return value
+
+
+def _numbers(ctx: _Ctx, value: object, path: str) -> tuple[float, ...]:
+    if not isinstance(value, list) or not value:
+        raise ctx.error(path, f"expected a list of numbers, got {_show(value)}")
+    for i, item in enumerate(value):
+        if isinstance(item, bool) or not isinstance(item, (int, float)):
+            raise ctx.error(path, f"expected a list of numbers, element {i} is {_show(item)}")
+    return tuple(float(v) for v in value)
+
+
+def _curve(ctx: _Ctx, x: tuple[float, ...], y: tuple[float, ...], path: str, source: str) -> Curve:
+    if len(x) != len(y):
+        raise ctx.error(path, f"the two lists have different lengths ({len(x)} and {len(y)})")
+    try:
+        return Curve(x=x, y=y, source=source)
+    except SpecError as exc:
+        raise ctx.error(path, str(exc)) from None
+
+
+# --------------------------------------------------------------------------- reading
+def profile_from_dict(data: object, *, source: str) -> HardwareProfile:
+    """Build a validated profile from parsed YAML (edge units) and convert to SI.
+
+    Args:
+        data: the document as ``yaml.safe_load`` returns it.
+        source: how to name the origin in error messages (a file path).
+
+    Raises:
+        InputFileError: a key is missing, unknown or ill-typed, a number lacks provenance,
+            or the dataclass validation fails (its message is prefixed with ``source``).
+    """
+    ctx = _Ctx(source)
+    top = _mapping(ctx, data, TOP)
+    _require(ctx, top, TOP, TOP_LEVEL_KEYS)
+    version = _integer(ctx, top["schema_version"], "schema_version")
+    if version != SCHEMA_VERSION:
+        raise ctx.error("schema_version", f"{version} is not supported; this plansim reads 1")
+    provenance = _read_provenance(ctx, top)
+    peaks = _read_peaks(ctx, top)
+    scalars = {s.field: s.to_si(_number(ctx, top[s.key], s.key)) for s in SCALARS}
+    try:
+        return HardwareProfile(
+            name=_text(ctx, top["name"], "name"),
+            description=_text(ctx, top["description"], "description"),
+            peak_flops_per_s=peaks,
+            matmul_efficiency=_read_matmul(ctx, top, provenance),
+            gpus_per_node=_integer(ctx, top["gpus_per_node"], "gpus_per_node"),
+            intra_node=_read_intra_node(ctx, top, provenance),
+            provenance=provenance,
+            **scalars,
+        )
+    except SpecError as exc:
+        raise InputFileError(f"{source}: {exc}") from None
+
+
+def _read_peaks(ctx: _Ctx, top: Mapping[str, object]) -> dict[str, float]:
+    """``peak_tflops: {dtype: TFLOP/s}`` -> FLOP/s by dtype."""
+    peaks = _mapping(ctx, top["peak_tflops"], "peak_tflops")
+    if not peaks:
+        raise ctx.error("peak_tflops", "expected at least one dtype")
+    return {
+        dtype: tflops_to_flops_per_s(_number(ctx, value, f"peak_tflops.{dtype}"))
+        for dtype, value in peaks.items()
+    }
+
+
+def _read_matmul(
+    ctx: _Ctx, top: Mapping[str, object], provenance: Mapping[str, str]
+) -> dict[str, Curve]:
+    """``matmul_efficiency.<dtype>: {gemm_flops, fraction_of_peak}`` -> Curve per dtype."""
+    section = _mapping(ctx, top["matmul_efficiency"], "matmul_efficiency")
+    curves: dict[str, Curve] = {}
+    for dtype, raw in section.items():
+        path = f"matmul_efficiency.{dtype}"
+        entry = _mapping(ctx, raw, path)
+        _require(ctx, entry, path, MATMUL_KEYS)
+        flops = _numbers(ctx, entry["gemm_flops"], f"{path}.gemm_flops")
+        fraction = _numbers(ctx, entry["fraction_of_peak"], f"{path}.fraction_of_peak")
+        if any(not 0 < f <= 1 for f in fraction):
+            raise ctx.error(f"{path}.fraction_of_peak", f"values must be in (0, 1], got {fraction}")
+        curves[dtype] = _curve(ctx, flops, fraction, path, provenance[path])
+    return curves
+
+
+def _read_intra_node(
+    ctx: _Ctx, top: Mapping[str, object], provenance: Mapping[str, str]
+) -> dict[str, CollectiveCurve]:
+    """``intra_node.<collective>: {latency_us, message_bytes, busbw_gb_per_s}`` -> SI curves."""
+    section = _mapping(ctx, top["intra_node"], "intra_node")
+    _require(ctx, section, "intra_node", COLLECTIVES)
+    curves: dict[str, CollectiveCurve] = {}
+    for name in COLLECTIVES:
+        path = f"intra_node.{name}"
+        entry = _mapping(ctx, section[name], path)
+        _require(ctx, entry, path, COLLECTIVE_KEYS)
+        latency_us = _number(ctx, entry["latency_us"], f"{path}.latency_us")
+        sizes = _numbers(ctx, entry["message_bytes"], f"{path}.message_bytes")
+        busbw = _numbers(ctx, entry["busbw_gb_per_s"], f"{path}.busbw_gb_per_s")
+        curve = _curve(
+            ctx, sizes, tuple(gb_per_s_to_bytes_per_s(b) for b in busbw), path, provenance[path]
+        )
+        try:
+            curves[name] = CollectiveCurve(
+                collective=name,
+                latency_s=us_to_s(latency_us),
+                busbw_bytes_per_s=curve,
+                source=provenance[path],
+            )
+        except SpecError as exc:
+            raise ctx.error(path, str(exc)) from None
+    return curves
+
+
+def _number_keys(top: Mapping[str, object]) -> set[str]:
+    """Dotted keys that need a provenance entry (one per number or curve in the file)."""
+    keys = {s.key for s in SCALARS} | {"gpus_per_node"}
+    peaks, matmul = top["peak_tflops"], top["matmul_efficiency"]
+    if isinstance(peaks, Mapping):
+        keys |= {f"peak_tflops.{d}" for d in peaks}
+    if isinstance(matmul, Mapping):
+        keys |= {f"matmul_efficiency.{d}" for d in matmul}
+    for name in COLLECTIVES:
+        keys |= {f"intra_node.{name}", f"intra_node.{name}.latency_us"}
+    return keys
+
+
+def _read_provenance(ctx: _Ctx, top: Mapping[str, object]) -> dict[str, str]:
+    """``provenance: {dotted key: source}``; every number needs one, no stray entries."""
+    raw = _mapping(ctx, top["provenance"], "provenance")
+    provenance = {k: _text(ctx, v, f"provenance.{k}") for k, v in raw.items()}
+    needed = _number_keys(top)
+    missing = sorted(needed - provenance.keys())
+    if missing:
+        raise ctx.error("provenance", f"no source given for: {', '.join(missing)}")
+    stray = sorted(provenance.keys() - needed)
+    if stray:
+        raise ctx.error(
+            "provenance", f"entries for keys the file does not have: {', '.join(stray)}"
+        )
+    return provenance

@@ -1,0 +1,86 @@
+"""Keys, units and version of the hardware-profile YAML schema (read by ``profile_parse``,
+written by ``profiles``); the schema itself is documented in ``hardware_profiles/README.md``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from plansim.units import (
+    GB,
+    bytes_per_s_to_gb_per_s,
+    bytes_to_gib,
+    gb_per_s_to_bytes_per_s,
+    gib_to_bytes,
+    s_to_us,
+    us_to_s,
+)
+
+#: The schema version this module reads and writes.
+SCHEMA_VERSION = 1
+
+TOP = "(top level)"
+
+
+def _bytes_to_gb(num_bytes: float) -> float:
+    """Bytes -> GB (1e9 bytes, datasheet capacity), via the constant in ``plansim.units``."""
+    return num_bytes / GB
+
+
+def _identity(value: float) -> float:
+    return value
+
+
+@dataclass(frozen=True)
+class _Scalar:
+    """One top-level number: YAML key (edge unit) <-> HardwareProfile field (SI)."""
+
+    key: str
+    field: str
+    to_si: Callable[[float], float]
+    from_si: Callable[[float], float]
+
+
+SCALARS = (
+    _Scalar("kernel_launch_us", "kernel_launch_s", us_to_s, s_to_us),
+    _Scalar("hbm_capacity_gib", "hbm_capacity_bytes", gib_to_bytes, bytes_to_gib),
+    _Scalar(
+        "hbm_bandwidth_gb_per_s",
+        "hbm_bytes_per_s",
+        gb_per_s_to_bytes_per_s,
+        bytes_per_s_to_gb_per_s,
+    ),
+    _Scalar("hbm_efficiency_fraction", "hbm_efficiency_fraction", _identity, _identity),
+    _Scalar("memory_reserve_gib", "memory_reserve_bytes", gib_to_bytes, bytes_to_gib),
+    _Scalar("nic_gb_per_s", "nic_bytes_per_s", gb_per_s_to_bytes_per_s, bytes_per_s_to_gb_per_s),
+    _Scalar("nic_latency_us", "nic_latency_s", us_to_s, s_to_us),
+    _Scalar("pcie_gb_per_s", "pcie_bytes_per_s", gb_per_s_to_bytes_per_s, bytes_per_s_to_gb_per_s),
+)
+
+#: Top-level keys in file order.
+TOP_LEVEL_KEYS = (
+    "schema_version",
+    "name",
+    "description",
+    "peak_tflops",
+    "matmul_efficiency",
+    "kernel_launch_us",
+    "hbm_capacity_gib",
+    "hbm_bandwidth_gb_per_s",
+    "hbm_efficiency_fraction",
+    "memory_reserve_gib",
+    "gpus_per_node",
+    "intra_node",
+    "nic_gb_per_s",
+    "nic_latency_us",
+    "pcie_gb_per_s",
+    "provenance",
+)
+MATMUL_KEYS = ("gemm_flops", "fraction_of_peak")
+COLLECTIVE_KEYS = ("latency_us", "message_bytes", "busbw_gb_per_s")
+
+HEADER = (
+    "# plansim hardware profile (schema_version 1), written by plansim.io.profiles.\n"
+    "# Units are in the key names; every number's source is under `provenance`;\n"
+    "# schema and provenance rules: hardware_profiles/README.md.\n"
+)
