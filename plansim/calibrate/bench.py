@@ -14,10 +14,7 @@ import datetime
 import json
 import math
 import os
-import platform
-import shutil
 import statistics
-import subprocess
 import time
 import warnings
 from collections.abc import Callable
@@ -28,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from plansim.calibrate.environment import environment, rss_bytes
 from plansim.calibrate.plan import CPU_SHARE_OK, Item, Plan
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -217,7 +215,7 @@ class _Bench:
             free, total = torch.cuda.mem_get_info(self.device)
             values = {"device_total": float(total), "device_used_after_init": float(total - free)}
         else:
-            values = {"rss_after_init": float(_rss_bytes())}
+            values = {"rss_after_init": float(rss_bytes())}
         for op, value in values.items():
             rows.append(
                 {
@@ -378,63 +376,3 @@ def _item_columns(item: Item) -> dict[str, Any]:
         "work_unit": item.work_unit,
         "sweep": item.sweep,
     }
-
-
-def _rss_bytes() -> int:
-    """Resident set size of this process (Linux /proc; else the peak from getrusage)."""
-    try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-        return pages * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        import resource
-
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return int(peak * (1 if platform.system() == "Darwin" else 1024))
-
-
-def cpu_name() -> str:
-    """The CPU model (``/proc/cpuinfo`` ``model name``; else the platform's)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _driver_version() -> str:
-    """NVIDIA driver version from nvidia-smi, or '' when unavailable."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return ""
-    try:
-        done = subprocess.run(
-            [smi, "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return done.stdout.strip().splitlines()[0] if done.stdout.strip() else ""
-
-
-def environment(device: torch.device) -> dict[str, str]:
-    """Versions and device names for provenance (no paths)."""
-    env = {
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "os": f"{platform.system()} {platform.release()}",
-        "cpu": cpu_name(),
-        "cpu_count": str(os.cpu_count() or 0),
-    }
-    if device.type == "cuda":
-        env["device_name"] = torch.cuda.get_device_name(device)
-        env["cuda"] = str(torch.version.cuda)
-        env["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
-        env["driver"] = _driver_version()
-    else:
-        env["device_name"] = env["cpu"]
-    return env
