@@ -1,46 +1,94 @@
-"""Planner speed: wall time and plans per second of the GPT-3 175B / 1024 A100 search.
+"""Planner speed: the exact (pruned) search against the exhaustive one, GPT-3 175B / 1024 A100.
 
-Prints figures only (no target yet; the planner-speed issue sets one). Run:
-    .venv/bin/python benchmarks/bench_planner.py [--simulate-top N]
+One run prints, for the full search space (TP, PP, VPP, DP, mbs, ZeRO 0-3, recompute, SP,
+every schedule) at global batch 1536: candidates, feasible plans, plans simulated and wall
+time of the branch-and-bound search (``plansim.planner.search``, target <= 10 s on a
+2-core machine), then the same for the exhaustive search (every feasible plan simulated),
+and whether both return the same top 10 (plans and step times). Run:
+    .venv/bin/python benchmarks/bench_planner.py [--jobs N] [--top K] [--skip-exhaustive]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import resource
+import sys
 import time
 
 from plansim.catalog import resolve_model
 from plansim.io.profiles import load_profile
 from plansim.planner.enumerate import SearchSpace
-from plansim.planner.search import search
+from plansim.planner.parallel import default_jobs
+from plansim.planner.progress import progress_bar
+from plansim.planner.search import SearchResult, search
+
+
+def cpu_s() -> float:
+    """CPU seconds of this process and its finished workers (load-independent figure)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def timed_search(*, exhaustive: bool, jobs: int, top: int) -> tuple[SearchResult, float, float]:
+    start = time.perf_counter()
+    cpu = cpu_s()
+    result = search(
+        resolve_model("gpt3-175b"),
+        load_profile("a100-sxm4-80gb"),
+        num_gpus=1024,
+        global_batch_size=1536,
+        space=SearchSpace(),
+        top_k=top,
+        exhaustive=exhaustive,
+        jobs=jobs,
+        progress=progress_bar(forced=False),
+    )
+    return result, time.perf_counter() - start, cpu_s() - cpu
+
+
+def describe(name: str, result: SearchResult, wall_s: float, cpu: float) -> None:
+    best = result.ranked[0]
+    print(f"{name}:")
+    print(f"  candidates          {result.num_candidates}")
+    print(f"  feasible            {result.num_feasible}")
+    print(f"  simulated           {result.num_simulated}")
+    print(f"  wall time           {wall_s:.2f} s")
+    print(
+        f"  cpu time            {cpu:.2f} s (all processes; load average {os.getloadavg()[0]:.1f})"
+    )
+    print(f"  best                {best.plan.label()}  {best.step_time_s:.4f} s/step")
+    sys.stdout.flush()
+
+
+def top(result: SearchResult, k: int) -> list[tuple[str, float]]:
+    return [(ev.plan.label(), ev.step_time_s) for ev in result.ranked[:k]]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--simulate-top", type=int, default=64)
+    parser.add_argument("--jobs", type=int, default=default_jobs())
+    parser.add_argument("--top", type=int, default=10)
+    parser.add_argument("--skip-exhaustive", action="store_true")
     args = parser.parse_args()
-    model = resolve_model("gpt3-175b")
-    profile = load_profile("a100-sxm4-80gb")
-    start = time.perf_counter()
-    result = search(
-        model,
-        profile,
-        num_gpus=1024,
-        global_batch_size=1536,
-        space=SearchSpace(),
-        simulate_top=args.simulate_top,
-    )
-    wall_s = time.perf_counter() - start
-    events = sum(ev.result.num_events for ev in result.ranked)
-    best = result.ranked[0]
-    print("search: gpt3-175b on 1024 x a100-sxm4-80gb, gbs 1536")
-    print(f"  candidates          {result.num_candidates}")
-    print(f"  feasible            {result.num_feasible}")
-    print(f"  simulated (events)  {len(result.ranked)} ({events} events)")
-    print(f"  wall time           {wall_s:.2f} s")
-    print(f"  plans per second    {result.num_candidates / wall_s:.0f} (candidates checked)")
-    print(f"  simulations per s   {len(result.ranked) / wall_s:.1f}")
-    print(f"  best                {best.plan.label()}  {best.step_time_s:.2f} s/step")
+    print(f"gpt3-175b on 1024 x a100-sxm4-80gb, gbs 1536, full space, jobs {args.jobs}")
+    pruned, pruned_s, pruned_cpu = timed_search(exhaustive=False, jobs=args.jobs, top=args.top)
+    describe("pruned (branch and bound, exact top K)", pruned, pruned_s, pruned_cpu)
+    print(f"  target              <= 10 s: {'met' if pruned_s <= 10 else 'NOT met'}")
+    if args.skip_exhaustive:
+        return
+    full, full_s, full_cpu = timed_search(exhaustive=True, jobs=args.jobs, top=args.top)
+    describe("exhaustive (every feasible plan simulated)", full, full_s, full_cpu)
+    same = top(pruned, args.top) == top(full, args.top)
+    print(f"top {args.top} identical: {same}  (speed-up {full_s / pruned_s:.0f}x)")
+    for (label, step_s), (other, other_s) in zip(
+        top(pruned, args.top), top(full, args.top), strict=True
+    ):
+        mark = "" if (label, step_s) == (other, other_s) else f"   != {other} {other_s:.6f}"
+        print(f"  {step_s:.6f}  {label}{mark}")
+    if not same:
+        raise SystemExit("pruned and exhaustive top K differ")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from plansim.errors import PlansimError
 
 #: Subcommand modules, in the order ``plansim --help`` lists them.
-COMMANDS = ("plan", "simulate", "backtest", "calibrate", "models", "profiles")
+COMMANDS = ("plan", "sweep", "simulate", "backtest", "calibrate", "validate", "models", "profiles")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -36,7 +36,9 @@ Pure. Each piece prices a mechanism with the profile's curves:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from plansim.analytic.comm import collective_time_s, p2p_time_s
 from plansim.analytic.elementwise import adam_step_bytes
@@ -54,6 +56,8 @@ from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan
 from plansim.specs.work import P2P, GradBucket, PipelineWork, RankWork, Segment, StageWork
+
+T = TypeVar("T")
 
 
 def _segments(*parts: tuple[str, str, float, float]) -> tuple[Segment, ...]:
@@ -196,17 +200,78 @@ def _rank_work(
     )
 
 
+#: Plan fields the work does not depend on: the schedule only orders the actions, and
+#: overlap_p2p_comm only sets ``PipelineWork.blocking_p2p``.
+_NOT_IN_WORK = ("schedule", "overlap_p2p_comm")
+_WORK_FIELDS = tuple(f for f in ParallelPlan.__dataclass_fields__ if f not in _NOT_IN_WORK)
+#: Plan fields of the per-layer and edge pass times (``layer_cost``; groups tp and cp
+#: follow from tp, cp and the profile).
+_PASS_FIELDS = (
+    "micro_batch_size", "tp", "cp", "attention", "precision", "recompute",
+    "sequence_parallel", "gradient_accumulation_fusion",
+)  # fmt: skip
+#: Plan fields of one stage's gradient buckets (``grad_buckets``), besides first/last.
+_BUCKET_FIELDS = ("tp", "cp", "dp", "pp", "vpp", "zero_stage", "precision")
+
+Memo = dict[tuple[object, ...], object]
+
+
 def build_pipeline_work(
-    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
+    model: ModelSpec,
+    plan: ParallelPlan,
+    profile: HardwareProfile,
+    *,
+    memo: Memo | None = None,
+    links: bool = True,
 ) -> PipelineWork:
     """The work of one representative pipeline replica (one DP rank, TP folded in).
+
+    Args:
+        memo: optional cache for a search (one model and one profile only): plans that
+            differ only in schedule or P2P overlap share one costing, and the per-layer
+            pass times and gradient buckets are costed once per distinct input. Results
+            are identical with or without it.
+        links: tag transfers with their links and latencies (:func:`_with_links`). False
+            gives the same durations untagged (and no ``rank_nodes``): enough for
+            analytic bounds, cheaper, but not for the engine's link sharing.
 
     Raises:
         SpecError: the profile lacks the plan's precision, or the plan does not split the model.
     """
+    if memo is None:
+        return _build(model, plan, profile, None, links=links)
+    key = ("work", links, *(getattr(plan, f) for f in _WORK_FIELDS))
+    work = memo.get(key)
+    if work is None:
+        work = memo[key] = _build(model, plan, profile, memo, links=links)
+    assert isinstance(work, PipelineWork)
+    blocking = not plan.overlap_p2p_comm
+    return work if work.blocking_p2p == blocking else replace(work, blocking_p2p=blocking)
+
+
+def _memoised(memo: Memo | None, key: tuple[object, ...], compute: Callable[[], T]) -> T:
+    if memo is None:
+        return compute()
+    if key not in memo:
+        memo[key] = compute()
+    return memo[key]  # type: ignore[return-value]
+
+
+def _build(
+    model: ModelSpec,
+    plan: ParallelPlan,
+    profile: HardwareProfile,
+    memo: Memo | None,
+    *,
+    links: bool = True,
+) -> PipelineWork:
     groups = layout_groups(plan, gpus_per_node=profile.gpus_per_node)
-    layer = layer_pass_times(model, plan, profile, groups)
-    edges = edge_times(model, plan, profile, groups)
+    pass_key = tuple(getattr(plan, f) for f in _PASS_FIELDS)
+    layer = _memoised(
+        memo, ("layer", *pass_key), lambda: layer_pass_times(model, plan, profile, groups)
+    )
+    edges = _memoised(memo, ("edges", *pass_key), lambda: edge_times(model, plan, profile, groups))
+    bucket_key = tuple(getattr(plan, f) for f in _BUCKET_FIELDS)
     zero3 = _zero3_microbatch_s(model, plan, profile, groups)
     tokens = model.seq_length / plan.cp * plan.micro_batch_size
     p2p_bytes = 2.0 * tokens * model.hidden_size / plan.tp
@@ -232,7 +297,11 @@ def build_pipeline_work(
                 zero3=zero3,
                 p2p=p2p,
                 activation_bytes=rank_bytes / plan.vpp,
-                buckets=grad_buckets(model, plan, profile, groups, stage=s)
+                buckets=_memoised(
+                    memo,
+                    ("buckets", key[0], key[1], *bucket_key),
+                    lambda s=s: grad_buckets(model, plan, profile, groups, stage=s),  # type: ignore[misc]
+                )
                 if plan.overlap_grad_reduce
                 else (),
             )
@@ -251,7 +320,9 @@ def build_pipeline_work(
         blocking_p2p=not plan.overlap_p2p_comm,
         overlap_grad_reduce=plan.overlap_grad_reduce,
     )
-    return _with_links(work, plan=plan, profile=profile, groups=groups)
+    if not links:
+        return work
+    return _with_links(work, plan=plan, profile=profile, groups=groups, memo=memo)
 
 
 def _tier(span: GroupSpan) -> str:
@@ -283,6 +354,7 @@ class _LinkTags:
     by_kind: dict[str, tuple[str, float]]
     p2p: tuple[str, float]
     done: dict[Segment, Segment] = field(default_factory=dict)  # equal segments tag once
+    done_buckets: dict[tuple[GradBucket, ...], tuple[GradBucket, ...]] = field(default_factory=dict)
 
     def segment(self, seg: Segment) -> Segment:
         if seg.stream == "compute":
@@ -318,6 +390,15 @@ class _LinkTags:
             latency_s=min(alpha, p2p.duration_s),
         )
 
+    def buckets(self, buckets: tuple[GradBucket, ...]) -> tuple[GradBucket, ...]:
+        """Tagged ``buckets``; an equal tuple (a memoised costing's) is tagged once."""
+        if not buckets:
+            return buckets
+        tagged = self.done_buckets.get(buckets)
+        if tagged is None:
+            tagged = self.done_buckets[buckets] = tuple(self.bucket(b) for b in buckets)
+        return tagged
+
     def bucket(self, b: GradBucket) -> GradBucket:
         return GradBucket(
             segment=self.segment(b.segment),
@@ -334,7 +415,7 @@ class _LinkTags:
             backward_weight=self.segments(st.backward_weight),
             send_forward=self.send(st.send_forward),
             send_backward=self.send(st.send_backward),
-            grad_buckets=tuple(self.bucket(b) for b in st.grad_buckets),
+            grad_buckets=self.buckets(st.grad_buckets),
         )
 
 
@@ -355,12 +436,25 @@ def _link_tags(profile: HardwareProfile, groups: LayoutGroups) -> _LinkTags:
 
 
 def _with_links(
-    work: PipelineWork, *, plan: ParallelPlan, profile: HardwareProfile, groups: LayoutGroups
+    work: PipelineWork,
+    *,
+    plan: ParallelPlan,
+    profile: HardwareProfile,
+    groups: LayoutGroups,
+    memo: Memo | None = None,
 ) -> PipelineWork:
     """``work`` with every transfer tagged with its link and latency (durations unchanged),
     and the node of each pipeline rank (rank r of the first replica is global rank
     r * tp * cp * dp). Stages and ranks that were one object stay one."""
-    tags = _link_tags(profile, groups)
+    if memo is None:
+        tags = _link_tags(profile, groups)
+    else:
+        key = ("tags", plan.tp, plan.cp, plan.dp, plan.pp)
+        found = memo.get(key)
+        if found is None:
+            found = memo[key] = _link_tags(profile, groups)
+        assert isinstance(found, _LinkTags)
+        tags = found
     stages: dict[int, StageWork] = {}
     for st in work.stages:
         if id(st) not in stages:

@@ -8,9 +8,11 @@ import sys
 from pathlib import Path
 
 from plansim.commands.common import add_model_args, resolve
-from plansim.errors import require_positive_int
+from plansim.errors import SpecError, require_positive_int
 from plansim.io.outputs import check_writable
 from plansim.planner.enumerate import SearchSpace
+from plansim.planner.parallel import default_jobs
+from plansim.planner.progress import progress_bar
 from plansim.planner.search import SearchResult, search
 from plansim.report.tables import evaluation_dict, ranked_table, render
 from plansim.specs.hardware import HardwareProfile
@@ -30,11 +32,18 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     add_model_args(p)
     p.add_argument("--top", type=int, default=10, help="rows to show (default 10)")
     p.add_argument("--format", choices=["table", "json", "csv"], default="table")
+    add_search_args(p)
     p.add_argument(
         "--simulate-top",
         type=int,
-        default=64,
-        help="simulate this many best analytic estimates as events (default 64)",
+        metavar="N",
+        help="heuristic mode: simulate only the N best analytic estimates (fast, not exact; "
+        "default: the exact search, which simulates every plan that can reach the top rows)",
+    )
+    p.add_argument(
+        "--exhaustive",
+        action="store_true",
+        help="simulate every feasible plan (slow; the reference the default search equals)",
     )
     p.add_argument(
         "--attention",
@@ -50,10 +59,39 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(func=run)
 
 
+def add_search_args(p: argparse.ArgumentParser) -> None:
+    """--jobs and --progress (shared with ``plansim sweep``)."""
+    p.add_argument(
+        "--jobs",
+        type=int,
+        metavar="N",
+        help="worker processes (default: all cores); results are identical for any N",
+    )
+    p.add_argument(
+        "--progress",
+        action="store_true",
+        help="always draw the progress bar on stderr (default: only on a terminal, "
+        "after about a second)",
+    )
+
+
+def resolve_jobs(jobs: int | None) -> int:
+    """--jobs, or every core this process may use when not given."""
+    if jobs is None:
+        return default_jobs()
+    require_positive_int("--jobs", jobs)
+    return int(jobs)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the search and print the ranked table and the rejection counts."""
-    for name in ("gpus", "gbs", "top", "simulate_top"):
-        require_positive_int(f"--{name.replace('_', '-')}", getattr(args, name))
+    for name in ("gpus", "gbs", "top"):
+        require_positive_int(f"--{name}", getattr(args, name))
+    if args.simulate_top is not None:
+        require_positive_int("--simulate-top", args.simulate_top)
+        if args.exhaustive:
+            raise SpecError("--simulate-top and --exhaustive exclude each other; give one")
+    jobs = resolve_jobs(args.jobs)
     plot = check_writable(args.plot, label="--plot") if args.plot else None
     model, profile = resolve(args)
     space = SearchSpace(
@@ -65,7 +103,11 @@ def run(args: argparse.Namespace) -> int:
         num_gpus=args.gpus,
         global_batch_size=args.gbs,
         space=space,
+        top_k=args.top,
         simulate_top=args.simulate_top,
+        exhaustive=args.exhaustive,
+        jobs=jobs,
+        progress=progress_bar(forced=args.progress),
     )
     if plot is not None:
         _write_pareto(plot, result, args=args, model=model, profile=profile)
@@ -79,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
             "plans": [evaluation_dict(ev) for ev in result.ranked[: args.top]],
             "num_candidates": result.num_candidates,
             "num_feasible": result.num_feasible,
+            "num_simulated": result.num_simulated,
             "num_not_simulated": result.num_not_simulated,
             "rejections": result.rejection_counts,
             "rejection_examples": result.rejection_examples,
@@ -103,9 +146,13 @@ def _summary(result: SearchResult) -> str:
     lines = [
         "",
         f"{result.num_candidates} candidates: {result.num_feasible} feasible, "
-        f"{len(result.ranked)} simulated as events, {result.num_not_simulated} not simulated "
-        "(analytic estimate below the simulated set), "
-        f"{sum(result.rejection_counts.values())} rejected",
+        f"{result.num_simulated} simulated as events, {result.num_not_simulated} not simulated "
+        + (
+            f"(lower bound above the top {result.top_k}: those are exact), "
+            if result.top_k
+            else "(analytic estimate below the simulated set), "
+        )
+        + f"{sum(result.rejection_counts.values())} rejected",
     ]
     for category, count in result.rejection_counts.items():
         lines.append(f"  {count:6d}  {category}, e.g. {result.rejection_examples[category]}")

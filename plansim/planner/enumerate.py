@@ -16,7 +16,7 @@ generated at all.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from plansim.specs.plan import AttentionKernel, ParallelPlan, Precision, Recompute, Schedule
 
@@ -85,7 +85,7 @@ class Layout:
     dp: int
 
 
-def _layouts(num_gpus: int, space: SearchSpace) -> Iterator[Layout]:
+def layouts(num_gpus: int, space: SearchSpace) -> Iterator[Layout]:
     """Every layout the space allows, in (tp, cp, pp) order; cp > 1 only with FlashAttention."""
     flash = space.attention is AttentionKernel.FLASH
     for tp in space.tp or divisors(num_gpus):
@@ -101,6 +101,12 @@ def _layouts(num_gpus: int, space: SearchSpace) -> Iterator[Layout]:
                 dp = rest // pp
                 if space.dp is None or dp in space.dp:
                     yield Layout(tp=tp, cp=cp, pp=pp, dp=dp)
+
+
+def restrict_to_layout(space: SearchSpace, layout: Layout) -> SearchSpace:
+    """``space`` with (tp, cp, pp, dp) fixed to ``layout``: enumerating it yields exactly
+    the plans of that layout, in the same order as the full enumeration does."""
+    return replace(space, tp=(layout.tp,), cp=(layout.cp,), pp=(layout.pp,), dp=(layout.dp,))
 
 
 def vpp_values(pp: int, *, num_layers: int | None, space: SearchSpace) -> tuple[int, ...]:
@@ -131,7 +137,19 @@ def enumerate_plans(
         num_layers: the model's layers; needed to search vpp when ``space.vpps`` is None
             (without it only vpp = 1 is generated).
     """
-    for layout in _layouts(num_gpus, space):
+    for group in enumerate_plan_groups(
+        num_gpus=num_gpus, global_batch_size=global_batch_size, space=space, num_layers=num_layers
+    ):
+        yield from group
+
+
+def enumerate_plan_groups(
+    *, num_gpus: int, global_batch_size: int, space: SearchSpace, num_layers: int | None = None
+) -> Iterator[tuple[ParallelPlan, ...]]:
+    """:func:`enumerate_plans` (same plans, same order) in groups of plans that differ only
+    in the communication-overlap flags (``overlap_p2p_comm``, ``overlap_grad_reduce``), which
+    neither divisibility nor memory depends on: one check serves a whole group."""
+    for layout in layouts(num_gpus, space):
         dp = layout.dp
         if global_batch_size % dp:
             continue
@@ -162,7 +180,7 @@ def _schedules(pp: int, vpp: int, num_microbatches: int, space: SearchSpace) -> 
 
 def _knobs(
     layout: Layout, mbs: int, vpp: int, gbs: int, space: SearchSpace
-) -> Iterator[ParallelPlan]:
+) -> Iterator[tuple[ParallelPlan, ...]]:
     tp, pp, dp = layout.tp, layout.pp, layout.dp
     dp_cp = dp * layout.cp  # ranks that reduce gradients and shard ZeRO states together
     schedules = _schedules(pp, vpp, gbs // (mbs * dp), space)
@@ -175,37 +193,37 @@ def _knobs(
             for sp in space.sequence_parallel:
                 if sp and tp == 1:
                     continue
-                for schedule, overlap, grad in _comm_modes(
-                    schedules, space, dp_cp=dp_cp, zero=zero
-                ):
-                    yield ParallelPlan(
-                        dp=dp,
-                        tp=tp,
-                        pp=pp,
-                        cp=layout.cp,
-                        vpp=vpp,
-                        micro_batch_size=mbs,
-                        global_batch_size=gbs,
-                        zero_stage=zero,
-                        recompute=recompute,
-                        sequence_parallel=sp,
-                        schedule=schedule,
-                        precision=space.precision,
-                        attention=space.attention,
-                        overlap_p2p_comm=overlap,
-                        overlap_grad_reduce=grad,
-                        gradient_accumulation_fusion=space.gradient_accumulation_fusion,
+                for schedule, modes in _comm_modes(schedules, space, dp_cp=dp_cp, zero=zero):
+                    yield tuple(
+                        ParallelPlan(
+                            dp=dp,
+                            tp=tp,
+                            pp=pp,
+                            cp=layout.cp,
+                            vpp=vpp,
+                            micro_batch_size=mbs,
+                            global_batch_size=gbs,
+                            zero_stage=zero,
+                            recompute=recompute,
+                            sequence_parallel=sp,
+                            schedule=schedule,
+                            precision=space.precision,
+                            attention=space.attention,
+                            overlap_p2p_comm=overlap,
+                            overlap_grad_reduce=grad,
+                            gradient_accumulation_fusion=space.gradient_accumulation_fusion,
+                        )
+                        for overlap, grad in modes
                     )
 
 
 def _comm_modes(
     schedules: list[Schedule], space: SearchSpace, *, dp_cp: int, zero: int
-) -> Iterator[tuple[Schedule, bool, bool]]:
-    """(schedule, overlap_p2p_comm, overlap_grad_reduce) triples: p2p overlap is an option of
-    interleaved 1F1B only; gradient-reduction overlap needs dp * cp > 1 and ZeRO 0-2 (ZeRO-3
-    reduce-scatters every micro-batch)."""
+) -> Iterator[tuple[Schedule, list[tuple[bool, bool]]]]:
+    """Per schedule, its (overlap_p2p_comm, overlap_grad_reduce) pairs: p2p overlap is an
+    option of interleaved 1F1B only; gradient-reduction overlap needs dp * cp > 1 and ZeRO
+    0-2 (ZeRO-3 reduce-scatters every micro-batch)."""
     grads = space.overlap_grad_reduce if dp_cp > 1 and zero < 3 else (False,)
     for schedule in schedules:
-        for overlap in space.overlap_p2p_comm if schedule.interleaved else (False,):
-            for grad in grads:
-                yield schedule, overlap, grad
+        overlaps = space.overlap_p2p_comm if schedule.interleaved else (False,)
+        yield schedule, [(overlap, grad) for overlap in overlaps for grad in grads]

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from plansim.analytic.cost import build_pipeline_work
+from plansim.analytic.cost import Memo, build_pipeline_work
 from plansim.analytic.flops import hardware_flops_per_step, model_flops_per_step
 from plansim.analytic.memory import MemoryBreakdown, rank_memory, worst_rank_memory
+from plansim.schedule.actions import PerRankActions
 from plansim.schedule.builders import build_actions
 from plansim.sim.engine import SimResult, simulate
 from plansim.specs.hardware import HardwareProfile
@@ -100,20 +101,29 @@ def check_plan(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile) -
 
 
 def evaluate(
-    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
+    model: ModelSpec,
+    plan: ParallelPlan,
+    profile: HardwareProfile,
+    *,
+    checked: bool = False,
+    memo: Memo | None = None,
 ) -> Evaluation | Rejected:
     """Check, cost and simulate ``plan``; a Rejected when it cannot run.
+
+    Args:
+        checked: ``check_plan`` already passed (skip it).
+        memo: a search's cache (``build_pipeline_work``'s memo; action lists are kept in it
+            too, keyed by schedule, pp, m and vpp). Same results with or without it.
 
     Raises:
         SpecError: the schedule builder does not support the plan's schedule/vpp.
     """
-    rejected = check_plan(model, plan, profile)
-    if rejected is not None:
-        return rejected
-    work = build_pipeline_work(model, plan, profile)
-    actions = build_actions(
-        plan.schedule, num_ranks=plan.pp, num_microbatches=plan.num_microbatches, vpp=plan.vpp
-    )
+    if not checked:
+        rejected = check_plan(model, plan, profile)
+        if rejected is not None:
+            return rejected
+    work = build_pipeline_work(model, plan, profile, memo=memo)
+    actions = _actions(plan, memo)
     result = simulate(actions, work)
     peak = max(result.peak_memory_bytes)
     if peak > profile.hbm_capacity_bytes:
@@ -126,6 +136,19 @@ def evaluate(
         )
     num_buckets = sum(len(stage.grad_buckets) for stage in work.stages)
     return _metrics(model, plan, profile, result, num_grad_buckets=num_buckets)
+
+
+def _actions(plan: ParallelPlan, memo: Memo | None) -> PerRankActions:
+    """The plan's action lists, built once per (schedule, pp, m, vpp) when memoised."""
+    key = ("actions", plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
+    found = memo.get(key) if memo is not None else None
+    if found is None:
+        found = build_actions(
+            plan.schedule, num_ranks=plan.pp, num_microbatches=plan.num_microbatches, vpp=plan.vpp
+        )
+        if memo is not None:
+            memo[key] = found
+    return found  # type: ignore[return-value]
 
 
 def _metrics(

@@ -1,26 +1,43 @@
-"""Search: enumerate, prune (divisibility, memory), estimate, simulate, rank by step time.
+"""Search: enumerate, prune (divisibility, memory), bound, simulate, rank by step time.
 
-Every candidate is checked (cheap, analytic). Feasible ones get an analytic estimate of the
-step time from their PipelineWork (:func:`estimate_step_time_s`: the 1F1B/GPipe critical path
-(m + p - 1) x the slowest stage, or for interleaved 1F1B (m + (p - 1)/v) x the slowest rank,
-plus exposed sends; Narayanan et al. SC21 §2.2), plus the slowest rank's gradient sync and
-optimizer. The ``simulate_top`` best estimates are then simulated
-as events and ranked by simulated step time; the rest are counted as not simulated.
+Exact by default (branch and bound). Every candidate is checked (cheap, analytic: layout
+divisibility, then memory, before any costing); each feasible one is costed (memoised per
+search) and gets a guaranteed lower bound on its simulated step time
+(``plansim.planner.bounds``). Candidates are then simulated as events in increasing bound
+order, in fixed-size batches; the search stops when the next bound exceeds the K-th best
+simulated step time (K = ``top_k``). Every plan that could be among the K fastest (ties
+included) has been simulated, so the top K equal those of simulating every feasible plan
+(``exhaustive=True``), which the tests check.
+
+``simulate_top=N`` keeps the older heuristic mode: simulate the N best analytic estimates
+(:func:`estimate_step_time_s`, not a bound), fast but not guaranteed to find the best plan.
+
+Both phases run on ``jobs`` processes (``plansim.planner.parallel``); batches do not depend
+on ``jobs``, so results are identical for any number of processes.
 """
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from plansim.analytic.cost import build_pipeline_work
-from plansim.planner.enumerate import SearchSpace, enumerate_plans
-from plansim.planner.evaluate import Evaluation, Rejected, check_plan, evaluate
+from plansim.errors import SpecError, require_positive_int
+from plansim.planner.context import Candidate, SearchContext, Simulated
+from plansim.planner.enumerate import SearchSpace, layouts
+from plansim.planner.evaluate import Evaluation, Rejected
+from plansim.planner.parallel import Workers
+from plansim.planner.progress import Progress
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan, Schedule
+from plansim.specs.plan import Schedule
 from plansim.specs.work import PipelineWork, StageWork
+
+#: Plans simulated per round of the exact search (independent of jobs: determinism).
+PRUNED_BATCH = 4
+#: Plans simulated per round of the exhaustive search.
+EXHAUSTIVE_BATCH = 32
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -28,12 +45,18 @@ class SearchResult:
     """Outcome of a planner search.
 
     Attributes:
-        ranked: simulated plans, fastest first (ties: lower peak memory, then label).
+        ranked: simulated plans kept with their timelines, fastest first (ties: lower peak
+            memory, then label). Exact mode: every simulated plan; exhaustive mode: those
+            that could still be in the top K when simulated (the top K and ties included).
         rejection_counts: category -> how many candidates were rejected for it.
         rejection_examples: category -> the first rejection's full reason.
         num_candidates: plans enumerated.
         num_feasible: plans that passed the checks.
-        num_not_simulated: feasible plans whose estimate ranked below ``simulate_top``.
+        num_not_simulated: feasible plans never simulated (bound above the K-th best, or
+            estimate below the ``simulate_top`` set).
+        num_simulated: plans simulated as events.
+        top_k: the K the search was exact for (0 in ``simulate_top`` mode).
+        rejected: every rejection, in enumeration then simulation order.
     """
 
     ranked: tuple[Evaluation, ...]
@@ -42,6 +65,8 @@ class SearchResult:
     num_candidates: int
     num_feasible: int
     num_not_simulated: int
+    num_simulated: int = 0
+    top_k: int = 0
     rejected: tuple[Rejected, ...] = field(default=(), repr=False)
 
 
@@ -120,38 +145,54 @@ def search(
     num_gpus: int,
     global_batch_size: int,
     space: SearchSpace,
-    simulate_top: int = 64,
-    progress: Callable[[int, int], None] | None = None,
+    top_k: int = 10,
+    simulate_top: int | None = None,
+    exhaustive: bool = False,
+    jobs: int = 1,
+    progress: Progress | None = None,
 ) -> SearchResult:
-    """Rank the layouts of ``model`` on ``num_gpus`` GPUs of ``profile`` by step time."""
-    rejected: list[Rejected] = []
-    estimates: list[tuple[float, str, ParallelPlan]] = []
-    num_candidates = 0
-    for plan in enumerate_plans(
-        num_gpus=num_gpus,
-        global_batch_size=global_batch_size,
-        space=space,
-        num_layers=model.num_layers,
-    ):
-        num_candidates += 1
-        why = check_plan(model, plan, profile)
-        if why is not None:
-            rejected.append(why)
-            continue
-        work = build_pipeline_work(model, plan, profile)
-        estimate = estimate_step_time_s(work, schedule=plan.schedule)
-        estimates.append((estimate, plan.label(), plan))
-    estimates.sort(key=lambda e: (e[0], e[1]))
-    chosen = estimates[:simulate_top]
-    evaluations: list[Evaluation] = []
-    for i, (_, _, plan) in enumerate(chosen):
-        outcome = evaluate(model, plan, profile)
-        if isinstance(outcome, Rejected):
-            rejected.append(outcome)
+    """Rank the layouts of ``model`` on ``num_gpus`` GPUs of ``profile`` by step time.
+
+    Args:
+        top_k: the search is exact for the ``top_k`` fastest plans (and ties).
+        simulate_top: heuristic mode instead: simulate this many best estimates.
+        exhaustive: simulate every feasible plan (the reference the exact mode equals).
+        jobs: worker processes (1: this process only).
+        progress: receives phases and counts (``plansim.planner.progress``).
+
+    Raises:
+        SpecError: a count is not a positive integer, or simulate_top with exhaustive.
+    """
+    require_positive_int("top_k", top_k)
+    require_positive_int("jobs", jobs)
+    if simulate_top is not None:
+        require_positive_int("simulate_top", simulate_top)
+        if exhaustive:
+            raise SpecError("simulate_top and exhaustive exclude each other; give one")
+    with Workers(model, profile, jobs=jobs) as workers:
+        num_candidates, feasible, rejected = _cost_all(
+            workers,
+            num_gpus=num_gpus,
+            global_batch_size=global_batch_size,
+            space=space,
+            with_estimate=simulate_top is not None,
+            progress=progress,
+        )
+        if simulate_top is not None:
+            chosen = sorted(feasible, key=lambda c: (c.estimate_s, c.label))[:simulate_top]
+            if progress is not None:
+                progress.start("simulate", len(chosen))
+            outcomes = _simulate(workers, chosen, keep_below_s=math.inf)
+            sims = list(zip(chosen, outcomes, strict=True))
+            _report(progress, len(chosen), feasible=len(feasible), sims=sims)
         else:
-            evaluations.append(outcome)
-        if progress is not None:
-            progress(i + 1, len(chosen))
+            sims = _branch_and_bound(
+                workers, feasible, top_k=top_k, exhaustive=exhaustive, progress=progress
+            )
+    if progress is not None:
+        progress.close()
+    evaluations = [out for _, out in sims if isinstance(out, Evaluation)]
+    rejected += [out for _, out in sims if isinstance(out, Rejected)]
     evaluations.sort(key=lambda e: (e.step_time_s, e.peak_memory_bytes, e.plan.label()))
     counts = Counter(r.category for r in rejected)
     examples: dict[str, str] = {}
@@ -162,7 +203,98 @@ def search(
         rejection_counts=dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))),
         rejection_examples=examples,
         num_candidates=num_candidates,
-        num_feasible=len(estimates),
-        num_not_simulated=max(0, len(estimates) - len(chosen)),
+        num_feasible=len(feasible),
+        num_not_simulated=len(feasible) - len(sims),
+        num_simulated=len(sims),
+        top_k=0 if simulate_top is not None else top_k,
         rejected=tuple(rejected),
     )
+
+
+def _cost_all(
+    workers: Workers,
+    *,
+    num_gpus: int,
+    global_batch_size: int,
+    space: SearchSpace,
+    with_estimate: bool,
+    progress: Progress | None,
+) -> tuple[int, list[Candidate], list[Rejected]]:
+    """Check and bound every candidate, one task per (tp, cp, pp, dp) layout, in order."""
+    todo = list(layouts(num_gpus, space))
+    kwargs = {
+        "num_gpus": num_gpus,
+        "global_batch_size": global_batch_size,
+        "space": space,
+        "with_estimate": with_estimate,
+    }
+    if progress is not None:
+        progress.start("cost layouts", len(todo))
+    num_candidates = 0
+    feasible: list[Candidate] = []
+    rejected: list[Rejected] = []
+    calls = [((layout,), kwargs) for layout in todo]
+    for costing in workers.map(SearchContext.cost_layout, calls):
+        num_candidates += costing.num_candidates
+        feasible += costing.feasible
+        rejected += costing.rejected
+        if progress is not None:
+            progress.update(1, feasible=len(feasible), best_s=None)
+    return num_candidates, feasible, rejected
+
+
+Outcome = Evaluation | Simulated | Rejected
+
+
+def _simulate(workers: Workers, chosen: list[Candidate], *, keep_below_s: float) -> list[Outcome]:
+    calls = [((c.plan,), {"keep_below_s": keep_below_s}) for c in chosen]
+    return list(workers.map(SearchContext.simulate, calls))
+
+
+def _branch_and_bound(
+    workers: Workers,
+    feasible: list[Candidate],
+    *,
+    top_k: int,
+    exhaustive: bool,
+    progress: Progress | None,
+) -> list[tuple[Candidate, Outcome]]:
+    """Simulate in (bound, label) order until the next bound exceeds the K-th best step
+    time (exhaustive: until every plan is simulated); returns what was simulated, in order."""
+    order = sorted(feasible, key=lambda c: (c.bound_s, c.label))
+    batch = EXHAUSTIVE_BATCH if exhaustive else PRUNED_BATCH
+    times: list[float] = []  # simulated step times, sorted
+    sims: list[tuple[Candidate, Outcome]] = []
+    if progress is not None:
+        progress.start("simulate", len(order))
+    i = 0
+    while i < len(order):
+        kth = times[top_k - 1] if len(times) >= top_k else math.inf
+        if not exhaustive and order[i].bound_s > kth:
+            break
+        take: list[Candidate] = []
+        while i < len(order) and len(take) < batch and (exhaustive or order[i].bound_s <= kth):
+            take.append(order[i])
+            i += 1
+        outcomes = _simulate(workers, take, keep_below_s=kth if exhaustive else math.inf)
+        for cand, out in zip(take, outcomes, strict=True):
+            sims.append((cand, out))
+            if not isinstance(out, Rejected):
+                bisect.insort(times, out.step_time_s)
+        _report(progress, len(take), feasible=len(feasible), sims=sims)
+    if progress is not None and i < len(order):
+        progress.update(len(order) - i, feasible=len(feasible), best_s=times[0] if times else None)
+    return sims
+
+
+def _report(
+    progress: Progress | None,
+    done: int,
+    *,
+    feasible: int,
+    sims: list[tuple[Candidate, Outcome]],
+) -> None:
+    if progress is None:
+        return
+    times = [out.step_time_s for _, out in sims if not isinstance(out, Rejected)]
+    progress.update(done, feasible=feasible, best_s=min(times) if times else None)

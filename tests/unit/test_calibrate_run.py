@@ -111,7 +111,7 @@ def test_calibrate_quick_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixtur
     # every pass times GEMMs: a size over the time limit skips only the larger ones, in each pass
     gemm = raw[(raw["kind"] == "gemm") & (raw["status"] == "ok")]
     assert set(gemm["sweep"]) == {0, 1, 2}
-    for (_, dtype), timed in gemm.groupby(["sweep", "dtype"]):
-        skipped = raw[(raw["kind"] == "gemm") & (raw["status"] == "skipped")]
-        skipped = skipped[skipped["dtype"] == dtype]
+    skips = raw[(raw["kind"] == "gemm") & (raw["status"] == "skipped")]
+    for (sweep, dtype), timed in gemm.groupby(["sweep", "dtype"]):
+        skipped = skips[(skips["sweep"] == sweep) & (skips["dtype"] == dtype)]
         assert skipped.empty or skipped["work"].min() >= timed["work"].max()

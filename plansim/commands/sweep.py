@@ -1,0 +1,126 @@
+"""plansim sweep: the planner over models x GPU kinds x GPU counts x global batch sizes."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import io
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from plansim.commands.plan import add_search_args, resolve_jobs
+from plansim.errors import PlansimError, SpecError, require_positive_int
+from plansim.io.outputs import check_writable, write_bytes_atomic
+from plansim.planner.progress import progress_bar
+from plansim.planner.sweep import EXECUTORS, SweepSettings, check_names, run_sweep, sweep_grid
+from plansim.report.tables import render
+from plansim.specs.plan import AttentionKernel, Precision
+
+FORMATS = (".csv", ".parquet")
+_INT_COLUMNS = ("tp", "pp", "dp", "cp", "vpp", "micro_batch_size", "zero_stage")
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``plansim sweep``."""
+    p = sub.add_parser(
+        "sweep",
+        help="best plan for every cell of a models x GPUs x GPU counts x batch sizes grid",
+        description="Run the exact planner search for every combination of the given "
+        "models, GPU kinds, GPU counts and global batch sizes (comma-separated lists) and "
+        "write one row per cell (best plan, step time, MFU, tokens/s, memory, feasible "
+        "count, or the rejection summary) to a CSV or Parquet table.",
+    )
+    p.add_argument("--model", required=True, help="comma-separated presets or config.json paths")
+    p.add_argument("--gpu", "--profile", dest="gpu", required=True, help="comma-separated profiles")
+    p.add_argument("--gpus", required=True, help="comma-separated GPU counts")
+    p.add_argument("--gbs", required=True, help="comma-separated global batch sizes (sequences)")
+    p.add_argument("--seq-len", type=int, default=None, help="override sequence length")
+    p.add_argument("--precision", choices=[x.value for x in Precision], default="bf16")
+    p.add_argument("--attention", choices=[a.value for a in AttentionKernel], default="flash")
+    p.add_argument("--out", required=True, metavar="FILE", help="table: .csv or .parquet")
+    p.add_argument(
+        "--executor",
+        choices=EXECUTORS,
+        default="local",
+        help="where cells run: local processes (default), a Dask or a Ray cluster",
+    )
+    add_search_args(p)
+    p.set_defaults(func=run)
+
+
+def _names(option: str, text: str) -> list[str]:
+    items = [x.strip() for x in text.split(",")]
+    if not all(items):
+        raise SpecError(f"{option}={text!r}: empty item in the comma-separated list")
+    return list(dict.fromkeys(items))
+
+
+def _counts(option: str, text: str) -> list[int]:
+    values = []
+    for item in _names(option, text):
+        try:
+            value = int(item)
+        except ValueError:
+            raise SpecError(f"{option}: {item!r} is not a positive integer") from None
+        require_positive_int(option, value)
+        values.append(value)
+    return values
+
+
+def _check_out(path: str) -> Path:
+    out = check_writable(path, label="--out")
+    if out.suffix.lower() not in FORMATS:
+        raise SpecError(f"--out={path!r}: the table must end in one of: {', '.join(FORMATS)}")
+    if out.suffix.lower() == ".parquet" and importlib.util.find_spec("pyarrow") is None:
+        raise PlansimError(
+            "--out: writing .parquet needs the 'pyarrow' package, which is not installed "
+            "(pip install pyarrow); or write a .csv"
+        )
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate the grid, run every cell, write the table and print it."""
+    out = _check_out(args.out)
+    cells = sweep_grid(
+        _names("--model", args.model),
+        _names("--gpu", args.gpu),
+        _counts("--gpus", args.gpus),
+        _counts("--gbs", args.gbs),
+    )
+    settings = SweepSettings(
+        seq_length=args.seq_len,
+        precision=Precision(args.precision),
+        attention=AttentionKernel(args.attention),
+    )
+    check_names(cells, settings)
+    jobs = resolve_jobs(args.jobs)
+    bar = progress_bar(forced=args.progress)
+    if bar is not None:
+        bar.start("sweep", len(cells))
+    rows = run_sweep(
+        cells,
+        settings,
+        executor=args.executor,
+        jobs=jobs,
+        on_row=None if bar is None else lambda: bar.update(1, feasible=0, best_s=None),
+    )
+    if bar is not None:
+        bar.close()
+    table = pd.DataFrame(rows)
+    for column in _INT_COLUMNS:  # cells with no plan leave them empty, not float
+        table[column] = table[column].astype("Int64")
+    table["sequence_parallel"] = table["sequence_parallel"].astype("boolean")
+    if out.suffix.lower() == ".csv":
+        data = table.to_csv(index=False, lineterminator="\n").encode()
+    else:
+        buf = io.BytesIO()
+        table.to_parquet(buf, index=False)
+        data = buf.getvalue()
+    write_bytes_atomic(out, data, label="--out")
+    columns = ["model", "gpu", "num_gpus", "global_batch_size", "status", "plan", "step_time_s"]
+    sys.stdout.write(render(table[columns], "table"))
+    sys.stdout.write(f"\n{len(rows)} cells; wrote {out}\n")
+    return 0

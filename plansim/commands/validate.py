@@ -1,0 +1,348 @@
+"""plansim validate: run a plan for real with torch.distributed, compare with its simulation.
+
+Runs the plan (``plansim.validate.runner``: DeviceMesh, DTensor TP, activation checkpointing,
+FSDP2 / ZeroRedundancyOptimizer, torch.distributed.pipelining) on a GPT/Llama-style model
+with synthetic data, simulates the same model and plan on ``--profile``, and writes in
+``--out DIR``: ``measured_timeline.csv`` (the median measured step) and
+``simulated_timeline.csv`` (Timeline schema), ``measured_trace.json`` and
+``simulated_trace.json`` (Chrome/Perfetto), ``overlay.png`` (simulated above measured),
+``events.csv`` (event-by-event match) and ``comparison.json``. ``--update-profile`` refits
+the profile from the run (``plansim.validate.refit``), writes it back atomically and reports
+the error after calibration. Under ``torchrun`` (multi-node) every process runs this
+command; global rank 0 writes the outputs. torch is imported only when the run starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from plansim.catalog import resolve_model
+from plansim.errors import SpecError, require_positive, require_positive_int
+from plansim.io.outputs import check_writable, write_json_atomic, write_text_atomic
+from plansim.io.profiles import load_profile, write_profile
+from plansim.report.trace import chrome_trace, write_trace
+from plansim.specs.hardware import HardwareProfile
+from plansim.specs.model import ModelSpec
+from plansim.specs.plan import ParallelPlan, Recompute, Schedule, check_plan_divides_model
+from plansim.validate.compare import (
+    Comparison,
+    compare,
+    error_pct,
+    median_step_index,
+    rounded_json,
+    simulate_plan,
+)
+from plansim.validate.refit import Refit, profile_path, refit
+from plansim.validate.result import MeasuredRun
+
+#: Backend -> device it runs on.
+BACKENDS = {"gloo": "cpu", "nccl": "cuda"}
+DTYPES = ("fp32", "bf16")
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``plansim validate``."""
+    p = sub.add_parser("validate", help="run a plan for real and compare", description=__doc__)
+    p.add_argument("--model", required=True, help="preset name or a config.json path")
+    scale = p.add_argument_group("model scaling (the report says what was run)")
+    scale.add_argument("--num-layers", type=int, help="layers to run instead of the model's")
+    scale.add_argument(
+        "--hidden-size", type=int, help="width to run (the MLP width scales with it)"
+    )
+    scale.add_argument("--num-heads", type=int, help="attention heads (and KV groups) to run")
+    scale.add_argument("--seq-len", type=int, help="sequence length to run")
+    scale.add_argument("--vocab-size", type=int, help="vocabulary size to run")
+    p.add_argument("--tp", type=int, required=True, help="tensor-parallel size")
+    p.add_argument("--pp", type=int, required=True, help="pipeline-parallel size")
+    p.add_argument("--dp", type=int, default=None, help="data-parallel size (default: derived)")
+    p.add_argument("--vpp", type=int, default=1, help="model chunks per pipeline rank")
+    p.add_argument("--mbs", type=int, required=True, help="micro-batch size (sequences)")
+    p.add_argument("--gbs", type=int, required=True, help="global batch size (sequences)")
+    p.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 (default 0)")
+    p.add_argument("--recompute", choices=[r.value for r in Recompute], default="none")
+    p.add_argument("--sequence-parallel", action="store_true", help="Megatron SP (tp > 1)")
+    p.add_argument("--schedule", choices=[s.value for s in Schedule], default="1f1b")
+    p.add_argument("--backend", choices=list(BACKENDS), required=True, help="gloo (CPU), nccl")
+    p.add_argument("--nproc", type=int, required=True, help="processes = tp * pp * dp")
+    p.add_argument("--profile", required=True, help="hardware profile name or YAML path")
+    p.add_argument("--dtype", choices=DTYPES, default="fp32", help="run dtype (default fp32)")
+    p.add_argument("--steps", type=int, default=3, help="measured steps (default 3)")
+    p.add_argument("--warmup-steps", type=int, default=1, help="warm-up steps (default 1)")
+    p.add_argument("--timeout", type=float, default=300.0, help="per-rank timeout, s")
+    p.add_argument("--seed", type=int, default=0, help="seed of weights and data")
+    p.add_argument("--out", required=True, metavar="DIR", help="output folder (created)")
+    p.add_argument(
+        "--update-profile",
+        action="store_true",
+        help="refit the profile from the run, write it back (atomically), report the new error",
+    )
+    p.set_defaults(func=run)
+
+
+def scaled_model(args: argparse.Namespace) -> ModelSpec:
+    """The model named by ``--model`` with the scaling flags applied.
+
+    ``--hidden-size`` scales ``ffn_hidden_size`` by the same ratio (rounded down to a
+    multiple of ``--tp``); ``--num-heads`` sets the heads and, for GQA models, keeps the
+    ratio of heads to KV groups when it divides.
+
+    Raises:
+        SpecError: a flag is not a positive integer or the result is not a valid model.
+    """
+    model = resolve_model(args.model, seq_length=args.seq_len)
+    changes: dict[str, Any] = {}
+    for flag, value in (
+        ("--num-layers", args.num_layers),
+        ("--hidden-size", args.hidden_size),
+        ("--num-heads", args.num_heads),
+        ("--vocab-size", args.vocab_size),
+    ):
+        if value is not None:
+            require_positive_int(flag, value)
+    if args.num_layers is not None:
+        changes["num_layers"] = args.num_layers
+    if args.vocab_size is not None:
+        changes["vocab_size"] = args.vocab_size
+    if args.hidden_size is not None:
+        ffn = model.ffn_hidden_size * args.hidden_size // model.hidden_size
+        changes["hidden_size"] = args.hidden_size
+        changes["ffn_hidden_size"] = max(args.tp, ffn - ffn % args.tp)
+    if args.num_heads is not None:
+        group = model.num_attention_heads // model.num_query_groups
+        changes["num_attention_heads"] = args.num_heads
+        changes["num_query_groups"] = (
+            args.num_heads // group if args.num_heads % group == 0 else args.num_heads
+        )
+    if not changes:
+        return model
+    return dataclasses.replace(model, name=f"{model.name} (scaled)", **changes)
+
+
+def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
+    """The plan of the flags; ``--nproc`` must equal tp * pp * dp.
+
+    Raises:
+        SpecError: names the flags that disagree.
+    """
+    for name in ("nproc", "tp", "pp", "vpp", "mbs", "gbs", "steps"):
+        require_positive_int(f"--{name}", getattr(args, name))
+    if args.warmup_steps < 0:
+        raise SpecError(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
+    require_positive("--timeout", args.timeout)
+    model_parallel = args.tp * args.pp
+    dp = args.dp if args.dp is not None else args.nproc // model_parallel
+    require_positive_int("--dp", dp)
+    if model_parallel * dp != args.nproc:
+        raise SpecError(
+            f"--nproc({args.nproc}) must equal tp({args.tp}) * pp({args.pp}) * dp({dp}) = "
+            f"{model_parallel * dp}"
+        )
+    return ParallelPlan(
+        dp=dp,
+        tp=args.tp,
+        pp=args.pp,
+        vpp=args.vpp,
+        micro_batch_size=args.mbs,
+        global_batch_size=args.gbs,
+        zero_stage=args.zero,
+        recompute=Recompute(args.recompute),
+        sequence_parallel=args.sequence_parallel,
+        schedule=Schedule(args.schedule),
+    )
+
+
+def _out_dir(path: str) -> Path:
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise SpecError(f"--out {path!r} exists and is not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecError(f"--out {path!r}: cannot create: {exc.strerror or exc}") from None
+    check_writable(out / "comparison.json", label="--out")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check the inputs, run the plan, compare, write DIR; exit 0 on success.
+
+    Raises:
+        PlansimError: bad flags, unknown model or profile, a plan the profile rejects, or a
+            failed run (``ValidateError`` naming the rank and the error).
+    """
+    plan = plan_from_args(args)
+    model = scaled_model(args)
+    reason = check_plan_divides_model(
+        plan,
+        num_layers=model.num_layers,
+        num_attention_heads=model.num_attention_heads,
+        num_query_groups=model.num_query_groups,
+        seq_length=model.seq_length,
+    )
+    if reason is not None:
+        raise SpecError(f"{model.name}: {reason}")
+    profile = load_profile(args.profile)
+    simulate_plan(model, plan, profile, dtype=args.dtype)  # fail before any process starts
+    out = _out_dir(args.out)
+    measured = _measure(args, model=model, plan=plan)
+    if os.environ.get("RANK", "0") != "0" and "WORLD_SIZE" in os.environ:
+        return 0  # under torchrun every rank gets the results; global rank 0 writes them
+    simulated = simulate_plan(measured.model, measured.plan, profile, dtype=args.dtype)
+    comparison = compare(measured, simulated)
+    fitted = None
+    if args.update_profile:
+        fitted = refit(measured, profile, dtype=args.dtype, source=_source(measured, args))
+    doc = write_outputs(out, measured, simulated.result, comparison, profile=profile)
+    if fitted is not None:
+        target = profile_path(args.profile)
+        write_profile(fitted.profile, target)
+        doc["after_refit"] = _refit_dict(fitted, target)
+        write_json_atomic(out / "comparison.json", rounded_json(doc), label="--out")
+    sys.stdout.write(summary_table(comparison, fitted))
+    sys.stderr.write(f"plansim: wrote {out}\n")
+    return 0
+
+
+def _measure(args: argparse.Namespace, *, model: ModelSpec, plan: ParallelPlan) -> MeasuredRun:
+    """Run the plan (torch imported here, not at module import)."""
+    from plansim.validate.runner import RunConfig, run_plan
+
+    config = RunConfig(
+        model=model,
+        plan=plan,
+        backend=args.backend,
+        device=BACKENDS[args.backend],
+        num_processes=args.nproc,
+        num_steps=args.steps,
+        num_warmup_steps=args.warmup_steps,
+        timeout_s=args.timeout,
+        seed=args.seed,
+        dtype=args.dtype,
+    )
+    return run_plan(config)
+
+
+def _source(measured: MeasuredRun, args: argparse.Namespace) -> str:
+    today = datetime.date.today().isoformat()
+    m = measured.model
+    torch_version = measured.versions.get("torch", "?")
+    return (
+        f"refit by plansim validate, {today}: {measured.plan.label()} of {m.name} "
+        f"(L{m.num_layers} h{m.hidden_size} s{m.seq_length}), {measured.backend} on "
+        f"{measured.device}, {measured.num_processes} ranks, {args.dtype}, torch "
+        f"{torch_version}, {len(measured.step_times_s)} measured steps"
+    )
+
+
+def _csv(df: pd.DataFrame) -> str:
+    """CSV text; floats in shortest round-trip form (``0.0`` stays a float when read back)."""
+    return str(df.to_csv(index=False, lineterminator="\n"))
+
+
+def write_outputs(
+    out: Path,
+    measured: MeasuredRun,
+    simulated: Any,
+    comparison: Comparison,
+    *,
+    profile: HardwareProfile,
+) -> dict[str, Any]:
+    """Write the timelines, traces, overlay, events and comparison.json; return the json doc.
+
+    Args:
+        simulated: the ``SimResult`` of the plan on ``profile``.
+    """
+    from plansim.report.plots.overlay import plot_overlay  # matplotlib only here
+
+    step = median_step_index(measured)
+    meas_tl = measured.timelines[step]
+    label = f"{measured.model.name}: {measured.plan.label()}"
+    write_text_atomic(out / "measured_timeline.csv", _csv(meas_tl), label="--out")
+    write_text_atomic(out / "simulated_timeline.csv", _csv(simulated.timeline), label="--out")
+    write_text_atomic(out / "events.csv", _csv(comparison.events), label="--out")
+    write_trace(
+        out / "measured_trace.json",
+        chrome_trace(meas_tl, memory=None, title=f"measured {label}"),
+        label="--out",
+    )
+    write_trace(
+        out / "simulated_trace.json",
+        chrome_trace(simulated.timeline, memory=simulated.memory, title=f"simulated {label}"),
+        label="--out",
+    )
+    plot_overlay(
+        simulated.timeline,
+        meas_tl,
+        out / "overlay.png",
+        num_ranks=measured.plan.pp,
+        vpp=measured.plan.vpp,
+        title=f"{label} on {profile.name} (top: simulated, below: measured)",
+        label="--out",
+    )
+    doc = comparison.to_dict()
+    doc["profile"] = profile.name
+    write_json_atomic(out / "comparison.json", doc, label="--out")
+    return doc
+
+
+def _refit_dict(fitted: Refit, target: Path) -> dict[str, Any]:
+    return {
+        "profile_path": str(target),
+        "simulated_step_time_s": fitted.after.simulated_step_time_s,
+        "step_time_error_pct": fitted.after.step_time_error_pct,
+        "step_time_error_pct_before": fitted.before.step_time_error_pct,
+        "time_factors": dict(sorted(fitted.factors.items())),
+        "notes": list(fitted.notes),
+        "categories_s": fitted.after.to_dict()["categories_s"],
+    }
+
+
+def summary_table(c: Comparison, fitted: Refit | None = None) -> str:
+    """A short text table: step time, categories, bubble, memory (ms, %, MiB)."""
+    rows = [("step time", c.measured_step_time_s, c.simulated_step_time_s, "ms")]
+    rows += [(name, m, s, "ms") for name, (m, s) in c.categories.items()]
+    mean = sum(c.measured_bubble) / len(c.measured_bubble)
+    sim_mean = sum(c.simulated_bubble) / len(c.simulated_bubble)
+    rows.append(("bubble fraction", mean, sim_mean, "%"))
+    rows.append(
+        (
+            "peak memory (max rank)",
+            max(c.measured_memory_bytes),
+            max(c.simulated_memory_bytes),
+            "MiB",
+        )
+    )
+    if fitted is not None:
+        rows.append(
+            (
+                "step time after refit",
+                c.measured_step_time_s,
+                fitted.after.simulated_step_time_s,
+                "ms",
+            )
+        )
+    scale = {"ms": 1e3, "%": 100.0, "MiB": 1.0 / 2**20}
+    records = []
+    for name, m, s, unit in rows:
+        err = error_pct(s, m)
+        text = "" if err is None else f"{err:+.1f}"
+        if unit == "%":  # a fraction: its difference in percentage points
+            text = f"{100 * (s - m):+.1f} pts"
+        records.append(
+            {
+                "metric": f"{name} ({unit})",
+                "measured": f"{m * scale[unit]:.4g}",
+                "simulated": f"{s * scale[unit]:.4g}",
+                "error": text,
+            }
+        )
+    table = pd.DataFrame(records)
+    return str(table.to_string(index=False)) + "\n"

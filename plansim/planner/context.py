@@ -1,0 +1,146 @@
+"""Search-scoped state and the two kinds of planner work: costing a layout, simulating a plan.
+
+A :class:`SearchContext` holds one model, one hardware profile and a memo (costings of
+per-layer passes, gradient buckets, whole pipeline replicas, action lists) that lives as
+long as the search: no module-level caches. Its two methods are the tasks the planner runs,
+in this process or in worker processes (``plansim.planner.parallel``); both are pure
+functions of their arguments, so results do not depend on where they run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from plansim.analytic.cost import Memo, build_pipeline_work
+from plansim.planner.bounds import step_time_lower_bound_s
+from plansim.planner.enumerate import (
+    Layout,
+    SearchSpace,
+    enumerate_plan_groups,
+    restrict_to_layout,
+)
+from plansim.planner.evaluate import Evaluation, Rejected, check_plan, evaluate
+from plansim.specs.hardware import HardwareProfile
+from plansim.specs.model import ModelSpec
+from plansim.specs.plan import ParallelPlan
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Candidate:
+    """A feasible plan before simulation.
+
+    Attributes:
+        plan: the plan.
+        label: ``plan.label()`` (tie-breaker of every ordering).
+        bound_s: guaranteed lower bound on its simulated step time, seconds
+            (``plansim.planner.bounds.step_time_lower_bound_s``).
+        estimate_s: the heuristic estimate (``search.estimate_step_time_s``) when asked for
+            (the ``simulate_top`` mode), else 0.
+    """
+
+    plan: ParallelPlan
+    label: str
+    bound_s: float
+    estimate_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayoutCosting:
+    """Outcome of costing every plan of one layout, in enumeration order."""
+
+    num_candidates: int
+    feasible: tuple[Candidate, ...]
+    rejected: tuple[Rejected, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Simulated:
+    """A simulated plan kept without its timeline (it cannot enter the requested top K).
+
+    Attributes:
+        plan: the plan.
+        step_time_s: simulated seconds per step.
+        peak_memory_bytes: highest per-GPU peak of the simulated ranks.
+    """
+
+    plan: ParallelPlan
+    step_time_s: float
+    peak_memory_bytes: float
+
+
+class SearchContext:
+    """Model, profile and the memo of one search (see the module docstring).
+
+    Args:
+        model: the model searched.
+        profile: the GPU/node profile.
+    """
+
+    def __init__(self, model: ModelSpec, profile: HardwareProfile) -> None:
+        self.model = model
+        self.profile = profile
+        self.memo: Memo = {}
+
+    def cost_layout(
+        self,
+        layout: Layout,
+        *,
+        num_gpus: int,
+        global_batch_size: int,
+        space: SearchSpace,
+        with_estimate: bool = False,
+    ) -> LayoutCosting:
+        """Check every plan of ``layout`` (divisibility, memory) and bound the feasible ones.
+
+        Memory is pruned before any costing: only plans that pass ``check_plan`` are costed;
+        one check serves each group of plans that differ only in overlap flags
+        (``enumerate_plan_groups``).
+        """
+        from plansim.planner.search import estimate_step_time_s  # (search imports us)
+
+        model, profile = self.model, self.profile
+        feasible: list[Candidate] = []
+        rejected: list[Rejected] = []
+        count = 0
+        for group in enumerate_plan_groups(
+            num_gpus=num_gpus,
+            global_batch_size=global_batch_size,
+            space=restrict_to_layout(space, layout),
+            num_layers=model.num_layers,
+        ):
+            count += len(group)
+            why = check_plan(model, group[0], profile)  # the same for the whole group
+            if why is not None:
+                rejected += [why] + [replace(why, plan=plan) for plan in group[1:]]
+                continue
+            for plan in group:
+                work = build_pipeline_work(model, plan, profile, memo=self.memo, links=False)
+                feasible.append(
+                    Candidate(
+                        plan=plan,
+                        label=plan.label(),
+                        bound_s=step_time_lower_bound_s(
+                            work, schedule=plan.schedule, memo=self.memo
+                        ),
+                        estimate_s=estimate_step_time_s(work, schedule=plan.schedule)
+                        if with_estimate
+                        else 0.0,
+                    )
+                )
+        return LayoutCosting(
+            num_candidates=count, feasible=tuple(feasible), rejected=tuple(rejected)
+        )
+
+    def simulate(
+        self, plan: ParallelPlan, *, keep_below_s: float
+    ) -> Evaluation | Simulated | Rejected:
+        """Simulate a checked plan; the full Evaluation only when its step time is
+        <= ``keep_below_s`` (else a :class:`Simulated` without the timeline)."""
+        outcome = evaluate(self.model, plan, self.profile, checked=True, memo=self.memo)
+        if isinstance(outcome, Evaluation) and outcome.step_time_s > keep_below_s:
+            return Simulated(
+                plan=plan,
+                step_time_s=outcome.step_time_s,
+                peak_memory_bytes=outcome.peak_memory_bytes,
+            )
+        return outcome

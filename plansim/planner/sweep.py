@@ -1,0 +1,185 @@
+"""Sweep: the planner over a grid of models x GPU kinds x GPU counts x global batch sizes.
+
+One row per cell (its best plan and metrics, or why nothing fits), for co-design studies.
+Cells run on a pluggable executor: ``local`` (a process pool, or this process with one job),
+``dask`` (a ``dask.distributed`` client: the configured scheduler, else a local cluster) or
+``ray`` (``ray.init``: the configured cluster, else a local one). Dask and Ray are not
+dependencies; naming one that is not installed is a clear error. Each cell's search runs
+with one job, so cells, not plans, are what run in parallel; rows come back in grid order
+whatever the executor, and each row is a pure function of its cell.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from functools import partial
+from typing import Any
+
+from plansim.catalog import resolve_model
+from plansim.errors import PlansimError, choice_error
+from plansim.io.profiles import load_profile
+from plansim.planner.enumerate import SearchSpace
+from plansim.planner.search import search
+from plansim.specs.plan import AttentionKernel, Precision
+from plansim.units import bytes_to_gib
+
+EXECUTORS = ("local", "dask", "ray")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SweepCell:
+    """One point of the grid: a model preset (or config.json), a profile, GPUs, batch."""
+
+    model: str
+    gpu: str
+    num_gpus: int
+    global_batch_size: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SweepSettings:
+    """What every cell shares: sequence length override, precision, attention kernel."""
+
+    seq_length: int | None = None
+    precision: Precision = Precision.BF16
+    attention: AttentionKernel = AttentionKernel.FLASH
+
+
+def sweep_grid(
+    models: Sequence[str], gpus: Sequence[str], num_gpus: Sequence[int], gbs: Sequence[int]
+) -> list[SweepCell]:
+    """The cells of the grid, models outermost, batch sizes innermost."""
+    return [
+        SweepCell(model=m, gpu=g, num_gpus=n, global_batch_size=b)
+        for m, g, n, b in itertools.product(models, gpus, num_gpus, gbs)
+    ]
+
+
+def check_names(cells: Sequence[SweepCell], settings: SweepSettings) -> None:
+    """Resolve every model and profile once, so a bad name fails before any search.
+
+    Raises:
+        PlansimError: an unknown model or profile (the message lists the known ones).
+    """
+    for model in dict.fromkeys(c.model for c in cells):
+        resolve_model(model, seq_length=settings.seq_length)
+    for gpu in dict.fromkeys(c.gpu for c in cells):
+        load_profile(gpu)
+
+
+def run_cell(cell: SweepCell, settings: SweepSettings) -> dict[str, Any]:
+    """Search one cell (exact best plan) and return its row (column -> value)."""
+    model = resolve_model(cell.model, seq_length=settings.seq_length)
+    profile = load_profile(cell.gpu)
+    space = SearchSpace(precision=settings.precision, attention=settings.attention)
+    result = search(
+        model,
+        profile,
+        num_gpus=cell.num_gpus,
+        global_batch_size=cell.global_batch_size,
+        space=space,
+        top_k=1,
+    )
+    row: dict[str, Any] = {**asdict(cell), "status": "ok" if result.ranked else "no feasible plan"}
+    best = result.ranked[0] if result.ranked else None
+    plan = best.plan if best else None
+    row.update(
+        plan=plan.label() if plan else "",
+        tp=plan.tp if plan else None,
+        pp=plan.pp if plan else None,
+        dp=plan.dp if plan else None,
+        cp=plan.cp if plan else None,
+        vpp=plan.vpp if plan else None,
+        micro_batch_size=plan.micro_batch_size if plan else None,
+        zero_stage=plan.zero_stage if plan else None,
+        recompute=plan.recompute.value if plan else "",
+        sequence_parallel=plan.sequence_parallel if plan else None,
+        schedule=plan.schedule.value if plan else "",
+        step_time_s=best.step_time_s if best else None,
+        mfu=best.mfu if best else None,
+        tokens_per_s=best.tokens_per_s if best else None,
+        peak_memory_gib=bytes_to_gib(best.peak_memory_bytes) if best else None,
+        num_candidates=result.num_candidates,
+        num_feasible=result.num_feasible,
+        num_simulated=result.num_simulated,
+        rejections="; ".join(f"{n} {c}" for c, n in result.rejection_counts.items()),
+    )
+    return row
+
+
+def run_sweep(
+    cells: Sequence[SweepCell],
+    settings: SweepSettings,
+    *,
+    executor: str = "local",
+    jobs: int = 1,
+    on_row: Callable[[], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Rows of every cell, in grid order.
+
+    Args:
+        executor: one of :data:`EXECUTORS`.
+        jobs: processes of the local executor (1: this process).
+        on_row: called after each row arrives (progress).
+
+    Raises:
+        PlansimError: unknown executor, or dask/ray not installed.
+    """
+    if executor not in EXECUTORS:
+        raise choice_error("--executor", executor, EXECUTORS)
+    task = partial(run_cell, settings=settings)
+    rows = []
+    for row in _EXECUTE[executor](task, list(cells), jobs):
+        rows.append(row)
+        if on_row is not None:
+            on_row()
+    return rows
+
+
+Task = Callable[[SweepCell], dict[str, Any]]
+
+
+def _local(task: Task, cells: list[SweepCell], jobs: int) -> Iterator[dict[str, Any]]:
+    if jobs == 1 or len(cells) <= 1:
+        yield from map(task, cells)
+        return
+    with ProcessPoolExecutor(max_workers=min(jobs, len(cells))) as pool:
+        yield from pool.map(task, cells)
+
+
+def _require(package: str, executor: str) -> None:
+    if importlib.util.find_spec(package) is None:
+        raise PlansimError(
+            f"--executor {executor} needs the '{package}' package, which is not installed "
+            f"(pip install '{package}'); or use --executor local"
+        )
+
+
+def _dask(task: Task, cells: list[SweepCell], jobs: int) -> Iterator[dict[str, Any]]:
+    _require("dask", "dask")
+    _require("distributed", "dask")
+    from dask.distributed import Client  # type: ignore[import-not-found]
+
+    with Client() as client:  # the configured scheduler (dask config), else a local cluster
+        futures = client.map(task, cells, pure=True)
+        yield from client.gather(futures)
+
+
+def _ray(task: Task, cells: list[SweepCell], jobs: int) -> Iterator[dict[str, Any]]:
+    _require("ray", "ray")
+    import ray  # type: ignore[import-not-found]
+
+    ray.init(ignore_reinit_error=True)  # RAY_ADDRESS when configured, else a local cluster
+    remote = ray.remote(task)
+    yield from ray.get([remote.remote(cell) for cell in cells])
+
+
+_EXECUTE: dict[str, Callable[[Task, list[SweepCell], int], Iterator[dict[str, Any]]]] = {
+    "local": _local,
+    "dask": _dask,
+    "ray": _ray,
+}

@@ -1,0 +1,246 @@
+"""Apply a ParallelPlan to the model with PyTorch's own parallelism (torch).
+
+One function per dimension, applied in a fixed order (torchtitan's
+``models/llama3/parallelize.py`` order): :func:`build_mesh` (DeviceMesh ``pp x dp x tp``)
+-> :func:`apply_tp` (DTensor ``parallelize_module``) -> :func:`apply_recompute`
+(activation checkpointing) -> :func:`apply_zero` (FSDP2 ``fully_shard`` for ZeRO-2/3) ->
+pipelining (``plansim.validate.pipeline``). ZeRO-0/1 keep whole gradients and reduce them
+with one all-reduce per stage (:func:`all_reduce_grads`); ZeRO-1 shards the optimizer with
+``ZeroRedundancyOptimizer`` (:func:`build_optimizer`).
+
+Rank layout: the mesh is ``arange(world).reshape(pp, dp, tp)``, so global rank =
+``tp_rank + tp * (dp_rank + dp * pp_rank)``, the tp -> cp -> dp -> pp order of
+``plansim.analytic.ranks`` (cp = 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from plansim.specs.model import ModelSpec
+from plansim.specs.plan import ParallelPlan, Recompute, Schedule
+from plansim.validate.model import Block, StageModule
+from plansim.validate.result import ValidateError
+
+#: AdamW hyper-parameters of every validation run (the reference uses the same). AdamW runs
+#: fused (one kernel over all tensors, as Megatron-LM's and Apex's FusedAdam): the unfused
+#: per-tensor loop costs ~4x more on CPU, which is Python overhead, not memory traffic.
+LEARNING_RATE = 1e-3
+WEIGHT_DECAY = 0.01
+#: Plain SGD learning rate (tests: unlike Adam, SGD is not invariant to the gradient scale,
+#: so a wrong 1/dp or 1/m factor changes the losses).
+SGD_LEARNING_RATE = 1.0
+OPTIMIZERS = ("adamw", "sgd")
+
+
+def optimizer_class(name: str) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+    """The torch optimizer class and its keyword arguments for ``adamw`` or ``sgd``."""
+    if name == "sgd":
+        return torch.optim.SGD, {"lr": SGD_LEARNING_RATE}
+    return torch.optim.AdamW, {"lr": LEARNING_RATE, "weight_decay": WEIGHT_DECAY, "fused": True}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Coords:
+    """This rank's place in the mesh: pipeline, data and tensor-parallel indices."""
+
+    pp: int
+    dp: int
+    tp: int
+
+    @property
+    def representative(self) -> bool:
+        """True on the replica the Timeline describes (dp index 0, tp index 0)."""
+        return self.dp == 0 and self.tp == 0
+
+
+def check_supported(model: ModelSpec, plan: ParallelPlan) -> None:
+    """Raise ValidateError for what the runner cannot execute, naming the field."""
+    if plan.cp > 1:
+        raise ValidateError(f"plan.cp({plan.cp}) > 1 is not supported by the validator")
+    if model.num_layers % plan.num_stages:
+        raise ValidateError(
+            f"model.num_layers({model.num_layers}) is not divisible by pp({plan.pp}) * "
+            f"vpp({plan.vpp}) = {plan.num_stages}"
+        )
+    for field in ("num_attention_heads", "num_query_groups", "ffn_hidden_size"):
+        if getattr(model, field) % plan.tp:
+            raise ValidateError(
+                f"model.{field}({getattr(model, field)}) is not divisible by tp({plan.tp})"
+            )
+    if plan.sequence_parallel and model.seq_length % plan.tp:
+        raise ValidateError(
+            f"model.seq_length({model.seq_length}) is not divisible by tp({plan.tp}) "
+            "(sequence parallelism splits the sequence)"
+        )
+    if plan.zero_stage == 1 and plan.tp > 1 and plan.dp > 1:
+        raise ValidateError(
+            "plan.zero_stage 1 with tp > 1 is not supported: ZeroRedundancyOptimizer does not "
+            "handle DTensor parameters; use zero_stage 0 or 2"
+        )
+
+
+def build_mesh(plan: ParallelPlan, *, device: str) -> tuple[DeviceMesh, Coords]:
+    """The ``(pp, dp, tp)`` DeviceMesh of all ranks and this rank's coordinates."""
+    mesh = init_device_mesh(device, (plan.pp, plan.dp, plan.tp), mesh_dim_names=("pp", "dp", "tp"))
+    rank = dist.get_rank()
+    tp_rank, rest = rank % plan.tp, rank // plan.tp
+    coords = Coords(pp=rest // plan.dp, dp=rest % plan.dp, tp=tp_rank)
+    return mesh, coords
+
+
+def _block_plan(plan: ParallelPlan) -> dict[str, Any]:
+    """Megatron-LM's split of one block (Shoeybi et al. 2019 §3; Korthikanti et al. 2022 §4.2.2
+    for sequence parallelism, as torchtitan writes it)."""
+    sp = plan.sequence_parallel
+    rowwise = RowwiseParallel(output_layouts=Shard(1)) if sp else RowwiseParallel()
+    layout: dict[str, Any] = {
+        "attention.q": ColwiseParallel(),
+        "attention.k": ColwiseParallel(),
+        "attention.v": ColwiseParallel(),
+        "attention.o": rowwise,
+        "mlp.up": ColwiseParallel(),
+        "mlp.gate": ColwiseParallel(),
+        "mlp.down": rowwise,
+    }
+    if sp:
+        gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        layout |= {
+            "attention_norm": SequenceParallel(),
+            "mlp_norm": SequenceParallel(),
+            "attention": gather,
+            "mlp": gather,
+        }
+    return layout
+
+
+def apply_tp(stage: StageModule, plan: ParallelPlan, *, mesh: DeviceMesh) -> None:
+    """Shard the blocks' linear layers over the ``tp`` mesh dimension (in place).
+
+    q, k, v, up, gate column-wise, o and down row-wise; embedding, norms and output layer stay
+    replicated. With sequence parallelism the residual stream between blocks (and between
+    pipeline stages) is split along the sequence: the embedding output is sliced, block norms
+    run on the slice, the head gathers it back.
+    """
+    if plan.tp == 1:
+        return
+    tp_mesh = mesh["tp"]
+    for block in stage.blocks.values():
+        layout = _block_plan(plan)
+        if cast(Block, block).mlp.gate is None:
+            del layout["mlp.gate"]
+        parallelize_module(block, tp_mesh, layout)
+    if plan.sequence_parallel:
+        if stage.embedding is not None:
+            to_seq = PrepareModuleOutput(
+                output_layouts=(Replicate(),),
+                desired_output_layouts=(Shard(1),),
+                use_local_output=True,
+            )
+            parallelize_module(stage.embedding, tp_mesh, to_seq)
+        if stage.head is not None:
+            gather = PrepareModuleInput(
+                input_layouts=(Shard(1),),
+                desired_input_layouts=(Replicate(),),
+                use_local_output=True,
+            )
+            parallelize_module(stage.head, tp_mesh, gather)
+
+
+def apply_recompute(stage: StageModule, plan: ParallelPlan) -> None:
+    """Activation checkpointing (Korthikanti et al. 2022 §5): full wraps every block,
+    selective only the attention core softmax(QK^T)V (in place, non-reentrant)."""
+    if plan.recompute is Recompute.NONE:
+        return
+    for name, block in list(stage.blocks.items()):
+        if plan.recompute is Recompute.FULL:
+            stage.blocks[name] = checkpoint_wrapper(block)
+        else:
+            attention = cast(Block, block).attention
+            attention.core = checkpoint_wrapper(attention.core)
+
+
+def zero_bubble(plan: ParallelPlan) -> bool:
+    """True for schedules that split the backward into input and weight gradients."""
+    return plan.schedule is Schedule.ZB_H1
+
+
+def apply_zero(stage: StageModule, plan: ParallelPlan, *, mesh: DeviceMesh) -> StageModule:
+    """FSDP2 ``fully_shard`` over the ``dp`` mesh dimension for ZeRO-2/3 (dp > 1).
+
+    ZeRO-3 reshards parameters after forward (``reshard_after_forward=True``), ZeRO-2 keeps
+    them (False). With a zero-bubble schedule ZeRO-3 also uses False: FSDP2 resharding plus
+    split backward gave wrong gradients with dp >= 2 (ARCHITECTURE.md; torchtitan does the
+    same). Each block is a unit, then the stage root.
+    """
+    if plan.zero_stage < 2 or plan.dp == 1:
+        return stage
+    from torch.distributed.fsdp import fully_shard
+
+    reshard = plan.zero_stage == 3 and not zero_bubble(plan)
+    dp_mesh = mesh["dp"]
+    for block in stage.blocks.values():
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
+    fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard)
+    return stage
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """The local shard of a DTensor, or the tensor itself."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def all_reduce_grads(params: Iterable[nn.Parameter], *, group: Any) -> int:
+    """Average the gradients over ``group`` in one flat all-reduce; returns bytes reduced.
+
+    Used for ZeRO-0/1 (ZeRO-2/3 reduce inside FSDP2). ReduceOp.AVG (gloo has no PREMUL_SUM).
+    """
+    grads = [local(p.grad) for p in params if p.grad is not None]
+    if not grads:
+        return 0
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=group)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+    return flat.numel() * flat.element_size()
+
+
+def build_optimizer(
+    params: list[nn.Parameter], plan: ParallelPlan, *, dp_group: Any, name: str
+) -> Any:
+    """The optimizer :func:`optimizer_class` names; ZeroRedundancyOptimizer over dp for ZeRO-1."""
+    cls, hyper = optimizer_class(name)
+    if plan.zero_stage == 1 and plan.dp > 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=dp_group, **hyper)
+    return cls(_param_groups(params), **hyper)
+
+
+def _param_groups(params: list[nn.Parameter]) -> list[dict[str, Any]]:
+    """One group per kind of parameter: plain tensors, and DTensors per (mesh, placements);
+    the fused AdamW kernel refuses to mix them in one group."""
+    groups: dict[str, list[nn.Parameter]] = {}
+    for param in params:
+        key = repr((param.device_mesh, param.placements)) if isinstance(param, DTensor) else ""
+        groups.setdefault(key, []).append(param)
+    return [{"params": group} for group in groups.values()]

@@ -1,0 +1,337 @@
+"""Refit a hardware profile from one measured run (``plansim validate --update-profile``; pure).
+
+Mechanistic: each profile term is scaled by the ratio of measured to simulated time of the
+events that term prices, never by the step time. In order:
+
+1. **Streaming bandwidth** (``hbm_efficiency_fraction``, or ``hbm_bandwidth_gb_per_s`` when
+   the fraction would pass 1): the optimizer is a pure streaming kernel
+   (``plansim.analytic.elementwise.adam_step_bytes`` / streaming bytes/s), so the bandwidth is
+   divided by ``r_opt = measured optimizer s / simulated optimizer s``.
+2. **GEMM efficiency and per-kernel latency** (``matmul_efficiency.<dtype>`` of the run's
+   dtype, ``peak_tflops.<dtype>`` only when a fraction would pass 1, and ``kernel_launch_us``):
+   forward plus backward (F, B, I, W, recompute) compute time. The simulated side adds
+   in-action communication the run could not observe separately (e.g. TP collectives
+   inside a DTensor forward, which the measured forward includes). The efficiency curve is
+   divided and the launch time multiplied by ``r = measured / simulated``; the streaming
+   part of those passes (step 1) stays, so the ratio is re-measured on a new simulation and
+   applied again until it is within 0.1% of 1 (at most 12 rounds).
+3. **Pipeline transfers** (``intra_node.sendrecv``): a measured receive includes the wait
+   for the sender, so the transfer time is read where the receiver was already waiting:
+   from the end of the sender's compute to the end of the receive
+   (:func:`waited_transfers_s`); ``r`` = median measured / median simulated of those.
+4. **Collectives** (``intra_node.<collective>``: latency and bus bandwidth): per observed
+   communication kind, ``r = measured / simulated`` total seconds. ``tp_comm`` prices
+   ``all_reduce`` (``all_gather`` and ``reduce_scatter`` with SP); ``dp_comm`` ``all_reduce``
+   (ZeRO 0) or ``reduce_scatter`` and ``all_gather`` (ZeRO 1-3).
+
+For 3 and 4 the latency is multiplied and the bus bandwidth divided by r, which scales that
+collective's time by r at every message size (one message size cannot separate alpha from
+beta).
+
+Every other entry of the profile and its provenance is kept (``plansim.io.profiles.merge_profile``);
+replaced entries get a provenance line naming the run. The file is written atomically
+(``plansim.io.profiles.write_profile``: temporary file + ``os.replace``, checked to load
+back), so a failure leaves the previous file intact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from plansim.io.profiles import SCALAR_KEYS, ProfileUpdate, merge_profile, profiles_dir
+from plansim.sim import timeline as tl
+from plansim.specs.hardware import CollectiveCurve, Curve, HardwareProfile
+from plansim.validate.compare import CATEGORY_KINDS, Comparison, compare, simulate_plan
+from plansim.validate.result import MeasuredRun
+
+#: Relative tolerance of the GEMM fixed-point iteration, and its round limit.
+_TOLERANCE = 1e-3
+_MAX_ROUNDS = 12
+#: Compute kinds of pipeline work (F, B, I, W, recompute).
+_PASS_KINDS = CATEGORY_KINDS["forward"] + CATEGORY_KINDS["backward"]
+#: Communication kinds on the pp streams (never in-action).
+_P2P_KINDS = ("send_forward", "send_backward", "recv_forward", "recv_backward")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Refit:
+    """A refitted profile and what changed.
+
+    Attributes:
+        profile: the refitted profile (every entry not listed in ``factors`` unchanged).
+        factors: {profile term: time multiplier applied}, e.g. ``{"streaming": 1.4,
+            "gemm_and_launch": 0.8, "intra_node.sendrecv": 1.1}`` (1.4: that term's simulated
+            times were 1.4 x longer after the refit than before).
+        before, after: the comparison on the original and on the refitted profile.
+        notes: terms that could not be fitted, and why.
+    """
+
+    profile: HardwareProfile
+    factors: dict[str, float]
+    before: Comparison
+    after: Comparison
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def profile_path(name_or_path: str) -> Path:
+    """The file of ``--profile``: a path as given, a name in ``hardware_profiles/``."""
+    if name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path:
+        return Path(name_or_path)
+    return profiles_dir() / f"{name_or_path}.yaml"
+
+
+def _ratio(measured: float, simulated: float) -> float | None:
+    return measured / simulated if measured > 0 and simulated > 0 else None
+
+
+def _scale_streaming(profile: HardwareProfile, r: float) -> HardwareProfile:
+    """Streaming bytes/s divided by ``r`` (times x r); the fraction capped at 1."""
+    target = profile.streaming_bytes_per_s() / r
+    if target <= profile.hbm_bytes_per_s:
+        return dataclasses.replace(
+            profile, hbm_efficiency_fraction=target / profile.hbm_bytes_per_s
+        )
+    return dataclasses.replace(profile, hbm_efficiency_fraction=1.0, hbm_bytes_per_s=target)
+
+
+def _scale_gemm(profile: HardwareProfile, r: float, *, dtype: str) -> HardwareProfile:
+    """GEMM times of ``dtype`` and the launch overhead x ``r``; fractions over 1 go to the peak."""
+    curve = profile.matmul_efficiency[dtype]
+    ys = [y / r for y in curve.y]
+    peak = profile.peak_flops_per_s[dtype]
+    top = max(ys)
+    if top > 1.0:
+        peak, ys = peak * top, [y / top for y in ys]
+    return dataclasses.replace(
+        profile,
+        peak_flops_per_s={**profile.peak_flops_per_s, dtype: peak},
+        matmul_efficiency={**profile.matmul_efficiency, dtype: Curve(x=curve.x, y=tuple(ys))},
+        kernel_launch_s=profile.kernel_launch_s * r,
+    )
+
+
+def _scale_collective(profile: HardwareProfile, name: str, r: float) -> HardwareProfile:
+    """One collective's time x ``r`` at every size: latency x r, bus bandwidth / r."""
+    old = profile.intra_node[name]
+    bw = old.busbw_bytes_per_s
+    new = CollectiveCurve(
+        collective=name,
+        latency_s=old.latency_s * r,
+        busbw_bytes_per_s=Curve(x=bw.x, y=tuple(y / r for y in bw.y)),
+    )
+    return dataclasses.replace(profile, intra_node={**profile.intra_node, name: new})
+
+
+def _kind_totals(c: Comparison, kinds: tuple[str, ...]) -> tuple[float, float]:
+    rows = c.kinds[c.kinds.index.isin(kinds)]
+    return float(rows["measured_total_s"].sum()), float(rows["simulated_total_s"].sum())
+
+
+def _unobserved_in_action_s(c: Comparison) -> float:
+    """Simulated seconds of in-action communication (rows tied to a micro-batch: TP, CP,
+    ZeRO-3 gathers) of kinds the run did not record."""
+    rows = c.kinds[~c.kinds.index.isin(_PASS_KINDS + _P2P_KINDS) & (c.kinds["measured_count"] == 0)]
+    return float(rows["simulated_tied_total_s"].sum())
+
+
+def _pass_ratio(c: Comparison) -> float | None:
+    """Measured / simulated F+B compute (simulated: plus unobserved in-action comm)."""
+    measured, simulated = _kind_totals(c, _PASS_KINDS)
+    return _ratio(measured, simulated + _unobserved_in_action_s(c))
+
+
+def _collectives_by_kind(run: MeasuredRun) -> dict[tuple[str, ...], tuple[str, ...]]:
+    """Observed communication kinds -> the collectives that price them (see module doc)."""
+    plan = run.plan
+    tp = ("all_gather", "reduce_scatter") if plan.sequence_parallel else ("all_reduce",)
+    dp = ("all_reduce",) if plan.zero_stage == 0 else ("reduce_scatter", "all_gather")
+    return {("tp_comm",): tp, ("dp_comm",): dp}
+
+
+def waited_transfers_s(df: pd.DataFrame) -> list[float]:
+    """Pipeline transfer times read from a Timeline where the receiver was already waiting.
+
+    For a receive of micro-batch j at stage s (``recv_forward``: sent after F(s-1, j);
+    ``recv_backward``: after B or I(s+1, j)) that started no later than the sender's
+    compute ended, the transfer took ``receive end - sender compute end``: the time from
+    the data being ready to its arrival, with no waiting of the receiver in it. Receives
+    that started later (the data was already there) say nothing about the transfer. Ranks
+    on one machine share the clock (``time.perf_counter_ns``).
+    """
+    compute = df[(df[tl.STREAM] == tl.COMPUTE) & (df[tl.STAGE] >= 0) & (df[tl.MICROBATCH] >= 0)]
+    done: dict[tuple[str, int, int], float] = {}
+    for kind, stage, mb, end in zip(
+        compute[tl.KIND], compute[tl.STAGE], compute[tl.MICROBATCH], compute[tl.END_S], strict=True
+    ):
+        side = "F" if kind == "forward" else "B" if kind in ("backward", "backward_input") else ""
+        if side:
+            done[(side, int(stage), int(mb))] = float(end)
+    recv = df[df[tl.KIND].isin(("recv_forward", "recv_backward"))]
+    out = []
+    for kind, stage, mb, start, end in zip(
+        recv[tl.KIND],
+        recv[tl.STAGE],
+        recv[tl.MICROBATCH],
+        recv[tl.START_S],
+        recv[tl.END_S],
+        strict=True,
+    ):
+        key = (
+            ("F", int(stage) - 1, int(mb))
+            if kind == "recv_forward"
+            else ("B", int(stage) + 1, int(mb))
+        )
+        ready = done.get(key)
+        if ready is not None and start <= ready < end:
+            out.append(float(end) - ready)
+    return out
+
+
+def _transfer_ratio(run: MeasuredRun, simulated: pd.DataFrame) -> float | None:
+    """Median measured over median simulated :func:`waited_transfers_s`, or None."""
+    measured = [t for df in run.timelines for t in waited_transfers_s(df)]
+    sim = waited_transfers_s(simulated)
+    if not measured or not sim:
+        return None
+    return _ratio(float(np.median(measured)), float(np.median(sim)))
+
+
+def refit_profile(
+    run: MeasuredRun, profile: HardwareProfile, *, dtype: str
+) -> tuple[HardwareProfile, dict[str, float], tuple[str, ...]]:
+    """Refit ``profile``'s streaming, GEMM/launch and collective terms to ``run`` (no I/O).
+
+    Returns:
+        (refitted profile, {term: time multiplier}, notes on terms left unchanged).
+    """
+    factors: dict[str, float] = {}
+    notes: list[str] = []
+
+    def comparison(p: HardwareProfile) -> Comparison:
+        return compare(run, simulate_plan(run.model, run.plan, p, dtype=dtype))
+
+    c = comparison(profile)
+    r_opt = _ratio(*_kind_totals(c, ("optimizer",)))
+    if r_opt is None:
+        notes.append("streaming: no optimizer event measured and simulated; kept")
+    else:
+        profile, factors["streaming"] = _scale_streaming(profile, r_opt), r_opt
+        c = comparison(profile)
+    gemm = 1.0
+    for _ in range(_MAX_ROUNDS):
+        r = _pass_ratio(c)
+        if r is None or abs(r - 1.0) < _TOLERANCE:
+            break
+        profile, gemm = _scale_gemm(profile, r, dtype=dtype), gemm * r
+        c = comparison(profile)
+    if gemm != 1.0:
+        factors["gemm_and_launch"] = gemm
+    hidden = _unobserved_in_action_s(c)
+    if gemm != 1.0 and hidden > 0:
+        notes.append(
+            f"gemm_and_launch: the run could not time {1e3 * hidden:.3g} ms of in-action "
+            f"communication (TP/ZeRO-3) apart from F/B; its error went into this factor, "
+            f"which therefore holds for this layout only"
+        )
+    r_left = _pass_ratio(c)
+    if r_left is None:
+        notes.append("gemm_and_launch: no forward/backward event measured; kept")
+    elif abs(r_left - 1.0) >= 0.01:
+        notes.append(f"gemm_and_launch: F/B still off by x{r_left:.3g} (streaming-bound passes)")
+    sim_tl = simulate_plan(run.model, run.plan, profile, dtype=dtype).result.timeline
+    r_p2p = _transfer_ratio(run, sim_tl)
+    if r_p2p is not None:
+        profile = _scale_collective(profile, "sendrecv", r_p2p)
+        factors["intra_node.sendrecv"] = r_p2p
+    elif run.plan.pp > 1:
+        notes.append("sendrecv: no pipeline receive waited for its data; kept")
+    for kinds, names in _collectives_by_kind(run).items():
+        measured, simulated = _kind_totals(c, kinds)
+        r = _ratio(measured, simulated)
+        if r is None:
+            if simulated > 0:
+                notes.append(f"{'/'.join(names)}: {'/'.join(kinds)} not observed; kept")
+            continue
+        for name in names:
+            profile = _scale_collective(profile, name, r)
+            factors[f"intra_node.{name}"] = factors.get(f"intra_node.{name}", 1.0) * r
+    return profile, factors, tuple(notes)
+
+
+def profile_update(
+    base: HardwareProfile,
+    fitted: HardwareProfile,
+    factors: dict[str, float],
+    *,
+    dtype: str,
+    source: str,
+) -> ProfileUpdate:
+    """The entries of ``fitted`` that differ from ``base``, each with provenance ``source``.
+
+    Args:
+        source: e.g. ``"refit by plansim validate, 2026-01-31: tp1 pp2 dp1 ... (gloo, 2
+            ranks, model tiny)"``; the time multiplier of each term is appended.
+    """
+    scalars: dict[str, float] = {}
+    provenance: dict[str, str] = {}
+    for name in ("hbm_efficiency_fraction", "hbm_bytes_per_s", "kernel_launch_s"):
+        if getattr(fitted, name) != getattr(base, name):
+            scalars[name] = getattr(fitted, name)
+    term = {
+        "hbm_efficiency_fraction": "streaming",
+        "hbm_bytes_per_s": "streaming",
+        "kernel_launch_s": "gemm_and_launch",
+    }
+    for name in scalars:
+        provenance[SCALAR_KEYS[name]] = _note(source, factors.get(term[name]))
+    peaks = {}
+    curves = {}
+    if fitted.matmul_efficiency[dtype] != base.matmul_efficiency[dtype]:
+        curves[dtype] = fitted.matmul_efficiency[dtype]
+        provenance[f"matmul_efficiency.{dtype}"] = _note(source, factors.get("gemm_and_launch"))
+    if fitted.peak_flops_per_s[dtype] != base.peak_flops_per_s[dtype]:
+        peaks[dtype] = fitted.peak_flops_per_s[dtype]
+        provenance[f"peak_tflops.{dtype}"] = _note(source, factors.get("gemm_and_launch"))
+    intra = {}
+    for name, coll in fitted.intra_node.items():
+        if coll != base.intra_node[name]:
+            intra[name] = coll
+            note = _note(source, factors.get(f"intra_node.{name}"))
+            provenance[f"intra_node.{name}"] = provenance[f"intra_node.{name}.latency_us"] = note
+    return ProfileUpdate(
+        peak_flops_per_s=peaks,
+        matmul_efficiency=curves,
+        intra_node=intra,
+        scalars=scalars,
+        provenance=provenance,
+    )
+
+
+def _note(source: str, factor: float | None) -> str:
+    return source if factor is None else f"{source}; times x{factor:.4g} of the previous value"
+
+
+def refit(run: MeasuredRun, profile: HardwareProfile, *, dtype: str, source: str) -> Refit:
+    """Refit ``profile`` to ``run``, re-simulate and compare again (no I/O).
+
+    Args:
+        run: the measured run.
+        profile: the profile it was simulated on.
+        dtype: the run's matmul dtype (``fp32`` on CPU): the GEMM curve that is refitted.
+        source: provenance of every replaced entry (see :func:`profile_update`).
+
+    Raises:
+        ValidateError: the plan cannot be simulated on the profile.
+        plansim.errors.InputFileError: the merged profile is invalid.
+    """
+    before = compare(run, simulate_plan(run.model, run.plan, profile, dtype=dtype))
+    fitted, factors, notes = refit_profile(run, profile, dtype=dtype)
+    update = profile_update(profile, fitted, factors, dtype=dtype, source=source)
+    merged = merge_profile(profile, update)
+    after = compare(run, simulate_plan(run.model, run.plan, merged, dtype=dtype))
+    return Refit(profile=merged, factors=factors, before=before, after=after, notes=notes)
