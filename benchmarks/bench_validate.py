@@ -136,6 +136,7 @@ def main() -> None:
         start = time.perf_counter()
         run = run_one(model, plan, args)
         if args.save:
+            Path(args.save).mkdir(parents=True, exist_ok=True)
             Path(args.save, f"{name}.pkl").write_bytes(pickle.dumps(run))
         result, previous = row(name, run, profile, previous)
         result["wall_s"] = round(time.perf_counter() - start, 1)
