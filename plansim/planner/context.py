@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from plansim.analytic.cost import Memo, build_pipeline_work
+from plansim.analytic.cost import build_pipeline_work
+from plansim.analytic.link_tags import Memo
 from plansim.planner.bounds import step_time_lower_bound_s
 from plansim.planner.enumerate import (
     Layout,

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from plansim.analytic.cost import Memo, build_pipeline_work
+from plansim.analytic.cost import build_pipeline_work
 from plansim.analytic.flops import hardware_flops_per_step, model_flops_per_step
+from plansim.analytic.link_tags import Memo
 from plansim.analytic.memory import MemoryBreakdown, rank_memory, worst_rank_memory
 from plansim.schedule.actions import PerRankActions
 from plansim.schedule.builders import build_actions
