@@ -53,6 +53,8 @@ from plansim.specs.work import LINKS, PipelineWork
 
 #: ``on_done(start_s, end_s)``, called when a transfer ends.
 Done = Callable[[float, float], None]
+#: ``gate(proceed)``: calls ``proceed()`` when the transfer may start (see ``FifoStream.put``).
+Gate = Callable[[Callable[[], None]], None]
 
 #: Per-GPU tiers (one link each per GPU) and the per-node one.
 GPU_TIERS = tuple(link for link in LINKS if link)
@@ -359,7 +361,7 @@ class FifoStream:
     def __init__(self, env: simpy.Environment, network: Network) -> None:
         self._env = env
         self._network = network
-        self._queue: deque[tuple[float, float, tuple[Link, ...], Done]] = deque()
+        self._queue: deque[tuple[float, float, tuple[Link, ...], Done, Gate | None]] = deque()
         self._busy = False
 
     def put(
@@ -369,26 +371,47 @@ class FifoStream:
         *,
         links: tuple[Link, ...] = (),
         latency_s: float = 0.0,
+        gate: Gate | None = None,
     ) -> None:
         """Queue a transfer of ``duration_s`` alone over ``links`` (none: a plain delay);
-        ``on_done(start_s, end_s)`` runs at its end."""
-        self._queue.append((duration_s, latency_s, links, on_done))
+        ``on_done(start_s, end_s)`` runs at its end.
+
+        ``gate``: the transfer is one side of a collective with other streams. When it
+        reaches the head of this stream, ``gate(proceed)`` is called; the stream stays busy
+        until the gate calls ``proceed()`` (once every side has arrived), and ``start_s`` is
+        the arrival: the time the rank waited for its peers counts as the collective's, as
+        a blocking collective's call does.
+        """
+        self._queue.append((duration_s, latency_s, links, on_done, gate))
         if not self._busy:
             self._start_next()
 
     def _start_next(self) -> None:
-        duration_s, latency_s, links, on_done = self._queue.popleft()
+        duration_s, latency_s, links, on_done, gate = self._queue.popleft()
         self._busy = True
+        run = partial(self._run, duration_s, latency_s, links, on_done, self._env.now)
+        if gate is None:
+            run()
+        else:
+            gate(run)
+
+    def _run(
+        self,
+        duration_s: float,
+        latency_s: float,
+        links: tuple[Link, ...],
+        on_done: Done,
+        arrived_s: float,
+    ) -> None:
         if links:
-            finish = partial(self._finish_linked, on_done)
+            finish = partial(self._finish_linked, on_done, arrived_s)
             self._network.start(links, duration_s=duration_s, latency_s=latency_s, on_done=finish)
             return
-        start = self._env.now
         timeout = self._env.timeout(duration_s)
-        timeout.callbacks.append(lambda _event: self._finish(start, on_done))
+        timeout.callbacks.append(lambda _event: self._finish(arrived_s, on_done))
 
-    def _finish_linked(self, on_done: Done, start: float, _end: float) -> None:
-        self._finish(start, on_done)
+    def _finish_linked(self, on_done: Done, arrived_s: float, _start: float, _end: float) -> None:
+        self._finish(arrived_s, on_done)
 
     def _finish(self, start: float, on_done: Done) -> None:
         self._busy = False

@@ -19,6 +19,10 @@ STREAMS = ("compute", "tp", "pp_send", "pp_recv", "dp")
 #: its PCIe link (with the node's host memory behind it), or "" = no link modelled (the
 #: transfer takes its duration whatever else runs).
 LINKS = ("", "nvlink", "nic", "pcie")
+#: Once-per-step ``grad_sync`` kinds that are ONE collective among the simulated pipeline
+#: ranks carrying them (the tied-embedding gradient all-reduce between the first and last
+#: stage): each side starts only when every side has reached it on its dp stream.
+RENDEZVOUS_KINDS = ("embedding_grad_comm",)
 
 
 def _check_transfer(what: str, *, duration_s: float, latency_s: float, link: str) -> None:

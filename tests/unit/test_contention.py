@@ -512,3 +512,41 @@ def stretched_rows(a: SimResult, b: SimResult) -> int:
     da = a.timeline.assign(took=a.timeline["end_s"] - a.timeline["start_s"]).sort_values(key)
     db = b.timeline.assign(took=b.timeline["end_s"] - b.timeline["start_s"]).sort_values(key)
     return int((da["took"].to_numpy() > db["took"].to_numpy() * (1 + 1e-9)).sum())
+
+
+# --------------------------------------------------------------------------- rendezvous
+def test_tied_embedding_all_reduce_is_one_collective_of_first_and_last_stage() -> None:
+    """The embedding-gradient all-reduce starts on both sides only when both stages reach
+    it: the last stage (done with backward first under 1F1B) waits for stage 0, both end
+    together, and the last stage's optimizer runs after that end."""
+    from plansim.planner.evaluate import Evaluation, evaluate
+    from plansim.specs.model import Activation, ModelSpec
+    from plansim.specs.plan import ParallelPlan
+    from tests.unit.synthetic import round_profile
+
+    model = ModelSpec(
+        name="tied",
+        num_layers=4,
+        hidden_size=1024,
+        num_attention_heads=8,
+        num_query_groups=8,
+        ffn_hidden_size=4096,
+        activation=Activation.GELU,
+        seq_length=1024,
+        vocab_size=32768,
+        tied_embeddings=True,
+    )
+    plan = ParallelPlan(tp=1, pp=2, dp=1, micro_batch_size=1, global_batch_size=8)
+    ev = evaluate(model, plan, round_profile())
+    assert isinstance(ev, Evaluation)
+    df = ev.result.timeline
+    emb = df[df["kind"] == "embedding_grad_comm"].sort_values("rank")
+    assert list(emb["rank"]) == [0, 1]
+    assert emb["end_s"].iloc[0] == pytest.approx(emb["end_s"].iloc[1])
+    last_compute = df[(df["rank"] == 0) & (df["stream"] == "compute") & (df["stage"] >= 0)]
+    # stage 1 arrives before stage 0 finishes its last backward, so it waits for it
+    assert emb["start_s"].iloc[1] < last_compute["end_s"].max() <= emb["start_s"].iloc[0]
+    duration_s = emb["end_s"].iloc[0] - emb["start_s"].iloc[0]
+    assert emb["end_s"].iloc[1] - emb["start_s"].iloc[1] > duration_s
+    opt = df[(df["rank"] == 1) & (df["kind"] == "optimizer")]
+    assert opt["start_s"].min() >= emb["end_s"].iloc[1] - 1e-12
