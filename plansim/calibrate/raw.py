@@ -22,15 +22,13 @@ cpu_share       compute on a CPU device: the rank's CPU time / wall time while t
 
 from __future__ import annotations
 
-import os
-import stat
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
 import pandas as pd
 
 from plansim.errors import InputFileError
+from plansim.io.outputs import replace_file
 
 COLUMNS = (
     "run_id",
@@ -107,30 +105,6 @@ def merge_raw(old: pd.DataFrame, new: pd.DataFrame, *, keep_runs: Iterable[str])
     return pd.concat(parts, ignore_index=True) if parts else new
 
 
-def _new_file_mode(target: Path) -> int:
-    """Permissions for a replacement of ``target``: its own, or 0o666 less the umask (mkstemp
-    alone would leave 0o600)."""
-    if target.exists():
-        return stat.S_IMODE(target.stat().st_mode)
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
 def write_raw(table: pd.DataFrame, path: str | Path) -> None:
     """Write ``table`` to ``path`` atomically (temp file in the same folder, then replace)."""
-    target = Path(path)
-    mode = _new_file_mode(target)
-    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    done = False
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-            table.to_csv(handle, index=False, float_format="%.12g")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, target)
-        done = True
-    finally:
-        if not done:
-            Path(tmp_name).unlink(missing_ok=True)
+    replace_file(path, table.to_csv(index=False, float_format="%.12g"))

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import stat
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -98,3 +100,39 @@ def write_json_atomic(path: str | os.PathLike[str], doc: Any, *, label: str) -> 
     """
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return write_text_atomic(path, text + "\n", label=label)
+
+
+def _new_file_mode(target: Path) -> int:
+    """Permissions for a replacement of ``target``: its own, or 0o666 less the umask (mkstemp
+    alone would leave 0o600)."""
+    if target.exists():
+        return stat.S_IMODE(target.stat().st_mode)
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def replace_file(path: str | os.PathLike[str], text: str) -> None:
+    """Replace ``path`` with ``text`` (UTF-8) durably and atomically, for data files that other
+    runs build on (profiles, raw measurements): a temporary file in the same folder with the
+    target's permissions, flushed to disk, then ``os.replace``; on any failure the previous
+    file is left untouched and the temporary file removed.
+
+    Raises:
+        OSError: the file cannot be written (the caller names the option it came from).
+    """
+    target = Path(path)
+    mode = _new_file_mode(target)
+    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    done = False
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, target)
+        done = True
+    finally:
+        if not done:
+            Path(tmp_name).unlink(missing_ok=True)

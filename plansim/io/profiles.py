@@ -16,8 +16,6 @@ numbers, got 'abc'``); there are no silent defaults for required keys.
 from __future__ import annotations
 
 import os
-import stat
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +24,7 @@ from typing import Any
 import yaml
 
 from plansim.errors import InputFileError, SpecError, UnknownNameError
+from plansim.io.outputs import replace_file
 from plansim.io.profile_parse import profile_from_dict
 from plansim.io.profile_schema import HEADER, SCALARS, SCHEMA_VERSION, TOP_LEVEL_KEYS
 from plansim.specs.hardware import COLLECTIVES, CollectiveCurve, Curve, HardwareProfile
@@ -188,16 +187,6 @@ def _dump(data: Mapping[str, Any]) -> str:
     return "".join(parts)
 
 
-def _new_file_mode(target: Path) -> int:
-    """Permissions for a replacement of ``target``: its own, or 0o666 less the umask (mkstemp
-    alone would leave 0o600)."""
-    if target.exists():
-        return stat.S_IMODE(target.stat().st_mode)
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
 def write_profile(profile: HardwareProfile, path: str | Path) -> None:
     """Write ``profile`` as YAML to ``path`` atomically (temp file in the same folder, then
     ``os.replace``): on any failure the previous file is left untouched.
@@ -208,21 +197,7 @@ def write_profile(profile: HardwareProfile, path: str | Path) -> None:
     target = Path(path)
     data = profile_to_dict(profile)
     profile_from_dict(data, source=str(target))  # never write a file that cannot be read
-    text = _dump(data)
-    mode = _new_file_mode(target)
-    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    done = False
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, target)
-        done = True
-    finally:
-        if not done:
-            Path(tmp_name).unlink(missing_ok=True)
+    replace_file(target, _dump(data))
 
 
 def profile_to_yaml(profile: HardwareProfile) -> str:
