@@ -67,8 +67,9 @@ from plansim.schedule.checks import (
     provides,
 )
 from plansim.sim import timeline as tl
-from plansim.sim.links import FifoStream, Gate, Link, Network, declare_sources
-from plansim.specs.work import P2P, RENDEZVOUS_KINDS, PipelineWork, Segment
+from plansim.sim.links import Link, Network, declare_sources
+from plansim.sim.streams import FifoStream, rendezvous_gates
+from plansim.specs.work import P2P, PipelineWork, Segment
 
 _SEGMENTS = {
     ActionKind.FORWARD: "forward",
@@ -137,7 +138,7 @@ class _Run:
         self.pp_send = [FifoStream(self.env, self.network) for _ in work.ranks]
         self.dp = [FifoStream(self.env, self.network) for _ in work.ranks]
         self.dp_last: list[simpy.Event | None] = [None] * work.num_ranks
-        self.gates = _rendezvous_gates(work)
+        self.gates = rendezvous_gates(work)
         self.last_backward = _last_backwards(actions, work)
         self.position = [0] * work.num_ranks
         self.finished = [False] * work.num_ranks
@@ -324,29 +325,6 @@ class _Run:
             f"simulation stopped at t={self.env.now:.6g} s with actions left: {waits}\n\n"
             f"Pipeline schedule (step x rank, stuck actions in brackets):\n{table}"
         )
-
-
-def _rendezvous_gates(work: PipelineWork) -> dict[str, Gate]:
-    """Per kind of ``RENDEZVOUS_KINDS`` carried by two or more ranks' ``grad_sync``: a gate
-    that lets every side start once all of them have arrived (one collective per step)."""
-    gates: dict[str, Gate] = {}
-    for kind in RENDEZVOUS_KINDS:
-        sides = sum(1 for rank in work.ranks for seg in rank.grad_sync if seg.kind == kind)
-        if sides > 1:
-            gates[kind] = _gate(sides)
-    return gates
-
-
-def _gate(sides: int) -> Gate:
-    waiting: list[Callable[[], None]] = []
-
-    def arrive(proceed: Callable[[], None]) -> None:
-        waiting.append(proceed)
-        if len(waiting) == sides:
-            for go in waiting:
-                go()
-
-    return arrive
 
 
 def _last_backwards(actions: PerRankActions, work: PipelineWork) -> list[dict[int, int]]:
