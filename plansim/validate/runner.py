@@ -272,17 +272,7 @@ def _run_torchrun(config: RunConfig) -> list[dict[str, Any]]:
         timeout_s=config.timeout_s,
     )
     try:
-        result = run_rank(
-            model=config.model,
-            plan=config.plan,
-            device=config.device,
-            num_warmup_steps=config.num_warmup_steps,
-            num_steps=config.num_steps,
-            seed=config.seed,
-            backend=config.backend,
-            progress=Progress(None, rank),
-            optimizer=config.optimizer,
-        )
+        result = run_rank(config, Progress(None, rank))
         results: list[Any] = [None] * world
         dist.all_gather_object(results, result)
     finally:

@@ -37,6 +37,7 @@ from plansim.validate.measure import (
 )
 from plansim.validate.model import StageModule, build_model, split_stage, synthetic_batches
 from plansim.validate.pipeline import LoopExecutor, PipelineExecutor
+from plansim.validate.runner import RunConfig
 
 FAULT_ENV = "PLANSIM_VALIDATE_FAULT"
 #: Exit status of a rank killed by the ``die`` fault.
@@ -243,29 +244,26 @@ def _train(
     return history
 
 
-def run_rank(
-    *,
-    model: ModelSpec,
-    plan: ParallelPlan,
-    device: str,
-    num_warmup_steps: int,
-    num_steps: int,
-    seed: int,
-    backend: str,
-    progress: Progress,
-    optimizer: str,
-) -> dict[str, Any]:
-    """Train ``num_warmup_steps + num_steps`` steps on this rank; returns its result dict
-    (JSON-ready: step times, losses on the rank holding the last stage with tp index 0,
-    intervals on the representative replica, peak memory, schedule check, versions)."""
+def run_rank(config: RunConfig, progress: Progress) -> dict[str, Any]:
+    """Train ``config.num_warmup_steps + config.num_steps`` steps on this rank; returns its
+    result dict (JSON-ready: step times, losses on the rank holding the last stage with tp
+    index 0, intervals on the representative replica, peak memory, schedule check,
+    versions)."""
+    plan = config.plan
     progress("building")
-    trainer = Trainer(model=model, plan=plan, device=device, seed=seed, optimizer=optimizer)
+    trainer = Trainer(
+        model=config.model,
+        plan=plan,
+        device=config.device,
+        seed=config.seed,
+        optimizer=config.optimizer,
+    )
     coords = trainer.coords
     history = _train(
         trainer,
-        num_warmup_steps=num_warmup_steps,
-        num_steps=num_steps,
-        seed=seed,
+        num_warmup_steps=config.num_warmup_steps,
+        num_steps=config.num_steps,
+        seed=config.seed,
         progress=progress,
     )
     progress("done")
@@ -278,7 +276,7 @@ def run_rank(
         "intervals": history.intervals if coords.representative else None,
         "peak_memory_bytes": history.peak_memory_bytes,
         "torch_order": trainer.executor.torch_order,
-        "versions": versions(backend),
+        "versions": versions(config.backend),
     }
 
 
@@ -296,7 +294,7 @@ def init_process_group(
 
 
 def spawned_main(
-    rank: int, config: Any, world: int, run_dir: str, init_method: str, fault: str
+    rank: int, config: RunConfig, world: int, run_dir: str, init_method: str, fault: str
 ) -> None:
     """Entry point of a launched rank (``torch.multiprocessing``): run, write files, exit.
 
@@ -321,17 +319,7 @@ def spawned_main(
             init_method=init_method,
             timeout_s=config.timeout_s + 60.0,
         )
-        result = run_rank(
-            model=config.model,
-            plan=config.plan,
-            device=config.device,
-            num_warmup_steps=config.num_warmup_steps,
-            num_steps=config.num_steps,
-            seed=config.seed,
-            backend=config.backend,
-            progress=progress,
-            optimizer=config.optimizer,
-        )
+        result = run_rank(config, progress)
         _write_atomic(out / f"rank-{rank}.json", json.dumps(result))
         dist.barrier()
         dist.destroy_process_group()
