@@ -11,11 +11,28 @@ pipelines the intra- and inter-node hops, so the busbw is the slower of the two 
     time = alpha + bus_factor(collective, n) * S / busbw
     busbw = intra-node busbw(S)                            (one node)
           = min(intra-node busbw(S), members_per_node * nic_bytes_per_s)   (several nodes)
-    alpha = intra-node latency + nic_latency_s * ceil(log2(num_nodes))  (tree depth; N02:
-            a 2-node all_reduce of 8 B takes one nic_latency_s)
+    alpha = intra-node latency + nic_latency_s * ceil(log2(num_nodes))  (all-reduce: tree
+            depth; N02: a 2-node all_reduce of 8 B takes one nic_latency_s)
 
-Limits: no congestion between concurrent collectives (issue 3), no NVLS/SHARP special cases
-beyond what the measured curves contain, no degradation at very large node counts.
+All-gather and reduce-scatter have no tree in NCCL: across nodes they run as one ring of all
+n ranks, whose latency grows with n, not log n. For them (:func:`ring_collective_time_s`)
+plansim uses NCCL's own tuning model (``src/graph/tuning.cc``, ``ncclTopoTuneModel``, NCCL
+2.18-2.21), taking the fastest of its three protocols as NCCL's tuner does:
+
+    time = min over protocol p of  lat_p + bus_factor * S / (busbw * bw_fraction_p)
+    lat_p = base_p + (nsteps - nInter) * max(intra_p, net_overhead_p) + nInter * net_p
+    nsteps = n - 1, nInter = num_nodes - 1
+
+with the tuning.cc constants (us): base LL 6.6, LL128 14.0, Simple 8.4 (``baseLat`` ring);
+NVLink per step LL 0.6, LL128 1.9, Simple 3.4 and network per step LL 2.7, LL128 4.0,
+Simple 14.0 (``hwLat`` ring); the per-step network post overhead of an Intel host 1 us, x3
+for Simple (``getNetOverhead``); LL moves data at 1/4 of the bus bandwidth across nodes
+(capped at ``llMaxBw`` 20.4 GB/s), LL128 at 0.92 of it. At 1536 ranks on 192 nodes a 24 KiB
+all-gather costs ~1.9 ms (LL), a large one ~3.3 ms of latency (LL128): the term that makes
+many small sharded-parameter gathers slow at scale (``plansim.analytic.zero3``).
+
+Limits: no congestion between concurrent collectives (issue 3), no NVLS/SHARP/CollNet or
+PAT algorithms beyond what the measured curves contain.
 """
 
 from __future__ import annotations
@@ -23,6 +40,7 @@ from __future__ import annotations
 import math
 
 from plansim.analytic.ranks import GroupSpan
+from plansim.errors import SpecError
 from plansim.specs.hardware import HardwareProfile, bus_factor
 
 
@@ -46,8 +64,56 @@ def collective_time_s(
         curve.busbw_bytes_per_s(message_bytes),
         span.members_per_node * profile.nic_bytes_per_s,
     )
+    if collective in ("all_gather", "reduce_scatter"):
+        return ring_collective_time_s(
+            collective=collective, message_bytes=message_bytes, span=span, busbw_bytes_per_s=busbw
+        )
     alpha = curve.latency_s + profile.nic_latency_s * math.ceil(math.log2(span.num_nodes))
     return alpha + bus_factor(collective, span.size) * message_bytes / busbw
+
+
+#: NCCL ring tuning constants (``src/graph/tuning.cc``, NCCL 2.18-2.21), per protocol:
+#: (base latency, NVLink latency per step, network latency per step, net post overhead per
+#: step on an Intel host, fraction of the bus bandwidth, cap on that bandwidth), seconds and
+#: bytes/s. See the module docstring.
+_NCCL_RING_PROTOCOLS = {
+    "LL": (6.6e-6, 0.6e-6, 2.7e-6, 1.0e-6, 0.25, 20.4e9),
+    "LL128": (14.0e-6, 1.9e-6, 4.0e-6, 1.0e-6, 0.92, math.inf),
+    "Simple": (8.4e-6, 3.4e-6, 14.0e-6, 3.0e-6, 1.0, math.inf),
+}
+
+
+def ring_latency_s(protocol: str, *, num_ranks: int, num_nodes: int) -> float:
+    """NCCL's latency of one all-gather or reduce-scatter ring over ``num_ranks`` ranks on
+    ``num_nodes`` nodes with ``protocol`` (LL, LL128 or Simple), seconds (module docstring).
+
+    Raises:
+        SpecError: unknown protocol, or fewer ranks than nodes.
+    """
+    if protocol not in _NCCL_RING_PROTOCOLS:
+        names = ", ".join(_NCCL_RING_PROTOCOLS)
+        raise SpecError(f"protocol={protocol!r} is not allowed; choose one of: {names}")
+    base, intra, net, overhead, _, _ = _NCCL_RING_PROTOCOLS[protocol]
+    if not 1 <= num_nodes <= num_ranks:
+        raise SpecError(f"num_nodes({num_nodes}) must be in [1, num_ranks({num_ranks})]")
+    steps, inter = num_ranks - 1, num_nodes - 1
+    per_intra = max(intra, overhead) if num_nodes > 1 else intra
+    return base + (steps - inter) * per_intra + inter * net
+
+
+def ring_collective_time_s(
+    *, collective: str, message_bytes: float, span: GroupSpan, busbw_bytes_per_s: float
+) -> float:
+    """Seconds for an all-gather or reduce-scatter ring spanning nodes: the fastest NCCL
+    protocol's latency (:func:`ring_latency_s`) plus the bytes at that protocol's share of
+    ``busbw_bytes_per_s`` (the tier bottleneck of :func:`collective_time_s`).
+    """
+    volume = bus_factor(collective, span.size) * message_bytes
+    return min(
+        ring_latency_s(name, num_ranks=span.size, num_nodes=span.num_nodes)
+        + volume / min(busbw_bytes_per_s * fraction, cap)
+        for name, (_, _, _, _, fraction, cap) in _NCCL_RING_PROTOCOLS.items()
+    )
 
 
 def p2p_time_s(profile: HardwareProfile, *, message_bytes: float, inter_node: bool) -> float:

@@ -16,7 +16,9 @@ Pure. Each piece prices a mechanism with the profile's curves:
   the data-parallel group with context parallelism, ``plansim.analytic.ranks``):
   gradient all-reduce (ZeRO 0), reduce-scatter of gradients + all-gather of 16-bit params
   (ZeRO 1/2, Megatron distributed optimizer), and ZeRO-3's per-micro-batch parameter
-  all-gathers in forward and backward plus gradient reduce-scatter (ZeRO paper §7).
+  all-gathers in forward and backward plus gradient reduce-scatter (ZeRO paper §7), their
+  exposed part after per-layer prefetch or per-tensor synchronous fetching
+  (``plansim.analytic.zero3``).
   Tied embeddings with pp > 1: all-reduce of the embedding gradient between first and last
   stage (Megatron ``_allreduce_word_embedding_grads``, after the DP reduction).
   With ``plan.overlap_grad_reduce`` (Megatron-LM ``--overlap-grad-reduce``) the ZeRO-0/1/2
@@ -24,7 +26,11 @@ Pure. Each piece prices a mechanism with the profile's curves:
   (``StageWork.grad_buckets``, ``plansim.analytic.grad_buckets``) that the engine starts
   while backward still runs; the ZeRO-1/2 parameter all-gather stays after the optimizer (Megatron's
   ``--overlap-param-gather``, which hides it behind the next step's forward, is not modelled).
-* Optimizer: fused Adam over the local shard, HBM-bound (``adam_step_bytes``).
+  With ``plan.dp_sync`` parameter-server the DP sync is a push to the servers, their update
+  and a pull instead (``plansim.analytic.param_server``).
+* Optimizer: fused Adam over the local shard, HBM-bound (``adam_step_bytes``); with
+  ``plan.offload_optimizer`` / ``offload_param`` the ZeRO-Offload / ZeRO-Infinity host step
+  and parameter fetches instead (``plansim.analytic.offload``).
 * Links (``plansim.sim.links``, ``plansim.analytic.link_tags``): each communication segment and P2P
   names the link it loads on its rank, from the tier its group spans (NVLink inside a node,
   the NIC across nodes): PP sends by the pp group, DP/ZeRO collectives by the dp (x cp)
@@ -50,11 +56,21 @@ from plansim.analytic.memory import (
     rank_parameters,
     state_bytes_per_param,
 )
+from plansim.analytic.offload import with_offload, with_param_fetch
+from plansim.analytic.param_server import ps_rank_work, uses_parameter_server
 from plansim.analytic.params import count_parameters
 from plansim.analytic.ranks import LayoutGroups, dp_cp_size, layout_groups
+from plansim.analytic.zero3 import (
+    Zero3Traffic,
+    edge_param_tensors,
+    exposed_backward_s,
+    exposed_gather_s,
+    layer_param_tensors,
+    unit_traffic,
+)
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan
+from plansim.specs.plan import ParallelPlan, Recompute, Zero3ParamFetch
 from plansim.specs.work import P2P, GradBucket, PipelineWork, RankWork, Segment, StageWork
 
 T = TypeVar("T")
@@ -67,27 +83,44 @@ def _segments(*parts: tuple[str, str, float, float]) -> tuple[Segment, ...]:
     )
 
 
-def _zero3_microbatch_s(
-    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, groups: LayoutGroups
-) -> tuple[float, float, float]:
-    """ZeRO-3 per micro-batch: (forward all-gather, backward all-gather, grad reduce-scatter).
-
-    Message = the stage's 16-bit parameters (all-gather output) and its gradients
-    (reduce-scatter input); ZeRO paper §7.2: 3 x Psi per step instead of 2 x Psi. Sharded
-    over the dp * cp ranks.
-    """
-    if plan.zero_stage != 3 or dp_cp_size(plan) == 1:
-        return 0.0, 0.0, 0.0
-    per_param = state_bytes_per_param(plan.precision)
-    params = rank_parameters(model, plan, rank=0)
-    message = params * per_param.param
-    gather = collective_time_s(
-        profile, collective="all_gather", message_bytes=message, span=groups.dp_cp
-    )
-    scatter = collective_time_s(
-        profile, collective="reduce_scatter", message_bytes=message, span=groups.dp_cp
-    )
-    return gather, gather, scatter
+def _zero3_segments(
+    n: int,
+    *,
+    plan: ParallelPlan,
+    layer: PassTimes,
+    unit: Zero3Traffic,
+    edge: Zero3Traffic,
+) -> dict[str, tuple[str, str, float, float]]:
+    """ZeRO-3 communication segments of a stage of ``n`` layers, by where they go: before
+    F ("forward"), before the recompute/backward of B and I ("gather_b"), after B
+    ("scatter_b"), after W ("scatter_w"); ``plansim.analytic.zero3`` gives the overlap."""
+    g, r = unit.gather_s, unit.scatter_s
+    full = plan.recompute is Recompute.FULL
+    fwd_c = layer.forward_s + layer.tp_forward_s + layer.cp_forward_s
+    rec_c = layer.recompute_s + layer.tp_recompute_s + layer.cp_recompute_s
+    bin_c = layer.backward_input_s + layer.tp_backward_s + layer.cp_backward_s
+    bw_c = layer.backward_weight_s
+    if plan.zero3_param_fetch is Zero3ParamFetch.LAYER_PREFETCH:
+        forward = edge.gather_s + exposed_gather_s(n, gather_s=g, compute_s=fwd_c)
+        gather_b = edge.gather_s + exposed_gather_s(n, gather_s=g, compute_s=rec_c + bin_c)
+        full_b = edge.gather_s + edge.scatter_s
+        full_b += exposed_backward_s(n, gather_s=g, scatter_s=r, compute_s=rec_c + bin_c + bw_c)
+        scatter_b = full_b - gather_b
+        scatter_w = edge.scatter_s + exposed_gather_s(n, gather_s=r, compute_s=bw_c)
+        regather = 1
+    else:  # per-tensor-sync: every collective serial, recompute gathers again
+        forward = edge.gather_s + n * g
+        gather_b = edge.gather_s + n * g * (2 if full else 1)
+        scatter_b = scatter_w = edge.scatter_s + n * r
+        regather = 2 if full else 1
+    gather_bytes = edge.gather_bytes + n * unit.gather_bytes
+    scatter_bytes = edge.scatter_bytes + n * unit.scatter_bytes
+    return {
+        "forward": ("dp_comm", "dp", forward, gather_bytes),
+        "gather_b": ("dp_comm", "dp", gather_b, gather_bytes * regather),
+        "scatter_b": ("dp_comm", "dp", scatter_b, scatter_bytes),
+        "scatter_w": ("dp_comm", "dp", scatter_w, scatter_bytes),
+    }
 
 
 def _stage_work(
@@ -97,7 +130,7 @@ def _stage_work(
     plan: ParallelPlan,
     layer: PassTimes,
     edges: EdgeTimes,
-    zero3: tuple[float, float, float],
+    zero3: tuple[Zero3Traffic, Zero3Traffic],
     p2p: P2P,
     activation_bytes: float,
     buckets: tuple[GradBucket, ...],
@@ -114,19 +147,19 @@ def _stage_work(
     bwd_w = n * layer.backward_weight_s + (edges.last_backward_weight_s if last else 0.0)
     tp_bwd = n * layer.tp_backward_s + (edges.first_tp_s if first else 0.0)
     tp_bwd += edges.last_tp_s if last else 0.0
-    gather_f, gather_b, scatter = zero3
+    z3 = _zero3_segments(n, plan=plan, layer=layer, unit=zero3[0], edge=zero3[1])
     cp_fwd = ("cp_comm", "tp", n * layer.cp_forward_s, n * layer.cp_forward_bytes)
     cp_bwd = ("cp_comm", "tp", n * layer.cp_backward_s, n * layer.cp_backward_bytes)
     cp_rec = ("cp_comm", "tp", n * layer.cp_recompute_s, n * layer.cp_forward_bytes)
     recompute = (
-        ("dp_comm", "dp", gather_b, 0.0),
+        z3["gather_b"],
         ("recompute", "compute", n * layer.recompute_s, 0.0),
         cp_rec,
         ("tp_comm", "tp", n * layer.tp_recompute_s, 0.0),
     )
     return StageWork(
         forward=_segments(
-            ("dp_comm", "dp", gather_f, 0.0),
+            z3["forward"],
             ("forward", "compute", fwd, 0.0),
             cp_fwd,
             ("tp_comm", "tp", tp_fwd, 0.0),
@@ -136,7 +169,7 @@ def _stage_work(
             ("backward", "compute", bwd_in + bwd_w, 0.0),
             cp_bwd,
             ("tp_comm", "tp", tp_bwd, 0.0),
-            ("dp_comm", "dp", scatter, 0.0),
+            z3["scatter_b"],
         ),
         backward_input=_segments(
             *recompute,
@@ -146,7 +179,7 @@ def _stage_work(
         ),
         backward_weight=_segments(
             ("backward_weight", "compute", bwd_w, 0.0),
-            ("dp_comm", "dp", scatter, 0.0),
+            z3["scatter_w"],
         ),
         send_forward=P2P(duration_s=0.0, num_bytes=0.0) if last else p2p,
         send_backward=P2P(duration_s=0.0, num_bytes=0.0) if first else p2p,
@@ -173,7 +206,8 @@ def _rank_work(
     grad_bytes = params * per_param.grad
     dp_cp = dp_cp_size(plan)
     sync: list[tuple[str, str, float, float]] = []
-    if plan.zero_stage in (0, 1, 2) and not plan.overlap_grad_reduce:
+    ps = uses_parameter_server(plan)
+    if plan.zero_stage in (0, 1, 2) and not plan.overlap_grad_reduce and not ps:
         kind = "all_reduce" if plan.zero_stage == 0 else "reduce_scatter"
         t = collective_time_s(profile, collective=kind, message_bytes=grad_bytes, span=groups.dp_cp)
         sync.append(("dp_comm", "dp", t, grad_bytes))
@@ -184,19 +218,23 @@ def _rank_work(
         t = collective_time_s(profile, collective="all_reduce", message_bytes=emb_bytes, span=pair)
         sync.append(("embedding_grad_comm", "dp", t, emb_bytes))
     local = params / dp_cp if plan.zero_stage >= 1 else params
-    opt: list[tuple[str, str, float, float]] = [
-        ("optimizer", "compute", adam_step_bytes(local) / profile.streaming_bytes_per_s(), 0.0)
-    ]
+    adam_s = adam_step_bytes(local, precision=plan.precision) / profile.streaming_bytes_per_s()
+    opt: list[tuple[str, str, float, float]] = [("optimizer", "compute", adam_s, 0.0)]
     if plan.zero_stage in (1, 2) and dp_cp > 1:
         weight_bytes = params * per_param.param
         t = collective_time_s(
             profile, collective="all_gather", message_bytes=weight_bytes, span=groups.dp_cp
         )
         opt.append(("dp_comm", "dp", t, weight_bytes))
+    grad_sync, optimizer = _segments(*sync), _segments(*opt)
+    if ps:  # push after the tied-embedding all-reduce, so both copies push the same sum
+        ps_work = ps_rank_work(model, plan, profile, groups, rank=rank)
+        grad_sync, optimizer = grad_sync + ps_work.push, ps_work.optimizer
+    optimizer = with_offload(optimizer, plan=plan, profile=profile, local_params=local)
     return RankWork(
         static_bytes=rank_memory(model, plan, profile, rank=rank).static_bytes,
-        grad_sync=_segments(*sync),
-        optimizer=_segments(*opt),
+        grad_sync=grad_sync,
+        optimizer=optimizer,
     )
 
 
@@ -210,8 +248,10 @@ _PASS_FIELDS = (
     "micro_batch_size", "tp", "cp", "attention", "precision", "recompute",
     "sequence_parallel", "gradient_accumulation_fusion",
 )  # fmt: skip
+#: Plan fields of one layer's ZeRO-3 traffic (``plansim.analytic.zero3``).
+_ZERO3_FIELDS = ("tp", "cp", "dp", "zero_stage", "zero3_param_fetch", "precision")
 #: Plan fields of one stage's gradient buckets (``grad_buckets``), besides first/last.
-_BUCKET_FIELDS = ("tp", "cp", "dp", "pp", "vpp", "zero_stage", "precision")
+_BUCKET_FIELDS = ("tp", "cp", "dp", "pp", "vpp", "zero_stage", "precision", "dp_sync", "ps_servers")
 
 
 def build_pipeline_work(
@@ -270,9 +310,17 @@ def _build(
     )
     edges = _memoised(memo, ("edges", *pass_key), lambda: edge_times(model, plan, profile, groups))
     bucket_key = tuple(getattr(plan, f) for f in _BUCKET_FIELDS)
-    zero3 = _zero3_microbatch_s(model, plan, profile, groups)
+    per_param = state_bytes_per_param(plan.precision)
+    z3_bytes = {"param_bytes": per_param.param, "grad_bytes": per_param.param}
+    z3_layer = _memoised(
+        memo,
+        ("zero3", *(getattr(plan, f) for f in _ZERO3_FIELDS)),
+        lambda: unit_traffic(
+            layer_param_tensors(model, plan), plan=plan, profile=profile, groups=groups, **z3_bytes
+        ),
+    )
     tokens = model.seq_length / plan.cp * plan.micro_batch_size
-    p2p_bytes = 2.0 * tokens * model.hidden_size / plan.tp
+    p2p_bytes = plan.precision.activation_bytes * tokens * model.hidden_size / plan.tp
     p2p = P2P(
         duration_s=p2p_time_s(profile, message_bytes=p2p_bytes, inter_node=groups.pp.num_nodes > 1),
         num_bytes=p2p_bytes,
@@ -292,7 +340,16 @@ def _build(
                 plan=plan,
                 layer=layer,
                 edges=edges,
-                zero3=zero3,
+                zero3=(
+                    z3_layer,
+                    unit_traffic(
+                        edge_param_tensors(model, plan, first=key[0], last=key[1]),
+                        plan=plan,
+                        profile=profile,
+                        groups=groups,
+                        **z3_bytes,
+                    ),
+                ),
                 p2p=p2p,
                 activation_bytes=rank_bytes / plan.vpp,
                 buckets=_memoised(
@@ -304,6 +361,7 @@ def _build(
                 else (),
             )
         stages.append(stage_kinds[key])
+    stages = with_param_fetch(stages, model=model, plan=plan, profile=profile)
     rank_kinds: dict[tuple[bool, bool], RankWork] = {}
     ranks = []
     for r in range(plan.pp):

@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plansim.specs.model import Activation, ModelSpec, PositionEmbedding
+from plansim.specs.plan import Precision
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,13 +81,21 @@ def layer_elementwise_traffic(
     )
 
 
-def adam_step_bytes(num_params: float) -> float:
-    """HBM bytes of one mixed-precision optimizer step over ``num_params`` local parameters.
+def adam_step_bytes(num_params: float, *, precision: Precision = Precision.BF16) -> float:
+    """HBM bytes of one optimizer step over ``num_params`` local parameters.
 
-    The passes of Megatron-LM's ``Float16OptimizerWithFloat16Params`` with apex multi-tensor
-    kernels, per parameter: gradient L2 norm for clipping reads the fp32 grad (4 B); fused Adam
-    reads fp32 param, grad, m, v (16 B) and writes param, m, v (12 B); the fp32 main params
-    are copied into the 16-bit model params (read 4, write 2); the fp32 grad buffer is zeroed
-    for the next step (write 4): 42 bytes per parameter.
+    Mixed precision (bf16, fp16, fp8): the passes of Megatron-LM's
+    ``Float16OptimizerWithFloat16Params`` with apex multi-tensor kernels, per parameter:
+    gradient L2 norm for clipping reads the fp32 grad (4 B); fused Adam reads fp32 param,
+    grad, m, v (16 B) and writes param, m, v (12 B); the fp32 main params are copied into the
+    16-bit model params (read 4, write 2); the fp32 grad buffer is zeroed for the next step
+    (write 4): 42 bytes per parameter.
+
+    fp32: PyTorch's ``torch.optim.AdamW`` with ``fused=True`` or ``foreach=True`` (torch docs,
+    ``torch.optim.AdamW``: the fused/foreach implementations update all parameters in
+    multi-tensor passes) reads param, grad, exp_avg, exp_avg_sq (16 B) and writes param,
+    exp_avg, exp_avg_sq (12 B): 28 bytes per parameter; no master copy, no clipping pass,
+    gradients freed (``zero_grad(set_to_none=True)``, the default) instead of zeroed.
     """
-    return 42.0 * num_params
+    per_param = 28.0 if precision is Precision.FP32 else 42.0
+    return per_param * num_params

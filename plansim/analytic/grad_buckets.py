@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from plansim.analytic.comm import collective_time_s
 from plansim.analytic.memory import state_bytes_per_param
+from plansim.analytic.param_server import PUSH_KIND, ps_transfer, uses_parameter_server
 from plansim.analytic.params import count_parameters
 from plansim.analytic.ranks import LayoutGroups, dp_cp_size
 from plansim.specs.hardware import HardwareProfile
@@ -106,8 +107,12 @@ def grad_buckets(
     (:func:`_ready_fraction`). Empty for ZeRO-3 (per micro-batch reduce-scatters) or
     dp * cp == 1. The collectives span the dp * cp group; the bucket size uses dp alone, as
     Megatron's default does (``get_data_parallel_world_size()`` without context parallelism).
+    With ``plan.dp_sync`` parameter-server each bucket is a ``ps_push`` of its gradients
+    (``plansim.analytic.param_server.ps_transfer``), also with dp * cp == 1 when the servers
+    are dedicated.
     """
-    if plan.zero_stage == 3 or dp_cp_size(plan) == 1:
+    ps = uses_parameter_server(plan)
+    if plan.zero_stage == 3 or (dp_cp_size(plan) == 1 and not ps):
         return ()
     params = stage_parameters(model, plan, stage=stage)
     total = params.total
@@ -120,10 +125,13 @@ def grad_buckets(
         done = total if k == count - 1 else (k + 1) * size
         num_params = done - k * size
         message = num_params * grad_bytes
-        seconds = collective_time_s(
-            profile, collective=collective, message_bytes=message, span=groups.dp_cp
-        )
-        segment = Segment(kind="dp_comm", stream="dp", duration_s=seconds, num_bytes=message)
+        if ps:
+            segment = ps_transfer(plan, profile, groups, message_bytes=message).segment(PUSH_KIND)
+        else:
+            seconds = collective_time_s(
+                profile, collective=collective, message_bytes=message, span=groups.dp_cp
+            )
+            segment = Segment(kind="dp_comm", stream="dp", duration_s=seconds, num_bytes=message)
         buckets.append(
             GradBucket(
                 segment=segment,

@@ -31,6 +31,12 @@ from plansim.analytic.activations import ring_kv_chunk_bytes
 from plansim.analytic.comm import collective_time_s, p2p_time_s
 from plansim.analytic.elementwise import layer_elementwise_traffic
 from plansim.analytic.memory import state_bytes_per_param
+from plansim.analytic.op_overheads import (
+    attention_core_times,
+    edge_ops,
+    layer_ops,
+    with_host_s,
+)
 from plansim.analytic.params import count_parameters
 from plansim.analytic.ranks import LayoutGroups
 from plansim.specs.hardware import HardwareProfile
@@ -101,11 +107,18 @@ def layer_gemms(model: ModelSpec, plan: ParallelPlan) -> tuple[fl.Gemm, ...]:
     )
 
 
+def _element_bytes(dtype: str) -> float:
+    """Bytes of one GEMM operand element: 4 for fp32/tf32, else 2 (fp8 GEMMs are priced
+    with 16-bit operand traffic, as before fp32 existed)."""
+    return 4.0 if dtype in ("fp32", "tf32") else 2.0
+
+
 def gemm_time_s(gemm: fl.Gemm, profile: HardwareProfile, *, dtype: str) -> float:
     """Roofline time of ``gemm`` (all ``count`` instances): compute- or HBM-bound."""
     single_flops = 2.0 * gemm.m * gemm.n * gemm.k
     compute_s = gemm.flops / profile.matmul_flops_per_s(dtype, single_flops)
-    moved = 2.0 * gemm.count * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
+    elements = gemm.count * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
+    moved = _element_bytes(dtype) * elements
     # The profile's efficiency curve already includes the launch overhead (roofline + launch).
     return max(compute_s, moved / profile.streaming_bytes_per_s())
 
@@ -117,24 +130,33 @@ def _matmul_dtype(plan: ParallelPlan) -> str:
 def layer_pass_times(
     model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, groups: LayoutGroups
 ) -> PassTimes:
-    """Forward, backward (input/weight), recompute and TP-collective seconds of one layer."""
+    """Forward, backward (input/weight), recompute and TP-collective seconds of one layer.
+
+    Compute = GEMMs (:func:`gemm_time_s`) + attention core
+    (``op_overheads.attention_core_times``: the profile's fused-attention curve when it has
+    one for the dtype, else the two core GEMMs) + memory-bound kernels (their bytes scale with
+    the plan's activation width: 16-bit in ``elementwise``, fp32 moves twice as many), then
+    the host cost of the pass's eager ops (``op_overheads.with_host_s``; nothing when the
+    profile has no ``host_overhead``). The backward's host cost is in ``backward_input_s``.
+    """
     b, tp = plan.micro_batch_size, plan.tp
     local = cp_local_model(model, plan.cp)
     dtype = _matmul_dtype(plan)
+    core_dtype = "bf16" if dtype == "fp8" else dtype
     unfused = plan.attention is AttentionKernel.UNFUSED
+    gemms = layer_gemms(model, plan)
     fwd_gemm = wgrad = core_fwd = 0.0
-    for gemm in layer_gemms(model, plan):
+    for gemm in gemms:
         is_core = gemm.name in fl.ATTENTION_CORE_GEMMS
-        t = gemm_time_s(gemm, profile, dtype="bf16" if is_core and dtype == "fp8" else dtype)
+        t = gemm_time_s(gemm, profile, dtype=core_dtype if is_core else dtype)
         fwd_gemm += t
         if is_core:
             core_fwd += t
         else:
             wgrad += t
-    # Input-grad GEMMs: one forward each; attention core: 2x (unfused) or 2.5x (flash,
-    # recompute of the scores included).
-    core_bwd = (2.0 if unfused else 2.5) * core_fwd
-    dgrad = (fwd_gemm - core_fwd) + core_bwd
+    core = attention_core_times(gemms, plan, profile, dtype=core_dtype, gemm_forward_s=core_fwd)
+    # Input-grad GEMMs: one forward each; the attention core's backward from ``core``.
+    dgrad = (fwd_gemm - core_fwd) + core.backward_s
     traffic = layer_elementwise_traffic(
         local,
         micro_batch_size=b,
@@ -143,25 +165,32 @@ def layer_pass_times(
         unfused_attention=unfused,
     )
     hbm = profile.streaming_bytes_per_s()
-    ew_fwd = traffic.forward_bytes / hbm + traffic.num_kernels * profile.kernel_launch_s
-    ew_bwd = traffic.backward_bytes / hbm + traffic.num_kernels * profile.kernel_launch_s
-    forward_s = fwd_gemm + ew_fwd
+    width = plan.precision.activation_bytes / 2.0
+    ew_fwd = width * traffic.forward_bytes / hbm + traffic.num_kernels * profile.kernel_launch_s
+    ew_bwd = width * traffic.backward_bytes / hbm + traffic.num_kernels * profile.kernel_launch_s
+    ops = layer_ops(gemms, plan, num_kernels=traffic.num_kernels)
+    forward_s = with_host_s(
+        fwd_gemm + (core.forward_s - core_fwd) + ew_fwd, ops, profile, backward=False
+    )
+    wgrad += _grad_accumulation_s(model, plan, profile)
+    device_bwd = dgrad + ew_bwd + wgrad
+    host_bwd = with_host_s(device_bwd, ops, profile, backward=True) - device_bwd
     tp_pass = _tp_layer_pass_s(model, plan, profile, groups)
     tp_backward = tp_pass + _sp_wgrad_gather_s(model, plan, profile, groups)
     ring = ring_attention_times(
-        model, plan, profile, groups, core_forward_s=core_fwd, core_backward_s=core_bwd
+        model, plan, profile, groups, core_forward_s=core.forward_s, core_backward_s=core.backward_s
     )
     recompute_s, tp_recompute, cp_recompute = 0.0, 0.0, 0.0
     if plan.recompute is Recompute.FULL:
         recompute_s, tp_recompute, cp_recompute = forward_s, tp_pass, ring.forward_s
     elif plan.recompute is Recompute.SELECTIVE and unfused:
         queries_x_keys = local.seq_length * model.seq_length
-        softmax_bytes = 9.0 * model.num_attention_heads * queries_x_keys * b
+        softmax_bytes = 9.0 * model.num_attention_heads * queries_x_keys * b * width
         recompute_s = core_fwd + softmax_bytes / tp / hbm
     return PassTimes(
         forward_s=forward_s,
-        backward_input_s=dgrad + ew_bwd,
-        backward_weight_s=wgrad + _grad_accumulation_s(model, plan, profile),
+        backward_input_s=dgrad + ew_bwd + host_bwd,
+        backward_weight_s=wgrad,
         recompute_s=recompute_s,
         tp_forward_s=tp_pass,
         tp_backward_s=tp_backward,
@@ -238,16 +267,17 @@ def ring_attention_times(
 
 
 def _grad_accumulation_s(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile) -> float:
-    """Unfused gradient accumulation of one layer for one micro-batch: read the fresh 16-bit
-    weight gradient, read and write the accumulation buffer (fp32 main grad for bf16, as
-    Megatron-LM; 16-bit for fp16): 2 + 2 x grad bytes per local parameter. Zero with
-    ``gradient_accumulation_fusion`` (the weight-gradient GEMM accumulates in its epilogue)."""
+    """Unfused gradient accumulation of one layer for one micro-batch: read the fresh weight
+    gradient (in the working precision: 2 B, fp32 4 B), read and write the accumulation buffer
+    (fp32 main grad for bf16, as Megatron-LM; 16-bit for fp16; fp32 for fp32): param bytes +
+    2 x grad bytes per local parameter. Zero with ``gradient_accumulation_fusion`` (the
+    weight-gradient GEMM accumulates in its epilogue)."""
     if plan.gradient_accumulation_fusion:
         return 0.0
     counts = count_parameters(model)
     local = (counts.attention_per_layer + counts.mlp_per_layer) / plan.tp + counts.norms_per_layer
-    grad_bytes = state_bytes_per_param(plan.precision).grad
-    return local * (2.0 + 2.0 * grad_bytes) / profile.streaming_bytes_per_s()
+    per_param = state_bytes_per_param(plan.precision)
+    return local * (per_param.param + 2.0 * per_param.grad) / profile.streaming_bytes_per_s()
 
 
 def _sp_wgrad_gather_s(
@@ -260,7 +290,8 @@ def _sp_wgrad_gather_s(
     shares the GPU with it."""
     if plan.tp == 1 or not plan.sequence_parallel:
         return 0.0
-    message = 2.0 * model.seq_length / plan.cp * plan.micro_batch_size * model.hidden_size
+    act = float(plan.precision.activation_bytes)
+    message = act * model.seq_length / plan.cp * plan.micro_batch_size * model.hidden_size
     return 2.0 * collective_time_s(
         profile, collective="all_gather", message_bytes=message, span=groups.tp
     )
@@ -272,7 +303,8 @@ def _tp_layer_pass_s(
     """TP collectives of one layer in one pass (forward or backward), for s/cp tokens."""
     if plan.tp == 1:
         return 0.0
-    message = 2.0 * model.seq_length / plan.cp * plan.micro_batch_size * model.hidden_size
+    act = float(plan.precision.activation_bytes)
+    message = act * model.seq_length / plan.cp * plan.micro_batch_size * model.hidden_size
     if plan.sequence_parallel:
         ag = collective_time_s(
             profile, collective="all_gather", message_bytes=message, span=groups.tp
@@ -307,15 +339,18 @@ def edge_times(
     values; vocab-parallel cross-entropy all-reduces three fp32 values per token (max,
     sum of exponentials, target logit) (Megatron-LM ``VocabParallelEmbedding`` and
     ``vocab_parallel_cross_entropy``). Cross-entropy traffic: read 16-bit logits, write fp32,
-    softmax read and write fp32 (14 B per logit forward); backward 8 B per logit. With
-    context parallelism every cp rank does this for its s/cp tokens.
+    softmax read and write fp32 (14 B per logit forward; 16 B with fp32 logits); backward 8 B
+    per logit. Activations are 16-bit, or 4-byte in fp32 training. With context parallelism
+    every cp rank does this for its s/cp tokens. Host cost of the embedding and head ops
+    (``op_overheads.edge_ops``, ``with_host_s``) when the profile has ``host_overhead``.
     """
     b, tp = plan.micro_batch_size, plan.tp
     local = cp_local_model(model, plan.cp)
     tokens = local.seq_length * b
     hbm = profile.streaming_bytes_per_s()
     launch = profile.kernel_launch_s
-    act_bytes = 2.0 * tokens * model.hidden_size
+    act = float(plan.precision.activation_bytes)
+    act_bytes = act * tokens * model.hidden_size
     emb_tp = 0.0
     ce_tp = 0.0
     if tp > 1:
@@ -329,13 +364,21 @@ def edge_times(
     logits = fl.logits_forward_gemm(local, micro_batch_size=b, tp=tp)
     logits_s = gemm_time_s(logits, profile, dtype=_matmul_dtype(plan))
     num_logits = tokens * model.vocab_size / tp
-    norm_s = 4.0 * model.hidden_size * tokens / hbm + launch
+    norm_s = 2.0 * act * model.hidden_size * tokens / hbm + launch
+    first, last = edge_ops(model.position_embedding)
     return EdgeTimes(
-        first_forward_s=act_bytes / hbm + launch,
-        first_backward_s=3.0 * act_bytes / hbm + launch,
+        first_forward_s=with_host_s(act_bytes / hbm + launch, first, profile, backward=False),
+        first_backward_s=with_host_s(3.0 * act_bytes / hbm + launch, first, profile, backward=True),
         first_tp_s=emb_tp,
-        last_forward_s=logits_s + norm_s + 14.0 * num_logits / hbm + 2 * launch,
-        last_backward_input_s=logits_s + 2.0 * norm_s + 8.0 * num_logits / hbm + launch,
+        last_forward_s=with_host_s(
+            logits_s + norm_s + (12.0 + act) * num_logits / hbm + 2 * launch,
+            last,
+            profile,
+            backward=False,
+        ),
+        last_backward_input_s=with_host_s(
+            logits_s + 2.0 * norm_s + 8.0 * num_logits / hbm + launch, last, profile, backward=True
+        ),
         last_backward_weight_s=logits_s,
         last_tp_s=ce_tp,
     )

@@ -15,11 +15,19 @@ Context parallelism (cp): activations, logits and the embedding output are those
 rank's s/cp tokens (1/cp of the cp = 1 bytes); weights are replicated over cp, and the ZeRO
 shards are taken over the dp * cp ranks that reduce gradients together (Megatron-LM's
 distributed optimizer shards over ``get_data_parallel_group(with_context_parallel=True)``).
+
+Parameter server (``plan.dp_sync``, ``plansim.analytic.param_server``): the servers hold the
+fp32 master weights and Adam states; a colocated worker serves 1/(dp * cp) of them (as
+ZeRO-1), a worker with dedicated servers none. Weights and gradients stay whole.
+
+Offload (``plan.offload_optimizer`` / ``offload_param``, DeepSpeed ZeRO-Offload and
+ZeRO-Infinity): the offloaded states leave the GPU (``model_state_bytes``); what the host
+then holds, and the host-memory check, are in ``plansim.analytic.offload``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from plansim.analytic.activations import layer_activations, ring_kv_chunk_bytes
 from plansim.analytic.params import count_parameters
@@ -27,7 +35,14 @@ from plansim.analytic.ranks import dp_cp_size
 from plansim.schedule.builders import interleaved_warmup
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import AttentionKernel, ParallelPlan, Precision, Schedule
+from plansim.specs.plan import (
+    AttentionKernel,
+    DpSync,
+    OffloadDevice,
+    ParallelPlan,
+    Precision,
+    Schedule,
+)
 from plansim.units import bytes_to_gib
 
 
@@ -44,8 +59,13 @@ def state_bytes_per_param(precision: Precision) -> StateBytesPerParam:
     """Megatron-LM mixed-precision Adam bytes per parameter (M02 dist_optimizer table).
 
     fp16: 2 (param) + 2 (grad) + 16 (fp32 param, fp32 grad, m, v) = 20;
-    bf16 and fp8 (bf16 weights): 2 + 4 (fp32 main grad) + 12 (fp32 param, m, v) = 18.
+    bf16 and fp8 (bf16 weights): 2 + 4 (fp32 main grad) + 12 (fp32 param, m, v) = 18;
+    fp32 (no mixed precision): 4 (param) + 4 (grad) + 8 (Adam m, v; no master copy) = 16,
+    the ZeRO paper's (Rajbhandari et al. SC20 §3.1) Adam states without the fp32 copy it
+    counts for mixed precision (K = 12 = 4 + 4 + 4 there, K = 8 here).
     """
+    if precision is Precision.FP32:
+        return StateBytesPerParam(param=4.0, grad=4.0, optimizer=8.0)
     if precision is Precision.FP16:
         return StateBytesPerParam(param=2.0, grad=2.0, optimizer=16.0)
     return StateBytesPerParam(param=2.0, grad=4.0, optimizer=12.0)
@@ -61,22 +81,40 @@ class ModelStates:
 
 
 def model_state_bytes(
-    num_params: float, *, dp: int, zero_stage: int, per_param: StateBytesPerParam
+    num_params: float,
+    *,
+    dp: int,
+    zero_stage: int,
+    per_param: StateBytesPerParam,
+    offload_optimizer: OffloadDevice = OffloadDevice.NONE,
+    offload_param: OffloadDevice = OffloadDevice.NONE,
 ) -> ModelStates:
-    """Model-state bytes of ``num_params`` parameters on one DP rank (ZeRO paper §5).
+    """Model-state bytes of ``num_params`` parameters on one DP rank's GPU (ZeRO paper §5).
 
     Baseline (stage 0) keeps everything; stage >= 1 divides optimizer states by dp,
     stage >= 2 also gradients, stage 3 also parameters. With per_param = (2, 2, 12) this is
     the ZeRO paper's 4*Psi + K*Psi/N_d, 2*Psi + (2+K)*Psi/N_d and (4+K)*Psi/N_d.
+
+    Offload (DeepSpeed ``estimate_zero2/3_model_states_mem_needs``, reference memory.md §4):
+    with ``offload_optimizer`` the optimizer states (fp32 master, Adam m and v) and the fp32
+    gradients leave the GPU; the 16-bit gradients stay only with stage 1 (unsharded, 2 B per
+    parameter: stage 1 does not partition gradients), stages 2/3 copy each reduced shard to
+    the host (ZeRO-Offload §4.1), so the estimator's GPU bytes are 2*Psi (stage 2) and
+    4*Psi_L + 2*Psi/N (stage 3). With ``offload_param`` (stage 3) the 16-bit parameter
+    shards leave the GPU too; the gathered layers (``transient_bytes``) stay: 4*Psi_L.
     """
     opt_div = dp if zero_stage >= 1 else 1
     grad_div = dp if zero_stage >= 2 else 1
     param_div = dp if zero_stage >= 3 else 1
-    return ModelStates(
-        weights_bytes=num_params * per_param.param / param_div,
-        gradients_bytes=num_params * per_param.grad / grad_div,
-        optimizer_bytes=num_params * per_param.optimizer / opt_div,
-    )
+    weights = num_params * per_param.param / param_div
+    gradients = num_params * per_param.grad / grad_div
+    optimizer = num_params * per_param.optimizer / opt_div
+    if offload_optimizer is not OffloadDevice.NONE:
+        optimizer = 0.0
+        gradients = num_params * per_param.param if zero_stage < 2 else 0.0
+    if offload_param is not OffloadDevice.NONE:
+        weights = 0.0
+    return ModelStates(weights_bytes=weights, gradients_bytes=gradients, optimizer_bytes=optimizer)
 
 
 def rank_parameters(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float:
@@ -191,7 +229,13 @@ def rank_memory(
         dp=dp_cp_size(plan),
         zero_stage=plan.zero_stage,
         per_param=state_bytes_per_param(plan.precision),
+        offload_optimizer=plan.offload_optimizer,
+        offload_param=plan.offload_param,
     )
+    if plan.dp_sync is DpSync.PARAMETER_SERVER:  # the servers hold the optimizer states:
+        # 1/(dp * cp) of them on a colocated worker (as ZeRO-1), none with dedicated servers
+        share = 0.0 if plan.ps_servers else states.optimizer_bytes / dp_cp_size(plan)
+        states = replace(states, optimizer_bytes=share)
     return MemoryBreakdown(
         rank=rank,
         weights_bytes=states.weights_bytes,
@@ -219,7 +263,8 @@ def microbatch_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: i
     if rank == 0:  # embedding output (dropout mask), Korthikanti §4.3
         sbh = model.seq_length / plan.cp * plan.micro_batch_size * model.hidden_size
         per_mb += sbh / (plan.tp if plan.sequence_parallel else 1)
-    return per_mb
+    # Korthikanti's bytes are for 16-bit activations; fp32 training stores 4-byte ones.
+    return per_mb * plan.precision.activation_bytes / 2
 
 
 def stored_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float:

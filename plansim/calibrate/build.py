@@ -21,6 +21,14 @@ nic_gb_per_s, _latency  CPU: the send/recv fit (same host: loopback, not a NIC);
                         from the base profile, else an assumption equal to send/recv
 pcie_gb_per_s           GPU: pinned host-to-device copy; CPU: a host memory copy
                         (bytes copied per second = half the STREAM copy rate)
+host.adam_params_per_s  parameters / time of a host ``torch.optim.Adam`` step (fp32, foreach,
+                        one thread per rank, ranks concurrent) on the largest size measured
+host.memory_gib         the host's MemTotal (``/proc/meminfo``)
+attention_efficiency    per dtype, causal SDPA forward and backward rates / that dtype's GEMM
+                        peak over forward FLOPs per call (:func:`.fit.fit_attention`)
+host_overhead           seconds per op of a forward through a chain of tiny ops, and of its
+                        backward (:func:`.fit.fit_host_ops`); the DTensor extra from the same
+                        chain tensor-parallel; ``serial`` true on a CPU device
 ======================  =====================================================================
 
 Compute times are the median over ranks of each rank's median (the ranks run concurrently);
@@ -34,9 +42,11 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from plansim.calibrate.build_terms import attention_terms, host_overhead_term
 from plansim.calibrate.fit import CollectiveFit, fit_collective, fit_efficiency
 from plansim.calibrate.plan import CPU_SHARE_OK
 from plansim.io.profiles import ProfileUpdate
+from plansim.specs.compute_terms import AttentionEfficiency, HostOverhead
 from plansim.specs.hardware import COLLECTIVES, CollectiveCurve, Curve, HardwareProfile
 
 #: Allocator fragmentation share of capacity added to the reserve (README "Memory reserve").
@@ -59,6 +69,9 @@ class RunInfo:
     host_memory_total_bytes: float = 0.0
     host_memory_available_bytes: float = 0.0
     load_average: tuple[float, float] | None = None
+    #: the ``source()`` text recorded by the run itself (``plansim.calibrate.rebuild``
+    #: rebuilding a profile from its raw CSV offline, where the environment is not at hand)
+    recorded_source: str = ""
 
     @property
     def busy(self) -> bool:
@@ -72,6 +85,8 @@ class RunInfo:
 
     def source(self) -> str:
         """``measured: <device>, <date>, <versions>, <ranks>; raw: <file> run <id>``."""
+        if self.recorded_source:
+            return self.recorded_source
         env = self.env
         versions = [f"torch {env.get('torch', '?')}", self.backend]
         if self.device == "cuda":
@@ -106,7 +121,7 @@ class Built:
     timed: int = 0
 
 
-_COMPUTE_KINDS = ("gemm", "attention", "stream", "launch", "adam")
+_COMPUTE_KINDS = ("gemm", "attention", "stream", "launch", "host_op", "adam")
 
 
 def contention(rows: pd.DataFrame) -> tuple[int, int]:
@@ -156,6 +171,8 @@ def build_update(
     _compute(parts, table, info, base)
     _memory_bound(parts, table, info)
     _capacity(parts, rows, info)
+    _host(parts, table, info)
+    _compute_terms(parts, table, info, base)
     fits = _collectives(parts, table, info, base)
     default = (
         f"{info.env.get('device_name', info.device)}: {info.nproc} ranks x 1 "
@@ -170,6 +187,9 @@ def build_update(
         scalars=parts.scalars,
         gpus_per_node=info.nproc,
         provenance={**parts.provenance, "gpus_per_node": f"{info.source()}; ranks launched"},
+        host=parts.host,
+        attention_efficiency=parts.attention,
+        host_overhead=parts.host_overhead,
     )
     return Built(
         update=update,
@@ -189,6 +209,9 @@ class _Parts:
     provenance: dict[str, str] = field(default_factory=dict)
     summary: list[tuple[str, str]] = field(default_factory=list)
     compute_note: str = ""
+    host: dict[str, float] = field(default_factory=dict)
+    attention: dict[str, AttentionEfficiency] = field(default_factory=dict)
+    host_overhead: HostOverhead | None = None
 
 
 def _compute(
@@ -301,6 +324,42 @@ def _capacity(parts: _Parts, rows: pd.DataFrame, info: RunInfo) -> None:
     parts.summary.append(
         ("memory per rank", f"{capacity / _GIB:.3g} GiB, reserve {reserve / _GIB:.3g} GiB")
     )
+
+
+def _host(parts: _Parts, table: pd.DataFrame, info: RunInfo) -> None:
+    """The profile's host section (ZeRO-Offload): host Adam rate and host memory.
+
+    Written only when both are known (the section needs both). The Adam rate is that of
+    the largest step measured (closest to a real shard: out of cache), with every rank
+    stepping at once, so it is one rank's share of the host CPU as ``HostSpec`` wants it.
+    """
+    adam = table[table["kind"] == "adam"]
+    if adam.empty or info.host_memory_total_bytes <= 0:
+        return
+    top = adam.sort_values("work").iloc[-1]
+    parts.host["adam_params_per_s"] = float(top["work"] / top["time_s"])
+    parts.provenance["host.adam_params_per_s"] = (
+        f"{info.source()}{parts.compute_note}; host torch.optim.Adam(foreach=True) step on "
+        f"{int(top['work'])} fp32 parameters, 1 thread per rank, ranks concurrent, median over "
+        "ranks: parameters / time (DeepSpeed's vectorised multi-thread CPU Adam is faster)"
+    )
+    parts.host["memory_bytes"] = info.host_memory_total_bytes
+    parts.provenance["host.memory_gib"] = f"{info.source()}; MemTotal of the host (/proc/meminfo)"
+
+
+def _compute_terms(
+    parts: _Parts, table: pd.DataFrame, info: RunInfo, base: HardwareProfile | None
+) -> None:
+    """Fused-attention curves and host per-op overhead (:mod:`.build_terms`)."""
+    source = info.source() + parts.compute_note
+    peaks = {**(base.peak_flops_per_s if base else {}), **parts.peaks}
+    attention = attention_terms(table, source=source, peaks=peaks)
+    host = host_overhead_term(table, source=source, serial=info.device != "cuda")
+    for terms in (attention, host):
+        parts.provenance.update(terms.provenance)
+        parts.summary.extend(terms.summary)
+    parts.attention = attention.attention
+    parts.host_overhead = host.host_overhead
 
 
 def _collectives(

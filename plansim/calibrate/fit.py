@@ -12,6 +12,11 @@ Two models, both stated in ``hardware_profiles/README.md``:
 * **Rates** (GEMM FLOP/s, bytes/s): :func:`fit_efficiency` bins measurements by work in
   octaves, takes the median rate per bin and divides by a peak (the best bin unless a peak is
   given): ``fraction_of_peak`` over ``work`` for ``plansim.specs.hardware.Curve``.
+* **Fused attention** (:func:`fit_attention`): per measured size, the forward's rate and
+  the backward's (forward + backward time less the forward's, for twice the forward FLOPs),
+  each over the GEMM peak: ``plansim.specs.compute_terms.AttentionEfficiency``.
+* **Host per-op overhead** (:func:`fit_host_ops`): the seconds per op of a forward through a
+  chain of tiny ops, and of its backward (forward + backward less forward).
 
 Every fit records the measured range (first and last size or work) so lookups outside it can
 be flagged.
@@ -26,7 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from plansim.errors import PlansimError
+from plansim.errors import PlansimError, SpecError
+from plansim.specs.compute_terms import AttentionEfficiency
 from plansim.specs.hardware import CollectiveCurve, Curve, bus_factor
 
 Array = npt.NDArray[np.float64]
@@ -256,4 +262,99 @@ def fit_efficiency(
         min_work=float(amounts.min()),
         max_work=float(amounts.max()),
         num_points=int(amounts.size),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttentionFit:
+    """Fused-attention efficiency curves and the measured range.
+
+    Attributes:
+        efficiency: forward and backward fractions of ``peak_per_s`` over forward FLOPs per
+            call (``source`` left empty).
+        peak_per_s: the GEMM peak the fractions are relative to.
+        min_flops, max_flops: measured range of forward FLOPs per call.
+        num_points: sizes in the curves.
+    """
+
+    efficiency: AttentionEfficiency
+    peak_per_s: float
+    min_flops: float
+    max_flops: float
+    num_points: int
+
+
+def fit_attention(
+    forward_flops: Sequence[float],
+    forward_s: Sequence[float],
+    forward_backward_s: Sequence[float],
+    *,
+    peak_per_s: float,
+) -> AttentionFit:
+    """Fused attention's forward and backward fractions of ``peak_per_s`` per measured size.
+
+    For a call of F forward FLOPs taking t_f forward and t_fb forward + backward:
+    forward fraction = F / t_f / peak; backward fraction = 2F / (t_fb - t_f) / peak (the
+    backward counted as twice the forward's FLOPs, ``AttentionEfficiency``). Sizes whose
+    backward time is not positive (timer noise on a tiny call) are dropped; equal sizes keep
+    their median times.
+
+    Raises:
+        FitError: no usable size, non-positive values or a non-positive peak.
+    """
+    flops, fwd = _points(forward_flops, forward_s, "attention fit")
+    _, both = _points(forward_flops, forward_backward_s, "attention fit")
+    if not (math.isfinite(peak_per_s) and peak_per_s > 0):
+        raise FitError(f"attention fit: peak must be a positive number, got {peak_per_s}")
+    xs: list[float] = []
+    y_fwd: list[float] = []
+    y_bwd: list[float] = []
+    for size in np.unique(flops):
+        members = flops == size
+        t_f, t_fb = float(np.median(fwd[members])), float(np.median(both[members]))
+        if t_fb <= t_f:
+            continue
+        xs.append(float(size))
+        y_fwd.append(float(size) / t_f / peak_per_s)
+        y_bwd.append(2.0 * float(size) / (t_fb - t_f) / peak_per_s)
+    if not xs:
+        raise FitError("attention fit: no size whose forward + backward outlasts its forward")
+    try:
+        efficiency = AttentionEfficiency(
+            forward=Curve(x=tuple(xs), y=tuple(y_fwd)), backward=Curve(x=tuple(xs), y=tuple(y_bwd))
+        )
+    except SpecError as exc:
+        raise FitError(f"attention fit: {exc}") from None
+    return AttentionFit(
+        efficiency=efficiency,
+        peak_per_s=peak_per_s,
+        min_flops=xs[0],
+        max_flops=xs[-1],
+        num_points=len(xs),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostOpFit:
+    """Host seconds per op, forward and backward, from chains of tiny ops."""
+
+    forward_op_s: float
+    backward_op_s: float
+
+
+def fit_host_ops(num_ops: float, *, forward_s: float, forward_backward_s: float) -> HostOpFit:
+    """Per-op host seconds of a chain of ``num_ops`` tiny ops: forward_s / n and
+    (forward_backward_s - forward_s) / n (0 when the difference is negative: noise).
+
+    Raises:
+        FitError: a non-positive op count or time.
+    """
+    if not (num_ops > 0 and forward_s > 0 and forward_backward_s > 0):
+        raise FitError(
+            f"host-op fit: needs positive ops and times, got {num_ops}, {forward_s}, "
+            f"{forward_backward_s}"
+        )
+    return HostOpFit(
+        forward_op_s=forward_s / num_ops,
+        backward_op_s=max(0.0, forward_backward_s - forward_s) / num_ops,
     )

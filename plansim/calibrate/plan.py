@@ -10,6 +10,12 @@ CPU core with one thread), so the rates include the contention a data-parallel j
   larger GEMMs are skipped (so a slow dtype, e.g. fp16 on a CPU without fp16 units, costs
   seconds, not hours); the measured range is recorded.
 * Attention: ``scaled_dot_product_attention`` (causal) forward, and forward + backward.
+* Host per-op overhead: forward, and forward + backward, through a chain of
+  :data:`CHAIN_OPS` tiny ops (pairs of an 8 x 8 ``nn.Linear`` and a GELU on a 2 x 8 input:
+  a transformer's mix of linear and elementwise ops, so small that the time is the eager
+  dispatch and autograd bookkeeping); the same chain with its linears tensor-parallel
+  (DTensor ``ColwiseParallel``/``RowwiseParallel`` on a one-rank mesh: the DTensor
+  dispatch without communication).
 * Streaming kernels (STREAM copy/scale/add/triad) on tensors larger than a CPU's last-level
   cache, per-op overhead (a 1-element add), a host Adam step (``torch.optim.Adam``), and on a
   GPU pinned host<->device copies.
@@ -34,6 +40,10 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 #: Bytes a STREAM kernel moves per element of fp32 (reads + writes).
 STREAM_ACCESSES = {"copy": 2, "scale": 2, "add": 3, "triad": 3}
 GEMM_OPS = ("qkv", "attn_out", "mlp_up", "mlp_down", "logits")
+#: Ops in a host-overhead chain (CHAIN_OPS / 2 pairs of a tiny linear and a GELU).
+CHAIN_OPS = 64
+#: Host-overhead chain items: plain and tensor-parallel (DTensor), forward and forward+backward.
+HOST_OP_OPS = ("chain_fwd", "chain_fwd_bwd", "dtensor_chain_fwd", "dtensor_chain_fwd_bwd")
 #: A CPU rank whose CPU time is below this share of the wall time while timing compute waited
 #: for a core: other work competed (collectives are exempt: they wait in the transport).
 CPU_SHARE_OK = 0.9
@@ -44,16 +54,17 @@ class Item:
     """One measurement.
 
     Attributes:
-        kind: ``gemm``, ``attention``, ``stream``, ``launch``, ``adam``, ``copy`` or
-            ``collective``.
+        kind: ``gemm``, ``attention``, ``stream``, ``launch``, ``host_op``, ``adam``,
+            ``copy`` or ``collective``.
         op: what runs (``mlp_up``, ``sdpa_fwd``, ``add``, ``all_reduce``, ``h2d``, ...).
         dtype: element type (``fp32``, ``bf16``, ...); ``fp32`` for streams and Adam.
         shape: gemm (m, n, k); attention (batch, heads, seq, head_dim); stream (elements,);
-            launch (1,); adam (parameters,); copy (bytes,); collective (message bytes,).
+            launch (1,); host_op (ops in the chain,); adam (parameters,); copy (bytes,);
+            collective (message bytes,).
         group_size: ranks taking part (1 for compute: every rank runs its own copy).
         work: per call: FLOPs (gemm, attention), bytes (stream, copy, collective),
-            parameters (adam), 1 (launch).
-        work_unit: ``flop``, ``byte``, ``param`` or ``call``.
+            parameters (adam), 1 (launch), ops in the chain (host_op).
+        work_unit: ``flop``, ``byte``, ``param``, ``call`` or ``op``.
         sweep: which pass over the GEMMs and collectives (0, 1, ...); see :func:`build_plan`.
     """
 
@@ -209,6 +220,21 @@ def _memory_items(
     return items
 
 
+def _host_op_items() -> list[Item]:
+    """The host-overhead chains (:data:`HOST_OP_OPS`), :data:`CHAIN_OPS` ops each."""
+    return [
+        Item(
+            kind="host_op",
+            op=op,
+            dtype="fp32",
+            shape=(CHAIN_OPS,),
+            work=float(CHAIN_OPS),
+            work_unit="op",
+        )
+        for op in HOST_OP_OPS
+    ]
+
+
 def _copy_items(sizes: tuple[int, ...]) -> list[Item]:
     return [
         Item(kind="copy", op=op, dtype="", shape=(s,), work=float(s), work_unit="byte")
@@ -274,6 +300,7 @@ def build_plan(*, nproc: int, device: str, quick: bool, fp8: bool = False) -> Pl
             configs = ((512, 512), (2048, 2048), (4096, 4096), (8192, 8192))
         others = _attention_items(("fp32", "bf16"), (256, 1024), heads=4)
         others += _memory_items(("copy", "add"), (1 << 24,), (1 << 20,))
+        others += _host_op_items()
         messages = (64, 1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22, 1 << 23, 1 << 24, 1 << 25)
     else:
         configs = ((64, 64), (128, 128), (256, 256), (512, 512), (1024, 1024), (2048, 2048))
@@ -284,6 +311,7 @@ def build_plan(*, nproc: int, device: str, quick: bool, fp8: bool = False) -> Pl
         others += _memory_items(
             tuple(STREAM_ACCESSES), (1 << 22, 1 << 24, 1 << 26), (1 << 20, 1 << 23)
         )
+        others += _host_op_items()
         messages = tuple(1 << e for e in range(6, 28, 1))
     if gpu:
         others += _copy_items(tuple(1 << e for e in (20, 24, 28, 30)))

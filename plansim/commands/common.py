@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 
 from plansim.catalog import resolve_model
+from plansim.errors import SpecError
 from plansim.io.profiles import load_profile
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import Precision
+from plansim.specs.plan import DpSync, Precision
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -37,3 +38,39 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 def resolve(args: argparse.Namespace) -> tuple[ModelSpec, HardwareProfile]:
     """The model and profile named on the command line."""
     return resolve_model(args.model, seq_length=args.seq_len), load_profile(args.gpu)
+
+
+def add_dp_sync_args(parser: argparse.ArgumentParser, *, allow_all: bool) -> None:
+    """--dp-sync and --ps-servers (``ParallelPlan.dp_sync`` / ``ps_servers``); ``allow_all``
+    adds the choice ``all`` (the planner then tries both synchronisations)."""
+    choices = [s.value for s in DpSync] + (["all"] if allow_all else [])
+    parser.add_argument(
+        "--dp-sync",
+        choices=choices,
+        default=DpSync.RING.value,
+        help="DP synchronisation: ring collectives (default) or parameter-server (push "
+        "gradients to server shards, servers run Adam, pull weights; needs --zero 0)"
+        + ("; all: rank both" if allow_all else ""),
+    )
+    parser.add_argument(
+        "--ps-servers",
+        type=int,
+        default=0,
+        metavar="K",
+        help="with parameter-server: 0 = servers colocated on the DP ranks (default), "
+        "K > 0 = K dedicated server processes with one GPU NIC's bandwidth each",
+    )
+
+
+def dp_syncs_from_args(args: argparse.Namespace) -> tuple[DpSync, ...]:
+    """The synchronisations --dp-sync names; SpecError when --ps-servers is negative or
+    given without a parameter server."""
+    if isinstance(args.ps_servers, bool) or args.ps_servers < 0:
+        raise SpecError(f"--ps-servers must be an integer >= 0, got {args.ps_servers}")
+    syncs = tuple(DpSync) if args.dp_sync == "all" else (DpSync(args.dp_sync),)
+    if args.ps_servers and DpSync.PARAMETER_SERVER not in syncs:
+        raise SpecError(
+            f"--ps-servers {args.ps_servers} needs --dp-sync {DpSync.PARAMETER_SERVER.value}"
+            f" (got --dp-sync {args.dp_sync})"
+        )
+    return syncs

@@ -7,7 +7,13 @@ import json
 import sys
 from pathlib import Path
 
-from plansim.commands.common import add_model_args, resolve
+from plansim.analytic.offload import offload_choices
+from plansim.commands.common import (
+    add_dp_sync_args,
+    add_model_args,
+    dp_syncs_from_args,
+    resolve,
+)
 from plansim.errors import SpecError, require_positive_int
 from plansim.io.outputs import check_writable
 from plansim.planner.enumerate import SearchSpace
@@ -51,6 +57,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default="flash",
         help="attention kernel (default flash)",
     )
+    add_dp_sync_args(p, allow_all=True)
     p.add_argument(
         "--plot",
         metavar="OUT.png",
@@ -95,7 +102,11 @@ def run(args: argparse.Namespace) -> int:
     plot = check_writable(args.plot, label="--plot") if args.plot else None
     model, profile = resolve(args)
     space = SearchSpace(
-        precision=Precision(args.precision), attention=AttentionKernel(args.attention)
+        precision=Precision(args.precision),
+        attention=AttentionKernel(args.attention),
+        dp_syncs=dp_syncs_from_args(args),
+        ps_servers=args.ps_servers,
+        offloads=offload_choices(profile),
     )
     result = search(
         model,

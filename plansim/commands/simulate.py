@@ -9,7 +9,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from plansim.commands.common import add_model_args, resolve
+from plansim.commands.common import (
+    add_dp_sync_args,
+    add_model_args,
+    dp_syncs_from_args,
+    resolve,
+)
 from plansim.errors import SpecError, require_positive_int
 from plansim.io.outputs import check_writable
 from plansim.planner.evaluate import Evaluation, Rejected, evaluate
@@ -17,10 +22,12 @@ from plansim.report.tables import evaluation_dict, memory_table, plan_row, rende
 from plansim.report.trace import chrome_trace, write_trace
 from plansim.specs.plan import (
     AttentionKernel,
+    OffloadDevice,
     ParallelPlan,
     Precision,
     Recompute,
     Schedule,
+    Zero3ParamFetch,
     check_plan_divides_model,
 )
 
@@ -61,6 +68,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         action="store_true",
         help="DP gradient reduction in buckets overlapped with backward (Megatron flag)",
     )
+    add_dp_sync_args(p, allow_all=False)
     p.add_argument(
         "--no-gradient-accumulation-fusion",
         dest="gradient_accumulation_fusion",
@@ -68,6 +76,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="add each micro-batch's weight gradients in a separate pass (pre-2022 Megatron)",
     )
     p.add_argument("--attention", choices=[a.value for a in AttentionKernel], default="flash")
+    add_offload_args(p)
+    p.add_argument(
+        "--zero3-param-fetch",
+        choices=[f.value for f in Zero3ParamFetch],
+        default=Zero3ParamFetch.LAYER_PREFETCH.value,
+        help="ZeRO-3: one prefetched all-gather per layer overlapped with compute (FSDP; "
+        "default), or one synchronous collective per parameter tensor (DeepSpeed 2021)",
+    )
     p.add_argument("--format", choices=["table", "json"], default="table")
     out = p.add_argument_group("outputs (written only when the plan fits)")
     out.add_argument(
@@ -78,6 +94,26 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     out.add_argument("--plot", metavar="OUT.png", help="pipeline Gantt chart (PNG)")
     out.add_argument("--memory-plot", metavar="OUT.png", help="memory over time per rank (PNG)")
     p.set_defaults(func=run)
+
+
+def add_offload_args(p: argparse.ArgumentParser) -> None:
+    """--offload-optimizer and --offload-param (DeepSpeed ``zero_optimization``
+    ``offload_optimizer.device`` / ``offload_param.device``)."""
+    devices = [d.value for d in OffloadDevice]
+    p.add_argument(
+        "--offload-optimizer",
+        choices=devices,
+        default="none",
+        help="ZeRO-Offload: optimizer states + Adam step on the host (cpu, ZeRO 1-3) or "
+        "states on NVMe (nvme, ZeRO 3); needs a host section in the profile",
+    )
+    p.add_argument(
+        "--offload-param",
+        choices=devices,
+        default="none",
+        help="ZeRO-Infinity: 16-bit parameter shards in host memory (cpu) or on NVMe (nvme), "
+        "fetched for every forward and backward; ZeRO 3 only",
+    )
 
 
 def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
@@ -110,9 +146,14 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
         schedule=Schedule(args.schedule),
         precision=Precision(args.precision),
         attention=AttentionKernel(args.attention),
+        dp_sync=dp_syncs_from_args(args)[0],
+        ps_servers=args.ps_servers,
         overlap_p2p_comm=args.overlap_p2p_comm,
         overlap_grad_reduce=args.overlap_grad_reduce,
         gradient_accumulation_fusion=args.gradient_accumulation_fusion,
+        offload_optimizer=OffloadDevice(args.offload_optimizer),
+        offload_param=OffloadDevice(args.offload_param),
+        zero3_param_fetch=Zero3ParamFetch(args.zero3_param_fetch),
     )
 
 

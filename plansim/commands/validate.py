@@ -31,7 +31,13 @@ from plansim.io.profiles import load_profile, write_profile
 from plansim.report.trace import chrome_trace, write_trace
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan, Recompute, Schedule, check_plan_divides_model
+from plansim.specs.plan import (
+    ParallelPlan,
+    Precision,
+    Recompute,
+    Schedule,
+    check_plan_divides_model,
+)
 from plansim.validate.compare import (
     Comparison,
     compare,
@@ -156,6 +162,7 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
         recompute=Recompute(args.recompute),
         sequence_parallel=args.sequence_parallel,
         schedule=Schedule(args.schedule),
+        precision=Precision(args.dtype),
     )
 
 

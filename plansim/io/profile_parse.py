@@ -15,13 +15,16 @@ from dataclasses import dataclass
 from plansim.errors import InputFileError, SpecError
 from plansim.io.profile_schema import (
     COLLECTIVE_KEYS,
+    HOST_REQUIRED_KEYS,
+    HOST_SCALARS,
     MATMUL_KEYS,
+    OPTIONAL_TOP_LEVEL_KEYS,
     SCALARS,
     SCHEMA_VERSION,
     TOP,
     TOP_LEVEL_KEYS,
 )
-from plansim.specs.hardware import COLLECTIVES, CollectiveCurve, Curve, HardwareProfile
+from plansim.specs.hardware import COLLECTIVES, CollectiveCurve, Curve, HardwareProfile, HostSpec
 from plansim.units import gb_per_s_to_bytes_per_s, tflops_to_flops_per_s, us_to_s
 
 
@@ -51,15 +54,22 @@ def _mapping(ctx: _Ctx, value: object, path: str) -> Mapping[str, object]:
     return value
 
 
-def _require(ctx: _Ctx, mapping: Mapping[str, object], path: str, allowed: Sequence[str]) -> None:
-    """Raise for any missing or unknown key of ``mapping`` (whose own path is ``path``)."""
+def _require(
+    ctx: _Ctx,
+    mapping: Mapping[str, object],
+    path: str,
+    allowed: Sequence[str],
+    optional: Sequence[str] = (),
+) -> None:
+    """Raise for any missing or unknown key of ``mapping`` (whose own path is ``path``);
+    keys in ``optional`` may be missing."""
     unknown = [k for k in mapping if k not in allowed]
     if unknown:
         raise ctx.error(
             path, f"unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(allowed)}"
         )
     for key in allowed:
-        if key not in mapping:
+        if key not in mapping and key not in optional:
             raise ctx.error(_join(path, key), "missing required key")
 
 
@@ -113,13 +123,17 @@ def profile_from_dict(data: object, *, source: str) -> HardwareProfile:
     """
     ctx = _Ctx(source)
     top = _mapping(ctx, data, TOP)
-    _require(ctx, top, TOP, TOP_LEVEL_KEYS)
+    _require(ctx, top, TOP, TOP_LEVEL_KEYS, OPTIONAL_TOP_LEVEL_KEYS)
     version = _integer(ctx, top["schema_version"], "schema_version")
     if version != SCHEMA_VERSION:
         raise ctx.error("schema_version", f"{version} is not supported; this plansim reads 1")
     provenance = _read_provenance(ctx, top)
     peaks = _read_peaks(ctx, top)
     scalars = {s.field: s.to_si(_number(ctx, top[s.key], s.key)) for s in SCALARS}
+    from plansim.io import profile_extras as extras  # it imports this module's helpers
+
+    attention = extras.read_attention(ctx, top, provenance)
+    host_overhead = extras.read_host_overhead(ctx, top)
     try:
         return HardwareProfile(
             name=_text(ctx, top["name"], "name"),
@@ -129,10 +143,36 @@ def profile_from_dict(data: object, *, source: str) -> HardwareProfile:
             gpus_per_node=_integer(ctx, top["gpus_per_node"], "gpus_per_node"),
             intra_node=_read_intra_node(ctx, top, provenance),
             provenance=provenance,
+            host=_read_host(ctx, top),
+            attention_efficiency=attention,
+            host_overhead=host_overhead,
             **scalars,
         )
     except SpecError as exc:
         raise InputFileError(f"{source}: {exc}") from None
+
+
+def _read_host(ctx: _Ctx, top: Mapping[str, object]) -> HostSpec | None:
+    """The optional ``host:`` section -> :class:`HostSpec` in SI units (None when absent).
+
+    ``memory_gib`` and ``adam_params_per_s`` are required in it; the NVMe pair
+    (``nvme_read_gb_per_s``, ``nvme_write_gb_per_s``) is optional but goes together.
+    """
+    if "host" not in top:
+        return None
+    section = _mapping(ctx, top["host"], "host")
+    keys = [s.key for s in HOST_SCALARS]
+    optional = [k for k in keys if k not in HOST_REQUIRED_KEYS]
+    _require(ctx, section, "host", keys, optional)
+    values = {
+        s.field: s.to_si(_number(ctx, section[s.key], f"host.{s.key}"))
+        for s in HOST_SCALARS
+        if s.key in section
+    }
+    try:
+        return HostSpec(**values)
+    except SpecError as exc:
+        raise ctx.error("host", str(exc)) from None
 
 
 def _read_peaks(ctx: _Ctx, top: Mapping[str, object]) -> dict[str, float]:
@@ -203,7 +243,12 @@ def _number_keys(top: Mapping[str, object]) -> set[str]:
         keys |= {f"matmul_efficiency.{d}" for d in matmul}
     for name in COLLECTIVES:
         keys |= {f"intra_node.{name}", f"intra_node.{name}.latency_us"}
-    return keys
+    host = top.get("host")
+    if isinstance(host, Mapping):
+        keys |= {f"host.{s.key}" for s in HOST_SCALARS if s.key in host}
+    from plansim.io.profile_extras import extra_number_keys  # it imports this module
+
+    return keys | extra_number_keys(top)
 
 
 def _read_provenance(ctx: _Ctx, top: Mapping[str, object]) -> dict[str, str]:

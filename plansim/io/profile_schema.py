@@ -64,7 +64,9 @@ TOP_LEVEL_KEYS = (
     "description",
     "peak_tflops",
     "matmul_efficiency",
+    "attention_efficiency",
     "kernel_launch_us",
+    "host_overhead",
     "hbm_capacity_gib",
     "hbm_bandwidth_gb_per_s",
     "hbm_efficiency_fraction",
@@ -74,9 +76,43 @@ TOP_LEVEL_KEYS = (
     "nic_gb_per_s",
     "nic_latency_us",
     "pcie_gb_per_s",
+    "host",
     "provenance",
 )
+#: Top-level keys a file may leave out (every other one is required).
+OPTIONAL_TOP_LEVEL_KEYS = ("host", "attention_efficiency", "host_overhead")
+#: The optional ``host:`` section (ZeRO-Offload / ZeRO-Infinity): YAML key <->
+#: ``HostSpec`` field, in file order; provenance keys are ``host.<key>``.
+HOST_SCALARS = (
+    _Scalar("memory_gib", "memory_bytes", gib_to_bytes, bytes_to_gib),
+    _Scalar("adam_params_per_s", "adam_params_per_s", _identity, _identity),
+    _Scalar(
+        "nvme_read_gb_per_s",
+        "nvme_read_bytes_per_s",
+        gb_per_s_to_bytes_per_s,
+        bytes_per_s_to_gb_per_s,
+    ),
+    _Scalar(
+        "nvme_write_gb_per_s",
+        "nvme_write_bytes_per_s",
+        gb_per_s_to_bytes_per_s,
+        bytes_per_s_to_gb_per_s,
+    ),
+)
+#: Keys of ``host:`` that must be there when the section is (the NVMe pair is optional).
+HOST_REQUIRED_KEYS = ("memory_gib", "adam_params_per_s")
 MATMUL_KEYS = ("gemm_flops", "fraction_of_peak")
+#: Keys of one dtype of the optional ``attention_efficiency:`` section (``profile_extras``).
+ATTENTION_KEYS = ("attention_flops", "forward_fraction_of_peak", "backward_fraction_of_peak")
+#: The optional ``host_overhead:`` section (``profile_extras``): YAML key <-> ``HostOverhead``
+#: field, in file order; ``serial`` (a bool) and the two ``dtensor_`` keys are not scalars
+#: here (see ``plansim.io.profile_extras``); provenance keys are ``host_overhead.<key>``.
+HOST_OVERHEAD_SCALARS = (
+    _Scalar("forward_op_us", "forward_op_s", us_to_s, s_to_us),
+    _Scalar("backward_op_us", "backward_op_s", us_to_s, s_to_us),
+    _Scalar("dtensor_forward_op_us", "dtensor_forward_op_s", us_to_s, s_to_us),
+    _Scalar("dtensor_backward_op_us", "dtensor_backward_op_s", us_to_s, s_to_us),
+)
 COLLECTIVE_KEYS = ("latency_us", "message_bytes", "busbw_gb_per_s")
 
 HEADER = (

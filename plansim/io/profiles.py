@@ -25,9 +25,17 @@ import yaml
 
 from plansim.errors import InputFileError, SpecError, UnknownNameError
 from plansim.io.outputs import replace_file
+from plansim.io.profile_extras import extras_provenance, extras_to_dict, host_overhead_keys
 from plansim.io.profile_parse import profile_from_dict
-from plansim.io.profile_schema import HEADER, SCALARS, SCHEMA_VERSION, TOP_LEVEL_KEYS
-from plansim.specs.hardware import COLLECTIVES, CollectiveCurve, Curve, HardwareProfile
+from plansim.io.profile_schema import (
+    HEADER,
+    HOST_SCALARS,
+    SCALARS,
+    SCHEMA_VERSION,
+    TOP_LEVEL_KEYS,
+)
+from plansim.specs.compute_terms import AttentionEfficiency, HostOverhead
+from plansim.specs.hardware import COLLECTIVES, CollectiveCurve, Curve, HardwareProfile, HostSpec
 from plansim.units import (
     bytes_per_s_to_gb_per_s,
     flops_per_s_to_tflops,
@@ -35,6 +43,7 @@ from plansim.units import (
 )
 
 __all__ = [
+    "HOST_KEYS",
     "SCALAR_KEYS",
     "SCHEMA_VERSION",
     "ProfileUpdate",
@@ -163,8 +172,15 @@ def profile_to_dict(profile: HardwareProfile) -> dict[str, Any]:
         data[s.key] = _tidy(s.from_si(getattr(profile, s.field)))
     data["gpus_per_node"] = profile.gpus_per_node
     data["intra_node"] = intra
-    data["provenance"] = provenance
-    return {key: data[key] for key in TOP_LEVEL_KEYS}
+    if profile.host is not None:
+        data["host"] = {
+            s.key: _tidy(s.from_si(value))
+            for s in HOST_SCALARS
+            if (value := getattr(profile.host, s.field)) is not None
+        }
+    data.update(extras_to_dict(profile, _tidy))
+    data["provenance"] = {**extras_provenance(profile), **provenance}
+    return {key: data[key] for key in TOP_LEVEL_KEYS if key in data}
 
 
 def _dump(data: Mapping[str, Any]) -> str:
@@ -214,6 +230,8 @@ def profile_to_yaml(profile: HardwareProfile) -> str:
 # --------------------------------------------------------------------------- merging
 #: HardwareProfile scalar field -> its YAML key (the provenance key of that number).
 SCALAR_KEYS = {s.field: s.key for s in SCALARS}
+#: HostSpec field -> its dotted YAML key (the provenance key of that number).
+HOST_KEYS = {s.field: f"host.{s.key}" for s in HOST_SCALARS}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -227,6 +245,11 @@ class ProfileUpdate:
         scalars: HardwareProfile scalar fields (``hbm_bytes_per_s``, ``nic_latency_s``, ...;
             see :data:`SCALAR_KEYS`) -> SI value.
         gpus_per_node: replaces the profile's when given.
+        attention_efficiency: per dtype, replaces the profile's attention curves.
+        host_overhead: replaces the profile's ``host_overhead`` section as a whole.
+        host: ``HostSpec`` fields (``memory_bytes``, ``adam_params_per_s``, ...; see
+            :data:`HOST_KEYS`) -> SI value, replacing those of the profile's host section
+            (created when the profile has none; its other fields stay).
         provenance: dotted YAML key (``peak_tflops.fp32``, ``intra_node.all_reduce``,
             ``intra_node.all_reduce.latency_us``, ``hbm_bandwidth_gb_per_s``) -> source; every
             replaced number needs one.
@@ -240,6 +263,9 @@ class ProfileUpdate:
     scalars: Mapping[str, float] = field(default_factory=dict)
     gpus_per_node: int | None = None
     provenance: Mapping[str, str] = field(default_factory=dict)
+    host: Mapping[str, float] = field(default_factory=dict)
+    attention_efficiency: Mapping[str, AttentionEfficiency] = field(default_factory=dict)
+    host_overhead: HostOverhead | None = None
 
     def replaced_keys(self) -> list[str]:
         """Dotted keys of the numbers this update replaces."""
@@ -248,6 +274,10 @@ class ProfileUpdate:
         for name in self.intra_node:
             keys += [f"intra_node.{name}", f"intra_node.{name}.latency_us"]
         keys += [SCALAR_KEYS[f] for f in self.scalars]
+        keys += [HOST_KEYS[f] for f in self.host]
+        keys += [f"attention_efficiency.{d}" for d in self.attention_efficiency]
+        if self.host_overhead is not None:
+            keys += [f"host_overhead.{k}" for k in host_overhead_keys(self.host_overhead)]
         return keys + (["gpus_per_node"] if self.gpus_per_node is not None else [])
 
 
@@ -260,6 +290,7 @@ def merge_profile(base: HardwareProfile | None, update: ProfileUpdate) -> Hardwa
             or the result is not a valid profile.
     """
     unknown = sorted(set(update.scalars) - set(SCALAR_KEYS))
+    unknown += sorted(f"host.{f}" for f in set(update.host) - set(HOST_KEYS))
     if unknown:
         raise InputFileError(f"update has unknown scalar fields: {', '.join(unknown)}")
     missing = sorted(k for k in update.replaced_keys() if k not in update.provenance)
@@ -295,7 +326,43 @@ def merge_profile(base: HardwareProfile | None, update: ProfileUpdate) -> Hardwa
                 **update.matmul_efficiency,
             },
             intra_node={**(base.intra_node if base else {}), **update.intra_node},
-            provenance={**(base.provenance if base else {}), **update.provenance},
+            provenance={**_kept_provenance(base, update), **update.provenance},
+            host=_merge_host(base.host if base else None, update.host),
+            attention_efficiency={
+                **(base.attention_efficiency if base else {}),
+                **update.attention_efficiency,
+            },
+            host_overhead=update.host_overhead or (base.host_overhead if base else None),
         )
     except SpecError as exc:
         raise InputFileError(f"merged profile is invalid: {exc}") from None
+
+
+def _kept_provenance(base: HardwareProfile | None, update: ProfileUpdate) -> dict[str, str]:
+    """The base's provenance, less the ``host_overhead.*`` entries when the update replaces
+    that section (a key the new section lacks must not keep a stray entry)."""
+    if base is None:
+        return {}
+    if update.host_overhead is None:
+        return dict(base.provenance)
+    return {k: v for k, v in base.provenance.items() if not k.startswith("host_overhead.")}
+
+
+def _merge_host(base: HostSpec | None, update: Mapping[str, float]) -> HostSpec | None:
+    """``base`` with the fields in ``update`` replaced (a new section when ``base`` is None).
+
+    Raises:
+        SpecError: the merged section is invalid (e.g. no memory or Adam rate).
+    """
+    if not update:
+        return base
+    fields: dict[str, Any] = {}
+    if base is not None:
+        fields = {f: getattr(base, f) for f in HOST_KEYS}
+    fields.update(update)
+    missing = sorted(
+        HOST_KEYS[f] for f in ("memory_bytes", "adam_params_per_s") if fields.get(f) is None
+    )
+    if missing:
+        raise SpecError(f"host section lacks {', '.join(missing)}")
+    return HostSpec(**fields)

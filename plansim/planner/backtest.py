@@ -45,9 +45,10 @@ from plansim.errors import PlansimError
 from plansim.io.profiles import load_profile
 from plansim.io.runs import RunRow
 from plansim.planner.enumerate import SearchSpace
+from plansim.planner.run_scripts import script_facts
 from plansim.planner.search import search
 from plansim.specs.model import Activation, ModelSpec, Normalization, PositionEmbedding
-from plansim.specs.plan import AttentionKernel, Precision, Recompute, Schedule
+from plansim.specs.plan import AttentionKernel, Precision, Recompute, Schedule, Zero3ParamFetch
 
 FLASH_IN_MEGATRON_YEAR = 2023
 SP_AND_SELECTIVE_YEAR = 2022
@@ -56,6 +57,9 @@ OVERLAP_GRAD_REDUCE_YEAR = 2023
 GRAD_ACC_FUSION_YEAR = 2022
 INTERLEAVED_YEAR = 2021
 ZERO_BUBBLE_YEAR = 2024
+#: DeepSpeed ZeRO-3 fetched parameters per tensor, synchronously, in its 2021 releases (v0.3.x
+#: ``partition_parameters.py``); bucketed, coalesced prefetch replaced it from 2022.
+DEEPSPEED_PREFETCH_YEAR = 2022
 #: A blank cp is searched only for sequences at least this long (long-context training).
 LONG_CONTEXT_TOKENS = 16384
 #: Largest cp tried for a blank cp cell (a ring inside one 8-GPU node with tp = 1).
@@ -129,7 +133,8 @@ def _fixed(row: RunRow, column: str, notes: list[str], label: str) -> tuple[int,
 
 def run_year(row: RunRow) -> int | None:
     """Year the run was made: from ``framework`` ("Megatron-LM (2021)"), else from
-    ``source_locator`` ("SC21", "MLSys 2023", "arXiv:2104.04473"); None when undated."""
+    ``source_locator`` ("SC21", "MLSys 2023", "arXiv:2104.04473"), else from the launch script
+    the locator cites (``plansim.planner.run_scripts``); None when undated."""
     match = re.search(r"\b(20\d\d)\b", row.text("framework") or "")
     if match:
         return int(match.group(1))
@@ -142,7 +147,8 @@ def run_year(row: RunRow) -> int | None:
         found = re.search(pattern, locator)
         if found:
             return int(fmt.format(found.group(1)))
-    return None
+    facts = script_facts(locator)
+    return facts.year if facts else None
 
 
 def _attention(year: int | None, notes: list[str]) -> AttentionKernel:
@@ -156,7 +162,11 @@ def _space(row: RunRow, notes: list[str]) -> SearchSpace:
     precision_text = row.text("precision") or ""
     if precision_text not in {p.value for p in Precision}:
         raise Skip(f"precision {precision_text or 'blank'} not modelled")
+    facts = script_facts(row.text("source_locator") or "")
     recompute = row.text("recompute")
+    if recompute is None and facts is not None:
+        recompute = facts.recompute
+        notes.append(f"recompute {recompute} from {facts.source}")
     zero = row.integer("zero_stage")
     sp = row.flag("sequence_parallel")
     for label, value in (("recompute", recompute), ("zero_stage", zero), ("sp", sp)):
@@ -179,7 +189,7 @@ def _space(row: RunRow, notes: list[str]) -> SearchSpace:
         schedules=schedules,
         tp=_fixed(row, "tp", notes, "tp"),
         cp=cps,
-        pp=_fixed(row, "pp", notes, "pp"),
+        pp=_deepspeed_pp(row, zero, notes),
         dp=_fixed(row, "dp", notes, "dp"),
         micro_batch_size=_fixed(row, "micro_batch_size_seqs", notes, "mbs"),
         zero_stages=(zero,) if zero is not None else (0, 1, 2, 3),
@@ -195,7 +205,29 @@ def _space(row: RunRow, notes: list[str]) -> SearchSpace:
         precision=Precision(precision_text),
         attention=attention,
         gradient_accumulation_fusion=year is None or year >= GRAD_ACC_FUSION_YEAR,
+        zero3_param_fetch=_zero3_fetch(row, year, notes),
     )
+
+
+def _deepspeed_pp(row: RunRow, zero: int | None, notes: list[str]) -> tuple[int, ...] | None:
+    """pp values: the stated one; for DeepSpeed with ZeRO stage 2 or 3 only 1 (DeepSpeed's
+    ``PipelineEngine`` asserts "ZeRO-2 and ZeRO-3 are incompatible with pipeline
+    parallelism", ``deepspeed/runtime/pipe/engine.py``); else searched."""
+    framework = (row.text("framework") or "").lower()
+    if row.integer("pp") is None and zero is not None and zero >= 2 and "deepspeed" in framework:
+        notes.append(f"pp 1 (DeepSpeed ZeRO-{zero} does not combine with pipeline parallelism)")
+        return (1,)
+    return _fixed(row, "pp", notes, "pp")
+
+
+def _zero3_fetch(row: RunRow, year: int | None, notes: list[str]) -> Zero3ParamFetch:
+    """DeepSpeed runs dated before DEEPSPEED_PREFETCH_YEAR fetch ZeRO-3 parameters one tensor
+    at a time, synchronously (``plansim.analytic.zero3``); everything else prefetches layers."""
+    framework = row.text("framework") or ""
+    if "deepspeed" in framework.lower() and year is not None and year < DEEPSPEED_PREFETCH_YEAR:
+        notes.append(f"ZeRO-3 per-tensor synchronous gathers (DeepSpeed, run dated {year})")
+        return Zero3ParamFetch.PER_TENSOR_SYNC
+    return Zero3ParamFetch.LAYER_PREFETCH
 
 
 def _cp_values(
@@ -232,6 +264,10 @@ def _pipeline_schedule(
     if year is None or year >= ZERO_BUBBLE_YEAR:
         flat += (Schedule.ZB_H1,)
     vpp = row.integer("virtual_pipeline_size")
+    facts = script_facts(row.text("source_locator") or "")
+    if vpp is None and facts is not None:
+        vpp = facts.virtual_pipeline_size
+        notes.append(f"vpp {vpp} from the launch script")
     if vpp is not None:
         return (vpp,), ((Schedule.INTERLEAVED_1F1B,) if vpp > 1 else flat)
     if year is not None and year < INTERLEAVED_YEAR:

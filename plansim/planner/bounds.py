@@ -15,7 +15,9 @@ Why it holds (facts of the engine, each pinned by its tests):
 * after its last action a rank queues ``grad_sync`` on its FIFO ``dp`` stream behind any
   gradient bucket, waits for the stream, then runs its optimizer segments. A bucket of the
   last action's stage is released ``ready_fraction`` x the action's nominal duration after
-  the action starts.
+  the action starts. Parameter-server plans (``plansim.analytic.param_server``) use the same
+  slots: the push in ``grad_sync`` or the buckets, the server update and the pull in
+  ``optimizer``, so the terms below cover them unchanged.
 
 From these, for every rank r (stage r is chunk 0 of rank r; all four schedules start rank
 r with F(r, 0) and end it with the backward of stage r, micro-batch m - 1, followed only by
@@ -25,7 +27,9 @@ r with F(r, 0) and end it with the backward of stage r, micro-batch m - 1, follo
   head_r = sum over stages s < r of (F_s + send_forward_s) (micro-batch 0 must cross them
   first), each action counts its segments plus, with ``blocking_p2p``, its send, and
   tail_r = max(d + send, max_k(f_k d + sum of buckets k..)) + grad_sync + optimizer
-  measured from the last action's start (d its nominal duration);
+  measured from the last action's start (d its nominal duration); offload segments
+  (``plansim.analytic.offload``: host copies, CPU Adam, NVMe, parameter fetches) are ordinary
+  optimizer and action segments and count here like any other;
 * **drain bound**: the backward of stage r for micro-batch m - 1 then has to travel down
   stages r - 1, ..., 0 (Narayanan et al. SC21 §2.2: the (p - 1) bubble slots of the drain),
   each backward taking its segments and each hop its send, before rank 0 finishes

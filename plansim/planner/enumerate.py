@@ -18,7 +18,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from plansim.specs.plan import AttentionKernel, ParallelPlan, Precision, Recompute, Schedule
+from plansim.specs.plan import (
+    AttentionKernel,
+    DpSync,
+    OffloadDevice,
+    ParallelPlan,
+    Precision,
+    Recompute,
+    Schedule,
+    Zero3ParamFetch,
+    offload_devices,
+)
 
 
 def divisors(n: int) -> list[int]:
@@ -47,8 +57,18 @@ class SearchSpace:
             INTERLEAVED_1F1B out of ``schedules`` to search vpp = 1 only.
         overlap_p2p_comm: values tried for interleaved plans (the others are synchronous).
         overlap_grad_reduce: values tried for plans with dp > 1 and ZeRO 0-2.
-        precision, attention, gradient_accumulation_fusion: fixed for the whole search
-            (implementation facts of the framework, not layout choices).
+        precision, attention, gradient_accumulation_fusion, zero3_param_fetch: fixed for the
+            whole search (implementation facts of the framework, not layout choices).
+        dp_syncs: DP synchronisations tried (default ring only, as before parameter
+            servers existed); parameter-server plans are generated with ZeRO 0 only (the
+            servers hold the optimizer: ``ParallelPlan``) and, with colocated servers, only
+            when dp * cp > 1 (one colocated worker is plain data parallelism).
+        ps_servers: dedicated server count of the parameter-server plans (0 = colocated):
+            fixed for the search (a resource the user has, not a layout choice).
+        offloads: (offload_optimizer, offload_param) pairs tried (default: none only);
+            each pair with every ZeRO stage that allows it. ``plansim plan`` passes
+            ``plansim.analytic.offload.offload_choices(profile)``: offload only on a profile
+            with a host section.
     """
 
     tp: tuple[int, ...] | None = None
@@ -73,6 +93,12 @@ class SearchSpace:
     precision: Precision = Precision.BF16
     attention: AttentionKernel = AttentionKernel.FLASH
     gradient_accumulation_fusion: bool = True
+    dp_syncs: tuple[DpSync, ...] = (DpSync.RING,)
+    ps_servers: int = 0
+    offloads: tuple[tuple[OffloadDevice, OffloadDevice], ...] = (
+        (OffloadDevice.NONE, OffloadDevice.NONE),
+    )
+    zero3_param_fetch: Zero3ParamFetch = Zero3ParamFetch.LAYER_PREFETCH
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,9 +210,8 @@ def _knobs(
     tp, pp, dp = layout.tp, layout.pp, layout.dp
     dp_cp = dp * layout.cp  # ranks that reduce gradients and shard ZeRO states together
     schedules = _schedules(pp, vpp, gbs // (mbs * dp), space)
-    for zero in space.zero_stages:
-        if zero > 0 and dp_cp == 1:
-            continue  # ZeRO without data parallelism is plain DP
+    for zero, dp_sync, opt_dev, param_dev in _zero_modes(space, dp_cp=dp_cp):
+        servers = space.ps_servers if dp_sync is DpSync.PARAMETER_SERVER else 0
         for recompute in space.recomputes:
             if recompute is Recompute.SELECTIVE and space.attention is AttentionKernel.FLASH:
                 continue  # FlashAttention stores no s x s scores: selective == none
@@ -212,9 +237,48 @@ def _knobs(
                             overlap_p2p_comm=overlap,
                             overlap_grad_reduce=grad,
                             gradient_accumulation_fusion=space.gradient_accumulation_fusion,
+                            dp_sync=dp_sync,
+                            ps_servers=servers,
+                            offload_optimizer=opt_dev,
+                            offload_param=param_dev,
+                            zero3_param_fetch=space.zero3_param_fetch,
                         )
                         for overlap, grad in modes
                     )
+
+
+def _sync_modes(space: SearchSpace, *, dp_cp: int) -> Iterator[tuple[int, DpSync]]:
+    """(zero_stage, dp_sync) pairs: ZeRO > 0 needs dp * cp > 1 (else it is plain DP); a
+    parameter server needs ZeRO 0 and, colocated, dp * cp > 1."""
+    for zero in space.zero_stages:
+        if zero > 0 and dp_cp == 1:
+            continue  # ZeRO without data parallelism is plain DP
+        for dp_sync in space.dp_syncs:
+            if dp_sync is DpSync.PARAMETER_SERVER and (
+                zero > 0 or (dp_cp == 1 and space.ps_servers == 0)
+            ):
+                continue
+            yield zero, dp_sync
+
+
+def _zero_modes(
+    space: SearchSpace, *, dp_cp: int
+) -> Iterator[tuple[int, DpSync, OffloadDevice, OffloadDevice]]:
+    """(zero_stage, dp_sync, offload_optimizer, offload_param): the :func:`_sync_modes` pairs
+    without offload, then every ZeRO stage of the space with each offload pair of
+    ``space.offloads`` the stage allows (``plansim.specs.plan.offload_devices``), ring DP
+    only, and also with dp * cp == 1 (ZeRO-Offload on one data-parallel rank is the paper's
+    single-GPU case: Ren et al. USENIX ATC 2021)."""
+    none = OffloadDevice.NONE
+    if (none, none) in space.offloads:
+        for zero, dp_sync in _sync_modes(space, dp_cp=dp_cp):
+            yield zero, dp_sync, none, none
+    for zero in space.zero_stages:
+        for opt_dev, param_dev in space.offloads:
+            opt_ok = opt_dev.value in offload_devices("offload_optimizer", zero)
+            param_ok = param_dev.value in offload_devices("offload_param", zero)
+            if opt_ok and param_ok and (opt_dev, param_dev) != (none, none):
+                yield zero, DpSync.RING, opt_dev, param_dev
 
 
 def _comm_modes(

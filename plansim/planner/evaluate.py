@@ -12,6 +12,7 @@ from plansim.analytic.cost import build_pipeline_work
 from plansim.analytic.flops import hardware_flops_per_step, model_flops_per_step
 from plansim.analytic.link_tags import Memo
 from plansim.analytic.memory import MemoryBreakdown, rank_memory, worst_rank_memory
+from plansim.analytic.offload import host_memory_rejection, offloads, require_host
 from plansim.schedule.actions import PerRankActions
 from plansim.schedule.builders import build_actions
 from plansim.sim.engine import SimResult, simulate
@@ -62,7 +63,16 @@ class Evaluation:
 
 
 def check_plan(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile) -> Rejected | None:
-    """Why ``plan`` cannot run ``model`` on ``profile`` (divisibility, dtype, memory), or None."""
+    """Why ``plan`` cannot run ``model`` on ``profile`` (divisibility, dtype, GPU memory,
+    host memory of offloaded states), or None.
+
+    Raises:
+        SpecError: the plan offloads and the profile has no host section (or no NVMe figures
+            for ``nvme``): a usage error, not an infeasible plan
+            (``plansim.analytic.offload.require_host``).
+    """
+    if offloads(plan):
+        require_host(plan, profile)
     reason = check_plan_divides_model(
         plan,
         num_layers=model.num_layers,
@@ -98,6 +108,9 @@ def check_plan(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile) -
             category="out of memory",
             reason=worst.describe(capacity_bytes=profile.hbm_capacity_bytes),
         )
+    host = host_memory_rejection(model, plan, profile)
+    if host is not None:
+        return Rejected(plan=plan, category="host out of memory", reason=host)
     return None
 
 

@@ -9,13 +9,15 @@ from typing import Any
 import pandas as pd
 
 from plansim.planner.evaluate import Evaluation
+from plansim.specs.plan import DpSync, OffloadDevice, ParallelPlan
 from plansim.units import bytes_to_gib
 
 
 def plan_row(ev: Evaluation) -> dict[str, Any]:
-    """One ranked-table row for an evaluated plan (edge units in the column names)."""
+    """One ranked-table row for an evaluated plan (edge units in the column names); a
+    parameter-server plan adds a last column ``dp_sync`` ('ps' or 'ps<K>')."""
     p = ev.plan
-    return {
+    row = {
         "tp": p.tp,
         "pp": p.pp,
         "dp": p.dp,
@@ -35,12 +37,33 @@ def plan_row(ev: Evaluation) -> dict[str, Any]:
         "bubble_pct": round(100 * ev.bubble_fraction, 1),
         "peak_mem_gib": round(bytes_to_gib(ev.peak_memory_bytes), 1),
     }
+    if p.dp_sync is DpSync.PARAMETER_SERVER:  # ring rows keep their columns unchanged
+        row["dp_sync"] = f"ps{p.ps_servers or ''}"
+    if _offload_label(p):  # plans without offload keep their columns unchanged
+        row["offload"] = _offload_label(p)
+    return row
+
+
+def _offload_label(p: ParallelPlan) -> str:
+    """'opt-cpu', 'opt-nvme param-nvme', ... or '' for a plan that offloads nothing."""
+    parts = [
+        f"{name}-{device.value}"
+        for name, device in (("opt", p.offload_optimizer), ("param", p.offload_param))
+        if device is not OffloadDevice.NONE
+    ]
+    return " ".join(parts)
 
 
 def ranked_table(evaluations: Sequence[Evaluation]) -> pd.DataFrame:
-    """Ranked plans, fastest first, with a 1-based ``rank`` column."""
+    """Ranked plans, fastest first, with a 1-based ``rank`` column (and ``dp_sync``,
+    'ring' on ring rows, when some plan uses a parameter server)."""
     rows = [{"rank": i + 1, **plan_row(ev)} for i, ev in enumerate(evaluations)]
-    return pd.DataFrame(rows)
+    df = pd.DataFrame(rows)
+    if "dp_sync" in df:
+        df["dp_sync"] = df["dp_sync"].fillna(DpSync.RING.value)
+    if "offload" in df:
+        df["offload"] = df["offload"].fillna(OffloadDevice.NONE.value)
+    return df
 
 
 def evaluation_dict(ev: Evaluation) -> dict[str, Any]:
@@ -66,6 +89,19 @@ def evaluation_dict(ev: Evaluation) -> dict[str, Any]:
             "overlap_grad_reduce": p.overlap_grad_reduce,
             "gradient_accumulation_fusion": p.gradient_accumulation_fusion,
             "num_gpus": p.num_gpus,
+            **(
+                {"dp_sync": p.dp_sync.value, "ps_servers": p.ps_servers}
+                if p.dp_sync is DpSync.PARAMETER_SERVER
+                else {}
+            ),
+            **(
+                {
+                    "offload_optimizer": p.offload_optimizer.value,
+                    "offload_param": p.offload_param.value,
+                }
+                if _offload_label(p)
+                else {}
+            ),
         },
         "step_time_s": ev.step_time_s,
         "tokens_per_s": ev.tokens_per_s,

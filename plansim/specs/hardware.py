@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from plansim.errors import SpecError, require_positive, require_positive_int
+from plansim.specs.compute_terms import AttentionEfficiency, HostOverhead
 
 
 class LinkTier(enum.Enum):
@@ -127,6 +128,49 @@ class CollectiveCurve:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class HostSpec:
+    """The host side of one node, for ZeRO-Offload / ZeRO-Infinity (optional in a profile).
+
+    Attributes:
+        memory_bytes: host DRAM per node (all of it; what the OS and the framework keep is
+            not subtracted).
+        adam_params_per_s: parameters per second a CPU Adam step updates with one GPU's
+            share of the host CPU (fp32 Adam with fp32 master weights; the node's GPUs all
+            run their step at once, so each gets its share): measured (``plansim calibrate``
+            times ``torch.optim.Adam`` on the host with one core per rank).
+        nvme_read_bytes_per_s, nvme_write_bytes_per_s: NVMe bandwidth per node (all its
+            drives together), or None when the profile has no NVMe figure (ZeRO-Infinity NVMe
+            offload then needs one).
+
+    Raises:
+        SpecError: a number is not positive, or only one NVMe direction is given.
+    """
+
+    memory_bytes: float
+    adam_params_per_s: float
+    nvme_read_bytes_per_s: float | None = None
+    nvme_write_bytes_per_s: float | None = None
+
+    def __post_init__(self) -> None:
+        require_positive("host.memory_bytes", self.memory_bytes)
+        require_positive("host.adam_params_per_s", self.adam_params_per_s)
+        nvme = (self.nvme_read_bytes_per_s, self.nvme_write_bytes_per_s)
+        if (nvme[0] is None) != (nvme[1] is None):
+            raise SpecError(
+                "host.nvme_read_bytes_per_s and host.nvme_write_bytes_per_s go together "
+                f"(got {nvme[0]!r} and {nvme[1]!r})"
+            )
+        for name, value in zip(("read", "write"), nvme, strict=True):
+            if value is not None:
+                require_positive(f"host.nvme_{name}_bytes_per_s", value)
+
+    @property
+    def has_nvme(self) -> bool:
+        """True when both NVMe bandwidths are known."""
+        return self.nvme_read_bytes_per_s is not None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class HardwareProfile:
     """A GPU kind in its node and network.
 
@@ -147,6 +191,13 @@ class HardwareProfile:
         pcie_bytes_per_s: host<->device bandwidth per GPU, unidirectional.
         kernel_launch_s: fixed overhead per kernel (launch + tail).
         provenance: dotted key -> source of that number.
+        host: the node's host memory, CPU Adam rate and NVMe (:class:`HostSpec`), or None
+            when the profile has no host section (offload plans then cannot be costed).
+        attention_efficiency: per dtype, fused attention's rate over the FLOPs of one call
+            (:class:`AttentionEfficiency`); a dtype without one prices attention's QK^T and
+            PV with its GEMM curve.
+        host_overhead: host seconds per eager op in training (:class:`HostOverhead`), or
+            None (no host term).
     """
 
     name: str
@@ -164,6 +215,9 @@ class HardwareProfile:
     pcie_bytes_per_s: float
     kernel_launch_s: float
     provenance: Mapping[str, str] = field(default_factory=dict)
+    host: HostSpec | None = None
+    attention_efficiency: Mapping[str, AttentionEfficiency] = field(default_factory=dict)
+    host_overhead: HostOverhead | None = None
 
     def __post_init__(self) -> None:
         require_positive_int(f"{self.name}.gpus_per_node", self.gpus_per_node)
@@ -191,6 +245,11 @@ class HardwareProfile:
         for dtype in self.matmul_efficiency:
             if dtype not in self.peak_flops_per_s:
                 raise SpecError(f"{self.name}.matmul_efficiency[{dtype}] has no peak_flops_per_s")
+        for dtype in self.attention_efficiency:
+            if dtype not in self.peak_flops_per_s:
+                raise SpecError(
+                    f"{self.name}.attention_efficiency[{dtype}] has no peak_flops_per_s"
+                )
 
     @property
     def usable_memory_bytes(self) -> float:
@@ -213,6 +272,22 @@ class HardwareProfile:
                 f"has: {', '.join(self.dtypes())}"
             )
         return self.peak_flops_per_s[dtype] * self.matmul_efficiency[dtype](gemm_flops)
+
+    def attention_flops_per_s(self, dtype: str, call_flops: float, *, backward: bool) -> float:
+        """Achievable FLOP/s of a fused attention call of ``call_flops`` forward FLOPs
+        (causal, :class:`AttentionEfficiency`), forward or backward, in ``dtype``.
+
+        Raises:
+            SpecError: the profile has no attention curve for ``dtype``.
+        """
+        curves = self.attention_efficiency.get(dtype)
+        if curves is None:
+            raise SpecError(
+                f"profile {self.name} has no attention_efficiency for dtype {dtype!r}; "
+                f"has: {', '.join(sorted(self.attention_efficiency)) or 'none'}"
+            )
+        curve = curves.backward if backward else curves.forward
+        return self.peak_flops_per_s[dtype] * curve(call_flops)
 
     def streaming_bytes_per_s(self) -> float:
         """Achievable HBM bandwidth for memory-bound elementwise kernels."""

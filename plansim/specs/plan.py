@@ -9,21 +9,28 @@ from plansim.errors import SpecError, choice_error, require_positive_int
 
 
 class Precision(enum.Enum):
-    """Training precision of the matmuls (mixed precision: fp32 master weights for Adam)."""
+    """Training precision of the matmuls.
+
+    BF16, FP16, FP8: mixed precision (16-bit working weights and activations, fp32 master
+    weights for Adam; FP8 GEMMs keep bf16 weights). FP32: plain single precision, one fp32
+    copy of every weight, fp32 activations and gradients, no master copy (PyTorch's default
+    ``torch.float32`` training, as ``plansim validate`` runs on a CPU).
+    """
 
     BF16 = "bf16"
     FP16 = "fp16"
     FP8 = "fp8"
+    FP32 = "fp32"
 
     @property
     def param_bytes(self) -> int:
-        """Bytes of the working (low-precision) copy of a parameter; FP8 keeps bf16 weights."""
-        return 2
+        """Bytes of the working copy of a parameter: 2 (FP8 keeps bf16 weights), 4 for FP32."""
+        return 4 if self is Precision.FP32 else 2
 
     @property
     def activation_bytes(self) -> int:
-        """Bytes per stored activation element (16-bit activations in all three modes)."""
-        return 2
+        """Bytes per activation element: 16-bit in the mixed modes, 4 for FP32."""
+        return 4 if self is Precision.FP32 else 2
 
 
 class Recompute(enum.Enum):
@@ -40,6 +47,15 @@ class AttentionKernel(enum.Enum):
 
     FLASH = "flash"
     UNFUSED = "unfused"
+
+
+class Zero3ParamFetch(enum.Enum):
+    """How ZeRO-3 gathers parameters (``plansim.analytic.zero3``): one prefetched all-gather
+    per layer overlapped with compute (PyTorch FSDP, Zhao et al. VLDB 2023; DeepSpeed since
+    2022), or one synchronous collective per parameter tensor (DeepSpeed ZeRO-3 in 2021)."""
+
+    LAYER_PREFETCH = "layer-prefetch"
+    PER_TENSOR_SYNC = "per-tensor-sync"
 
 
 class Schedule(enum.Enum):
@@ -61,6 +77,31 @@ class Schedule(enum.Enum):
     def interleaved(self) -> bool:
         """True when the schedule runs several model chunks (vpp > 1) per rank."""
         return self is Schedule.INTERLEAVED_1F1B
+
+
+class DpSync(enum.Enum):
+    """How data-parallel ranks synchronise gradients and weights each step.
+
+    RING: collective all-reduce (ZeRO-0) or reduce-scatter + all-gather (ZeRO-1/2) over the
+    dp * cp group (NCCL rings, ``plansim.analytic.comm``). PARAMETER_SERVER: workers push
+    gradients to server shards, the servers run the optimizer, workers pull the updated
+    weights (Li et al. OSDI 2014; Jiang et al. OSDI 2020 "BytePS";
+    ``plansim.analytic.param_server`` gives the traffic and the times).
+    """
+
+    RING = "ring"
+    PARAMETER_SERVER = "parameter-server"
+
+
+class OffloadDevice(enum.Enum):
+    """Where ZeRO offload puts model states (DeepSpeed ``zero_optimization.offload_optimizer``
+    / ``offload_param`` ``device``, ``OffloadDeviceEnum``): kept on the GPU, host memory
+    (ZeRO-Offload, Ren et al. USENIX ATC 2021) or NVMe (ZeRO-Infinity, Rajbhandari et al.
+    SC21)."""
+
+    NONE = "none"
+    CPU = "cpu"
+    NVME = "nvme"
 
 
 def parse_enum(enum_cls: type[enum.Enum], field: str, value: object) -> enum.Enum:
@@ -110,19 +151,51 @@ class ParallelPlan:
             reduce-scatter) of each model chunk starts in buckets while backward still runs
             (Megatron-LM ``--overlap-grad-reduce``, default off; PyTorch DDP buckets, Li et
             al. VLDB 2020); off, it all runs after the rank's last backward. No effect with
-            ZeRO-3, whose reduce-scatters are per micro-batch already, or dp * cp == 1.
+            ZeRO-3, whose reduce-scatters are per micro-batch already, or dp * cp == 1
+            (except with dedicated parameter servers: each bucket is then a push).
         gradient_accumulation_fusion: weight-gradient GEMMs accumulate straight into the
             gradient buffer (Megatron-LM ``--gradient-accumulation-fusion``, default on since
             2022); off, every micro-batch adds its fresh weight gradients into the buffer with
             a separate memory-bound pass (Megatron-LM 2021's ``main_grad.add_``, PyTorch
             autograd accumulation).
+        offload_optimizer: DeepSpeed ``zero_optimization.offload_optimizer.device``: fp32
+            master weights, Adam moments and fp32 gradients live in host memory (``cpu``) or
+            on NVMe (``nvme``) and the Adam step runs on the host CPU (ZeRO-Offload, Ren et
+            al. USENIX ATC 2021 §4; ZeRO-Infinity, Rajbhandari et al. SC21 §5). Needs ZeRO
+            stage >= 1 (DeepSpeed: "valid with stage 1, 2, and 3"); ``nvme`` needs stage 3
+            (ZeRO-Infinity: only DeepSpeed's stage-3 optimizer swaps to NVMe; its stage-1/2
+            optimizer offloads when the device is ``cpu``, ``engine.zero_cpu_offload``).
+            Costed in ``plansim.analytic.offload``; a bad combination raises SpecError
+            naming the field and the devices the stage allows.
+        offload_param: DeepSpeed ``zero_optimization.offload_param.device``: the 16-bit
+            parameter shards live in host memory or on NVMe and are fetched for every
+            forward and backward. Needs ZeRO stage 3 (DeepSpeed: "valid only with stage 3").
+        dp_sync: ring (default: collectives) or parameter-server: each worker pushes its
+            gradients (M bytes) to server shards, the servers run Adam, each worker pulls its
+            16-bit weights back (Li et al. OSDI 2014 §3.2; Jiang et al. OSDI 2020 "BytePS"
+            §3.1, §4.1). Needs zero_stage 0: the servers hold the fp32 master weights and Adam
+            states, which is what ZeRO shards (colocated servers already shard them like
+            ZeRO-1). Times: ``plansim.analytic.param_server``.
+        ps_servers: with parameter-server, 0 = colocated (BytePS with k = 0 CPU machines;
+            "sharded PS"): each of the n = dp * cp ranks of a DP group also serves 1/n of
+            its model shard, so a worker sends (n - 1)M/n and each server receives
+            (n - 1)M/n (same volume as a ring all-reduce, one round trip of latency);
+            K > 0 = K dedicated server processes for the whole job, outside the GPU nodes,
+            each with one GPU's NIC bandwidth B, each holding 1/K of every parameter (Li et
+            al. key ranges): a worker sends M over its NIC while each server's NIC is
+            shared by the pushes of all W = num_gpus workers, so a push (and a pull) takes
+            max(M/B, W M/(K B)) = M/B * max(1, W/K) (BytePS §3.1: the k < n server
+            bottleneck). Must be 0 with ring.
+        zero3_param_fetch: with zero_stage 3, how parameters are gathered and gradients
+            reduce-scattered (:class:`Zero3ParamFetch`); ignored otherwise.
 
     Raises:
         SpecError: a degree is not a positive integer, the global batch does not split into
             micro-batches over dp, zero_stage is out of 0-3, sequence_parallel with tp == 1,
             vpp and the schedule do not go together (see ``schedule``), or cp > 1 without
             FlashAttention (Megatron-LM supports context parallelism only in Transformer
-            Engine's attention).
+            Engine's attention), dp_sync not a DpSync, ps_servers not an integer >= 0 or
+            > 0 with ring, or parameter-server with zero_stage > 0.
     """
 
     dp: int
@@ -141,6 +214,11 @@ class ParallelPlan:
     overlap_p2p_comm: bool = False
     overlap_grad_reduce: bool = False
     gradient_accumulation_fusion: bool = True
+    dp_sync: DpSync = DpSync.RING
+    ps_servers: int = 0
+    offload_optimizer: OffloadDevice = OffloadDevice.NONE
+    offload_param: OffloadDevice = OffloadDevice.NONE
+    zero3_param_fetch: Zero3ParamFetch = Zero3ParamFetch.LAYER_PREFETCH
 
     def __post_init__(self) -> None:
         for field in ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "global_batch_size"):
@@ -152,6 +230,9 @@ class ParallelPlan:
             ("schedule", Schedule),
             ("precision", Precision),
             ("attention", AttentionKernel),
+            ("offload_optimizer", OffloadDevice),
+            ("offload_param", OffloadDevice),
+            ("zero3_param_fetch", Zero3ParamFetch),
         ):
             if not isinstance(getattr(self, field), cls):
                 raise choice_error(f"plan.{field}", getattr(self, field), [m.value for m in cls])
@@ -172,12 +253,51 @@ class ParallelPlan:
                 f"(got {self.schedule.value}), as in Megatron-LM"
             )
         self._check_schedule()
+        self._check_dp_sync()
+        self._check_offload()
         if self.cp > 1 and self.attention is not AttentionKernel.FLASH:
             raise SpecError(
                 f"plan.cp({self.cp}) needs attention {AttentionKernel.FLASH.value} (got "
                 f"{self.attention.value}): Megatron-LM runs context parallelism only through "
                 f"Transformer Engine's fused attention (TEDotProductAttention)"
             )
+
+    def _check_dp_sync(self) -> None:
+        """dp_sync and ps_servers (see the attributes); a parameter server replaces ZeRO."""
+        if not isinstance(self.dp_sync, DpSync):
+            raise choice_error("plan.dp_sync", self.dp_sync, [m.value for m in DpSync])
+        if isinstance(self.ps_servers, bool) or not isinstance(self.ps_servers, int):
+            raise SpecError(f"plan.ps_servers must be an integer >= 0, got {self.ps_servers!r}")
+        if self.ps_servers < 0:
+            raise SpecError(f"plan.ps_servers must be an integer >= 0, got {self.ps_servers!r}")
+        if self.dp_sync is DpSync.RING and self.ps_servers:
+            raise SpecError(
+                f"plan.ps_servers({self.ps_servers}) needs dp_sync "
+                f"{DpSync.PARAMETER_SERVER.value} (got {self.dp_sync.value}); use 0 with ring"
+            )
+        if self.dp_sync is DpSync.PARAMETER_SERVER and self.zero_stage:
+            raise SpecError(
+                f"plan.dp_sync {DpSync.PARAMETER_SERVER.value} needs zero_stage 0 (got "
+                f"{self.zero_stage}): the servers hold the fp32 master weights and optimizer "
+                f"states that ZeRO would shard (colocated servers, ps_servers=0, already shard "
+                f"them over the dp * cp ranks like ZeRO-1)"
+            )
+
+    def _check_offload(self) -> None:
+        """Offload devices against the ZeRO stage (DeepSpeed ``offload_config.py``: optimizer
+        offload "valid with stage 1, 2, and 3", parameter offload "valid only with stage 3";
+        NVMe swapping exists only in the stage-3 optimizer, ZeRO-Infinity)."""
+        for field in ("offload_optimizer", "offload_param"):
+            device = getattr(self, field)
+            allowed = offload_devices(field, self.zero_stage)
+            if device.value not in allowed:
+                cpu_optimizer = field == "offload_optimizer" and device is OffloadDevice.CPU
+                needs = "1, 2 or 3" if cpu_optimizer else "3"
+                raise SpecError(
+                    f"plan.{field}={device.value} needs zero_stage {needs} (got zero_stage="
+                    f"{self.zero_stage}); with zero_stage {self.zero_stage} choose {field} "
+                    f"from: {', '.join(allowed)}"
+                )
 
     def _check_schedule(self) -> None:
         """vpp, pp and micro-batch count against the schedule (Megatron-LM's rules; ZB-H1:
@@ -224,7 +344,8 @@ class ParallelPlan:
 
     def label(self) -> str:
         """Compact one-line description, e.g. 'tp8 pp16 dp8 mbs1 zero1 selective sp 1f1b' or
-        'tp8 pp8 dp1 vpp3 mbs1 zero0 full interleaved-1f1b' (vpp shown when > 1)."""
+        'tp8 pp8 dp1 vpp3 mbs1 zero0 full interleaved-1f1b' (vpp shown when > 1); a
+        parameter server adds 'ps' (colocated) or 'ps4' (4 dedicated servers)."""
         parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
         if self.cp > 1:
             parts.append(f"cp{self.cp}")
@@ -242,7 +363,25 @@ class ParallelPlan:
             parts.append("unfused-grad-acc")
         if self.attention is AttentionKernel.UNFUSED:
             parts.append("unfused-attn")
+        if self.dp_sync is DpSync.PARAMETER_SERVER:
+            parts.append(f"ps{self.ps_servers or ''}")
+        if self.offload_optimizer is not OffloadDevice.NONE:
+            parts.append(f"offload-opt-{self.offload_optimizer.value}")
+        if self.offload_param is not OffloadDevice.NONE:
+            parts.append(f"offload-param-{self.offload_param.value}")
+        if self.zero_stage == 3 and self.zero3_param_fetch is Zero3ParamFetch.PER_TENSOR_SYNC:
+            parts.append("zero3-per-tensor-sync")
         return " ".join(parts)
+
+
+def offload_devices(field: str, zero_stage: int) -> list[str]:
+    """Devices ``field`` (``offload_optimizer`` or ``offload_param``) allows with
+    ``zero_stage`` (DeepSpeed's rules, see :class:`ParallelPlan`)."""
+    if zero_stage == 3:
+        return [d.value for d in OffloadDevice]
+    if field == "offload_optimizer" and zero_stage >= 1:
+        return [OffloadDevice.NONE.value, OffloadDevice.CPU.value]
+    return [OffloadDevice.NONE.value]
 
 
 def check_plan_divides_model(

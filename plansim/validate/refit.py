@@ -7,24 +7,29 @@ events that term prices, never by the step time. In order:
    the fraction would pass 1): the optimizer is a pure streaming kernel
    (``plansim.analytic.elementwise.adam_step_bytes`` / streaming bytes/s), so the bandwidth is
    divided by ``r_opt = measured optimizer s / simulated optimizer s``.
-2. **GEMM efficiency and per-kernel latency** (``matmul_efficiency.<dtype>`` of the run's
-   dtype, ``peak_tflops.<dtype>`` only when a fraction would pass 1, and ``kernel_launch_us``):
+2. **Host per-op overhead** (``host_overhead``, when the profile has one;
+   :mod:`plansim.validate.refit_terms`): with tp > 1 and a DTensor figure, the forward and
+   backward errors go into the DTensor extras (a TP-only term); otherwise the host figures
+   are scaled only when the forward/backward split separates host from device time.
+3. **GEMM efficiency and per-kernel latency** (``matmul_efficiency.<dtype>`` of the run's
+   dtype and its ``attention_efficiency.<dtype>`` when present, ``peak_tflops.<dtype>`` only
+   when a fraction would pass 1, and ``kernel_launch_us``):
    forward plus backward (F, B, I, W, recompute) compute time. The simulated side adds
    in-action communication the run could not observe separately (e.g. TP collectives
    inside a DTensor forward, which the measured forward includes). The efficiency curve is
    divided and the launch time multiplied by ``r = measured / simulated``; the streaming
    part of those passes (step 1) stays, so the ratio is re-measured on a new simulation and
    applied again until it is within 0.1% of 1 (at most 12 rounds).
-3. **Pipeline transfers** (``intra_node.sendrecv``): a measured receive includes the wait
+4. **Pipeline transfers** (``intra_node.sendrecv``): a measured receive includes the wait
    for the sender, so the transfer time is read where the receiver was already waiting:
    from the end of the sender's compute to the end of the receive
    (:func:`waited_transfers_s`); ``r`` = median measured / median simulated of those.
-4. **Collectives** (``intra_node.<collective>``: latency and bus bandwidth): per observed
+5. **Collectives** (``intra_node.<collective>``: latency and bus bandwidth): per observed
    communication kind, ``r = measured / simulated`` total seconds. ``tp_comm`` prices
    ``all_reduce`` (``all_gather`` and ``reduce_scatter`` with SP); ``dp_comm`` ``all_reduce``
    (ZeRO 0) or ``reduce_scatter`` and ``all_gather`` (ZeRO 1-3).
 
-For 3 and 4 the latency is multiplied and the bus bandwidth divided by r, which scales that
+For 4 and 5 the latency is multiplied and the bus bandwidth divided by r, which scales that
 collective's time by r at every message size (one message size cannot separate alpha from
 beta).
 
@@ -43,10 +48,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from plansim.io.profiles import SCALAR_KEYS, ProfileUpdate, merge_profile, profiles_dir
+from plansim.io.profiles import merge_profile, profiles_dir
 from plansim.sim import timeline as tl
 from plansim.specs.hardware import CollectiveCurve, Curve, HardwareProfile
 from plansim.validate.compare import CATEGORY_KINDS, Comparison, compare, simulate_plan
+from plansim.validate.refit_terms import (
+    PassTotals,
+    fit_dtensor,
+    fit_host_scale,
+    pass_totals,
+    scale_host,
+    without_host,
+)
+from plansim.validate.refit_update import profile_update
 from plansim.validate.result import MeasuredRun
 
 #: Relative tolerance of the GEMM fixed-point iteration, and its round limit.
@@ -100,19 +114,75 @@ def _scale_streaming(profile: HardwareProfile, r: float) -> HardwareProfile:
 
 
 def _scale_gemm(profile: HardwareProfile, r: float, *, dtype: str) -> HardwareProfile:
-    """GEMM times of ``dtype`` and the launch overhead x ``r``; fractions over 1 go to the peak."""
+    """GEMM (and fused-attention) times of ``dtype`` and the launch overhead x ``r``;
+    GEMM fractions over 1 go to the peak (attention fractions are rescaled to it)."""
     curve = profile.matmul_efficiency[dtype]
     ys = [y / r for y in curve.y]
     peak = profile.peak_flops_per_s[dtype]
     top = max(ys)
     if top > 1.0:
         peak, ys = peak * top, [y / top for y in ys]
+    attention = dict(profile.attention_efficiency)
+    if dtype in attention:
+        old = attention[dtype]
+        ratio = profile.peak_flops_per_s[dtype] / peak / r
+
+        def scaled(c: Curve) -> Curve:
+            return Curve(x=c.x, y=tuple(y * ratio for y in c.y))
+
+        attention[dtype] = dataclasses.replace(
+            old, forward=scaled(old.forward), backward=scaled(old.backward)
+        )
     return dataclasses.replace(
         profile,
         peak_flops_per_s={**profile.peak_flops_per_s, dtype: peak},
         matmul_efficiency={**profile.matmul_efficiency, dtype: Curve(x=curve.x, y=tuple(ys))},
+        attention_efficiency=attention,
         kernel_launch_s=profile.kernel_launch_s * r,
     )
+
+
+def _refit_host(
+    run: MeasuredRun,
+    profile: HardwareProfile,
+    *,
+    dtype: str,
+    factors: dict[str, float],
+    notes: list[str],
+) -> HardwareProfile:
+    """Step 2 of the module docstring (``refit_terms``); the profile unchanged without a
+    host term or when the run does not determine it."""
+    host = profile.host_overhead
+    if host is None:
+        return profile
+
+    def totals(p: HardwareProfile) -> PassTotals:
+        ev = simulate_plan(run.model, run.plan, p, dtype=dtype)
+        return pass_totals(compare(run, ev), ev.result.timeline)
+
+    if run.plan.tp > 1 and host.dtensor_forward_op_s is not None:
+        total_f = total_b = 1.0
+        for _ in range(_MAX_ROUNDS):
+            fit = fit_dtensor(totals(profile), totals(without_host(profile, dtensor_only=True)))
+            if fit is None:
+                break
+            profile = scale_host(profile, forward=fit[0], backward=fit[1], dtensor_only=True)
+            total_f, total_b = total_f * fit[0], total_b * fit[1]
+            if max(abs(fit[0] - 1.0), abs(fit[1] - 1.0)) < _TOLERANCE or 0.0 in fit:
+                break
+        if (total_f, total_b) != (1.0, 1.0):
+            factors["host_overhead.dtensor_forward"] = total_f
+            factors["host_overhead.dtensor_backward"] = total_b
+        return profile
+    scale = fit_host_scale(totals(profile), totals(without_host(profile)))
+    if scale is None:
+        notes.append(
+            "host_overhead: the forward/backward errors do not separate host from device "
+            "time in this run (alike backward/forward ratios); kept"
+        )
+        return profile
+    factors["host_overhead"] = scale
+    return scale_host(profile, forward=scale, backward=scale)
 
 
 def _scale_collective(profile: HardwareProfile, name: str, r: float) -> HardwareProfile:
@@ -222,6 +292,9 @@ def refit_profile(
     else:
         profile, factors["streaming"] = _scale_streaming(profile, r_opt), r_opt
         c = comparison(profile)
+    if profile.host_overhead is not None:
+        profile = _refit_host(run, profile, dtype=dtype, factors=factors, notes=notes)
+        c = comparison(profile)
     gemm = 1.0
     for _ in range(_MAX_ROUNDS):
         r = _pass_ratio(c)
@@ -261,59 +334,6 @@ def refit_profile(
             profile = _scale_collective(profile, name, r)
             factors[f"intra_node.{name}"] = factors.get(f"intra_node.{name}", 1.0) * r
     return profile, factors, tuple(notes)
-
-
-def profile_update(
-    base: HardwareProfile,
-    fitted: HardwareProfile,
-    factors: dict[str, float],
-    *,
-    dtype: str,
-    source: str,
-) -> ProfileUpdate:
-    """The entries of ``fitted`` that differ from ``base``, each with provenance ``source``.
-
-    Args:
-        source: e.g. ``"refit by plansim validate, 2026-01-31: tp1 pp2 dp1 ... (gloo, 2
-            ranks, model tiny)"``; the time multiplier of each term is appended.
-    """
-    scalars: dict[str, float] = {}
-    provenance: dict[str, str] = {}
-    for name in ("hbm_efficiency_fraction", "hbm_bytes_per_s", "kernel_launch_s"):
-        if getattr(fitted, name) != getattr(base, name):
-            scalars[name] = getattr(fitted, name)
-    term = {
-        "hbm_efficiency_fraction": "streaming",
-        "hbm_bytes_per_s": "streaming",
-        "kernel_launch_s": "gemm_and_launch",
-    }
-    for name in scalars:
-        provenance[SCALAR_KEYS[name]] = _note(source, factors.get(term[name]))
-    peaks = {}
-    curves = {}
-    if fitted.matmul_efficiency[dtype] != base.matmul_efficiency[dtype]:
-        curves[dtype] = fitted.matmul_efficiency[dtype]
-        provenance[f"matmul_efficiency.{dtype}"] = _note(source, factors.get("gemm_and_launch"))
-    if fitted.peak_flops_per_s[dtype] != base.peak_flops_per_s[dtype]:
-        peaks[dtype] = fitted.peak_flops_per_s[dtype]
-        provenance[f"peak_tflops.{dtype}"] = _note(source, factors.get("gemm_and_launch"))
-    intra = {}
-    for name, coll in fitted.intra_node.items():
-        if coll != base.intra_node[name]:
-            intra[name] = coll
-            note = _note(source, factors.get(f"intra_node.{name}"))
-            provenance[f"intra_node.{name}"] = provenance[f"intra_node.{name}.latency_us"] = note
-    return ProfileUpdate(
-        peak_flops_per_s=peaks,
-        matmul_efficiency=curves,
-        intra_node=intra,
-        scalars=scalars,
-        provenance=provenance,
-    )
-
-
-def _note(source: str, factor: float | None) -> str:
-    return source if factor is None else f"{source}; times x{factor:.4g} of the previous value"
 
 
 def refit(run: MeasuredRun, profile: HardwareProfile, *, dtype: str, source: str) -> Refit:

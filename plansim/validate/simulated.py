@@ -1,9 +1,10 @@
 """The simulated side of a validation: the plan simulated as torch executes it (pure).
 
-Two differences from ``plansim.planner.evaluate.evaluate``, both to simulate what the
-runner executes rather than Megatron-LM: matmuls priced in the run's dtype
-(:func:`simulation_profile`; fp32 on the CPU) and asynchronous pipeline sends
-(:func:`_with_async_sends`).
+Two differences from ``plansim.planner.evaluate.evaluate``'s Megatron-LM defaults, both to
+simulate what the runner executes: the plan's precision is the run's dtype
+(:func:`run_plan`; fp32 on the CPU: fp32 GEMM curve, 4-byte weights, gradients,
+activations and messages, torch AdamW's 28 B/param step; ``plansim.specs.plan.Precision``)
+and pipeline sends are asynchronous (:func:`_with_async_sends`).
 """
 
 from __future__ import annotations
@@ -11,22 +12,43 @@ from __future__ import annotations
 import dataclasses
 
 from plansim.analytic.cost import build_pipeline_work
+from plansim.errors import choice_error
 from plansim.planner.evaluate import Evaluation, Rejected, evaluate
 from plansim.schedule.builders import build_actions
 from plansim.sim import timeline as tl
 from plansim.sim.engine import simulate
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan
+from plansim.specs.plan import ParallelPlan, Precision
 from plansim.validate.result import ValidateError
 
 
-def simulation_profile(profile: HardwareProfile, *, dtype: str, precision: str) -> HardwareProfile:
-    """``profile`` with the GEMM peak and efficiency curve of ``dtype`` under ``precision``.
+def run_plan(plan: ParallelPlan, profile: HardwareProfile, *, dtype: str) -> ParallelPlan:
+    """``plan`` with the precision the run executes in: ``dtype`` (``fp32`` on the CPU).
 
-    The simulator prices matmuls in the plan's precision (``bf16``/``fp16``/``fp8``); a run in
-    ``fp32`` (the CPU validation default) is priced with the profile's measured fp32 curve
-    instead. Unchanged when ``dtype == precision``.
+    Raises:
+        ValidateError: ``dtype`` is not a precision plansim models, or ``profile`` has no
+            GEMM data for it (a profile needs ``matmul_efficiency.<dtype>`` to price the run;
+            ``plansim calibrate`` measures fp32, bf16 and fp16).
+    """
+    allowed = [p.value for p in Precision]
+    if dtype not in allowed:
+        raise ValidateError(str(choice_error("dtype", dtype, allowed)))
+    precision = Precision(dtype)
+    if dtype not in profile.matmul_efficiency:
+        raise ValidateError(
+            f"profile {profile.name} has no matmul data for the run's dtype {dtype!r}; "
+            f"has: {', '.join(profile.dtypes())}"
+        )
+    return plan if plan.precision is precision else dataclasses.replace(plan, precision=precision)
+
+
+def simulation_profile(profile: HardwareProfile, *, dtype: str, precision: str) -> HardwareProfile:
+    """``profile`` with ``dtype``'s GEMM peak and curve under the name ``precision``.
+
+    Kept for callers that price a run in one dtype under another precision's name; the
+    validator itself simulates the run's own precision (:func:`run_plan`). Unchanged when
+    ``dtype == precision``.
 
     Raises:
         ValidateError: the profile has no GEMM data for ``dtype``.
@@ -51,24 +73,24 @@ def simulation_profile(profile: HardwareProfile, *, dtype: str, precision: str) 
 def simulate_plan(
     model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *, dtype: str
 ) -> Evaluation:
-    """The simulated Evaluation of ``plan`` on ``profile`` as the run executed it: matmuls
-    in ``dtype`` (:func:`simulation_profile`) and asynchronous pipeline sends
+    """The simulated Evaluation of ``plan`` on ``profile`` as the run executed it: in the
+    run's precision ``dtype`` (:func:`run_plan`) and with asynchronous pipeline sends
     (:func:`_with_async_sends`).
 
     Raises:
         ValidateError: the plan is rejected on that profile (the reason is in the message),
             or the profile lacks ``dtype``.
     """
-    priced = simulation_profile(profile, dtype=dtype, precision=plan.precision.value)
-    outcome = evaluate(model, plan, priced)
+    executed = run_plan(plan, profile, dtype=dtype)
+    outcome = evaluate(model, executed, profile)
     if isinstance(outcome, Rejected):
         raise ValidateError(
-            f"cannot simulate {plan.label()} on {profile.name}: {outcome.category}: "
-            f"{outcome.reason}"
+            f"cannot simulate {plan.label()} in {dtype} on {profile.name}: "
+            f"{outcome.category}: {outcome.reason}"
         )
     if not outcome.result.timeline[tl.STREAM].eq("pp_send").any():
         return outcome
-    return _with_async_sends(outcome, model, priced)
+    return _with_async_sends(outcome, model, profile)
 
 
 def _with_async_sends(ev: Evaluation, model: ModelSpec, profile: HardwareProfile) -> Evaluation:

@@ -23,6 +23,7 @@ from plansim.analytic.memory import (
     transient_bytes,
 )
 from plansim.analytic.ranks import GroupSpan, layout_groups
+from plansim.analytic.zero3 import edge_param_tensors, layer_param_tensors
 from plansim.catalog import resolve_model
 from plansim.errors import SpecError
 from plansim.io.profiles import load_profile
@@ -328,10 +329,15 @@ def test_gradient_reduction_runs_over_dp_times_cp() -> None:
     # Adam over the local shard: 42 B per parameter (adam_step_bytes) of params / (dp * cp)
     (adam,) = [s for s in rank.optimizer if s.kind == "optimizer"]
     assert adam.duration_s == pytest.approx(42 * grad_bytes / 4 / 4 / 1000e9, rel=1e-12)
-    # ZeRO-3: per micro-batch all-gathers of the 16-bit params over the 4 dp x cp ranks
-    zero3 = build_pipeline_work(RING, _plan(dp=2, cp=2, zero_stage=3), prof).stages[0]
+    # ZeRO-3: per micro-batch all-gathers of the 16-bit params over the 4 dp x cp ranks; with
+    # layer prefetch the embedding/output unit and the first layer's gather are exposed
+    z3_plan = _plan(dp=2, cp=2, zero_stage=3)
+    zero3 = build_pipeline_work(RING, z3_plan, prof).stages[0]
     (ag,) = [s for s in zero3.forward if s.kind == "dp_comm"]
-    assert ag.duration_s == pytest.approx(10 * US + 0.75 * grad_bytes / 2 / 100e9, rel=1e-12)
+    edge = sum(edge_param_tensors(RING, z3_plan, first=True, last=True))
+    layer = sum(layer_param_tensors(RING, z3_plan))
+    want = sum(10 * US + 0.75 * 2 * numel / 100e9 for numel in (edge, layer))
+    assert ag.duration_s == pytest.approx(want, rel=1e-12)
     # dp 1, cp 2 still reduces (over the 2 cp ranks); dp 2 alone over 2 ranks: factor 1/2
     (cp_only,) = build_pipeline_work(RING, _plan(cp=2, zero_stage=1), prof).ranks[0].grad_sync
     assert cp_only.duration_s == pytest.approx(10 * US + 0.5 * grad_bytes / 100e9, rel=1e-12)

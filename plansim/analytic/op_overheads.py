@@ -1,0 +1,136 @@
+"""Fused-attention pricing and host per-op overhead of a layer pass (pure).
+
+Two optional profile terms (``plansim.specs.compute_terms``), each used only when the
+profile has it; without them these functions return what ``layer_cost`` computed before:
+
+* **Fused attention** (FlashAttention, Dao et al. 2022; torch
+  ``scaled_dot_product_attention``): QK^T, the causal mask, the softmax and PV run as one
+  kernel whose measured rate (``HardwareProfile.attention_efficiency``) differs from a GEMM's
+  of the same FLOPs. A layer's call covers all its local heads and sequences; its forward
+  FLOPs are half of the two core GEMMs' (causal: the masked half is skipped,
+  FlashAttention-2 §3.1.1), the backward's twice that. Without a curve: the GEMM pricing,
+  backward 2.5x the forward (FlashAttention-2 §3.1.2: five GEMMs to the forward's two).
+* **Host per-op overhead** (``HardwareProfile.host_overhead``): every eager op pays host
+  time for its dispatch and autograd bookkeeping, forward and backward. The ops of a pass
+  are counted from the cost model's own kernel lists (:func:`layer_ops`): one per weight
+  GEMM (``plansim.analytic.flops.layer_forward_gemms``), one fused attention call (two
+  batched GEMMs unfused), one per memory-bound kernel
+  (``plansim.analytic.elementwise.layer_elementwise_traffic`` ``num_kernels``); backward
+  runs one autograd node per forward op. With tp > 1 the weight GEMMs are tensor-parallel
+  (DTensor) ops and pay the DTensor extra when the profile has one. How host and device
+  time combine is :meth:`plansim.specs.compute_terms.HostOverhead.pass_s` (GPU: max; CPU:
+  sum less the bare dispatch the device terms hold).
+
+Limits: view/reshape ops (free on the device, a few microseconds each on the host) are not
+counted; a Megatron-style fused QKV GEMM counts as one op where an implementation with
+separate Q, K, V linears runs three.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from plansim.analytic import flops as fl
+from plansim.specs.hardware import HardwareProfile
+from plansim.specs.model import PositionEmbedding
+from plansim.specs.plan import AttentionKernel, ParallelPlan
+
+#: Ops of the first stage's embedding: the token lookup (learned positions: + lookup, add).
+EMBEDDING_OPS = 1
+#: Ops of the last stage's head: final norm, logits GEMM, cross-entropy (log-softmax, NLL).
+HEAD_OPS = 4
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CoreTimes:
+    """Seconds of one layer's attention core (QK^T, softmax, PV) on one rank."""
+
+    forward_s: float
+    backward_s: float
+
+
+def attention_call_flops(gemms: Sequence[fl.Gemm]) -> float:
+    """Forward FLOPs of one layer's fused attention call on one rank, causal: half of the
+    attention-core GEMMs' FLOPs (``attn_scores`` + ``attn_over_v`` = 4*b*(s/cp)*s*h/tp, so
+    2*b*(s/cp)*s*h/tp), counted as ``plansim calibrate`` counts its SDPA items."""
+    core = sum(g.flops for g in gemms if g.name in fl.ATTENTION_CORE_GEMMS)
+    return core / 2.0
+
+
+def attention_core_times(
+    gemms: Sequence[fl.Gemm],
+    plan: ParallelPlan,
+    profile: HardwareProfile,
+    *,
+    dtype: str,
+    gemm_forward_s: float,
+) -> CoreTimes:
+    """Attention-core seconds of one layer: from the profile's fused-attention curve for
+    ``dtype`` when the plan's kernel is fused and the profile has one, else from the GEMM
+    pricing ``gemm_forward_s`` of the two core GEMMs (backward 2x unfused, 2.5x fused).
+
+    Forward: F / (peak * forward_fraction(F)); backward: 2F / (peak * backward_fraction(F)),
+    F = :func:`attention_call_flops`.
+    """
+    fused = plan.attention is AttentionKernel.FLASH
+    if not fused or dtype not in profile.attention_efficiency:
+        return CoreTimes(
+            forward_s=gemm_forward_s, backward_s=(2.5 if fused else 2.0) * gemm_forward_s
+        )
+    call = attention_call_flops(gemms)
+    if call <= 0:
+        return CoreTimes(forward_s=0.0, backward_s=0.0)
+    return CoreTimes(
+        forward_s=call / profile.attention_flops_per_s(dtype, call, backward=False),
+        backward_s=2.0 * call / profile.attention_flops_per_s(dtype, call, backward=True),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PassOps:
+    """Eager ops of one pass: all of them, and the tensor-parallel (DTensor) ones among them."""
+
+    num_ops: int
+    num_dtensor_ops: int = 0
+
+
+def layer_ops(gemms: Sequence[fl.Gemm], plan: ParallelPlan, *, num_kernels: int) -> PassOps:
+    """Ops of one layer's forward (= autograd nodes of its backward) on one rank.
+
+    Weight GEMMs (every GEMM but the attention core), the attention core (one fused call,
+    or its two batched GEMMs unfused) and ``num_kernels`` memory-bound kernels; with
+    tp > 1 the weight GEMMs are DTensor ops.
+    """
+    weights = sum(1 for g in gemms if g.name not in fl.ATTENTION_CORE_GEMMS)
+    core = 1 if plan.attention is AttentionKernel.FLASH else 2
+    return PassOps(
+        num_ops=weights + core + num_kernels, num_dtensor_ops=weights if plan.tp > 1 else 0
+    )
+
+
+def edge_ops(position_embedding: PositionEmbedding) -> tuple[PassOps, PassOps]:
+    """Ops of the first stage's embedding and of the last stage's head (:data:`HEAD_OPS`)."""
+    learned = position_embedding is PositionEmbedding.LEARNED
+    return PassOps(num_ops=EMBEDDING_OPS + (2 if learned else 0)), PassOps(num_ops=HEAD_OPS)
+
+
+def with_host_s(
+    device_s: float, ops: PassOps, profile: HardwareProfile, *, backward: bool
+) -> float:
+    """Seconds of a pass whose device work takes ``device_s``, with the host cost of its
+    ``ops`` (``device_s`` unchanged when the profile has no ``host_overhead``).
+
+    Host seconds = ops * per-op seconds (+ DTensor ops * the DTensor extra), forward or
+    backward figure; combined by :meth:`HostOverhead.pass_s` with the profile's
+    ``kernel_launch_s`` as the bare dispatch.
+    """
+    host = profile.host_overhead
+    if host is None or ops.num_ops == 0:
+        return device_s
+    per_op = host.backward_op_s if backward else host.forward_op_s
+    extra = host.dtensor_backward_op_s if backward else host.dtensor_forward_op_s
+    host_s = ops.num_ops * per_op + ops.num_dtensor_ops * (extra or 0.0)
+    return host.pass_s(
+        device_s, host_s=host_s, num_ops=ops.num_ops, dispatch_s=profile.kernel_launch_s
+    )

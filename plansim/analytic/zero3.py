@@ -1,0 +1,179 @@
+"""ZeRO-3 parameter gathers and gradient reduce-scatters per micro-batch (pure).
+
+ZeRO stage 3 (Rajbhandari et al., SC20, §5.3 and §7.2) keeps 1/(dp * cp) of every parameter
+on each rank: before a layer runs, forward or backward (and again for a full-recompute
+forward), its 16-bit parameters are all-gathered; after its backward its gradients are
+reduce-scattered. How much of that traffic shows on the step depends on how the framework
+fetches parameters (``plan.zero3_param_fetch``):
+
+* ``layer-prefetch`` (PyTorch FSDP with one unit per transformer layer, Zhao et al.,
+  VLDB 2023 §3.3-3.4, forward and backward prefetch; DeepSpeed's bucketed prefetch since
+  2022): one all-gather of the layer's flat parameters into one buffer, issued on the
+  communication stream one layer ahead, so it hides behind the previous layer's compute;
+  one reduce-scatter per layer after its backward, overlapped with the next layer's
+  backward. For n layers with per-layer compute c and communication g (two-stage
+  producer/consumer pipeline):
+
+      exposed = g + (n - 1) * max(0, g - c)                     (forward, recompute)
+      exposed = g + (n - 1) * max(0, g + r - c) + r             (backward, r = reduce-scatter)
+
+  The edge parameters (embedding, final norm, output layer) are one more unit, gathered
+  before the stage's first layer (exposed).
+
+* ``per-tensor-sync`` (DeepSpeed ZeRO-3 as of 2021, v0.3.x
+  ``deepspeed/runtime/zero/partition_parameters.py``): one collective per parameter tensor
+  (``_allgather_param``: ``torch.cuda.synchronize()`` and then ``torch.distributed.all_gather``
+  into a list of dp * cp views; ``_reduce_scatter_gradient``: ``reduce_scatter`` from a list
+  of dp * cp views), so nothing overlaps compute. With list arguments PyTorch's NCCL process
+  group copies each of the n chunks separately (``ProcessGroupNCCL::allgather`` /
+  ``reduce_scatter`` flatten and unflatten one tensor per rank): n small copy kernels per
+  collective, each priced at the profile's ``kernel_launch_s``. Every term is serial:
+
+      per tensor = collective_time_s(bytes) + n * kernel_launch_s
+
+  which grows linearly with the data-parallel size through both the copies and NCCL's ring
+  latency (``plansim.analytic.comm``): the mechanism behind the ZeRO-3 rows of Narayanan
+  et al. SC21 Table 2 getting no faster from 768 to 1536 GPUs.
+
+Parameter tensors of one layer follow Megatron-LM's modules: fused QKV weight (and bias),
+attention output projection, first MLP matrix (up, or fused gate+up for SwiGLU) and second
+MLP matrix, with biases when ``model.add_bias_linear``, and the two norms' weights (and
+biases for LayerNorm). Column-parallel weights and biases are split over tp, row-parallel
+weights too; row-parallel biases and norms are replicated (``memory.rank_parameters``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plansim.analytic.comm import collective_time_s
+from plansim.analytic.params import NORMS_PER_LAYER, count_parameters
+from plansim.analytic.ranks import LayoutGroups, dp_cp_size
+from plansim.specs.hardware import HardwareProfile
+from plansim.specs.model import ModelSpec
+from plansim.specs.plan import ParallelPlan, Zero3ParamFetch
+
+
+def layer_param_tensors(model: ModelSpec, plan: ParallelPlan) -> tuple[float, ...]:
+    """Elements of each parameter tensor of one transformer layer on one TP rank.
+
+    Order: QKV weight, [QKV bias], projection weight, [projection bias], first MLP weight,
+    [its bias], second MLP weight, [its bias], then per norm its weight [and bias]. The sum
+    equals ``count_parameters`` per layer with linear weights split over tp.
+    """
+    h, kv, ffn = model.hidden_size, model.kv_size, model.ffn_hidden_size
+    tp = plan.tp
+    up = (model.activation.num_ffn_matrices - 1) * ffn
+    bias = model.add_bias_linear
+    tensors: list[float] = [(h + 2 * kv) * h / tp]
+    tensors += [(h + 2 * kv) / tp] if bias else []
+    tensors += [h * h / tp] + ([float(h)] if bias else [])
+    tensors += [up * h / tp] + ([up / tp] if bias else [])
+    tensors += [ffn * h / tp] + ([float(h)] if bias else [])
+    per_norm = model.normalization.params_per_hidden
+    tensors += [float(h)] * (NORMS_PER_LAYER * per_norm)
+    return tuple(tensors)
+
+
+def edge_param_tensors(
+    model: ModelSpec, plan: ParallelPlan, *, first: bool, last: bool
+) -> tuple[float, ...]:
+    """Elements of the parameter tensors outside the layers on a first and/or last stage:
+    word embedding (split over tp) and learned positions on the first; final norm and the
+    output layer (or, with pp > 1 and tied embeddings, Megatron's copy of the embedding) on
+    the last."""
+    counts = count_parameters(model)
+    tensors: list[float] = []
+    if first:
+        tensors.append(counts.embedding / plan.tp)
+        if counts.position_embedding:
+            tensors.append(float(counts.position_embedding))
+    if last:
+        per_norm = model.normalization.params_per_hidden
+        tensors += [float(model.hidden_size)] * per_norm
+        if counts.output_layer:
+            tensors.append(counts.output_layer / plan.tp)
+        elif plan.pp > 1 or not first:
+            tensors.append(counts.embedding / plan.tp)
+    return tuple(tensors)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Zero3Traffic:
+    """ZeRO-3 communication of one unit of parameters (a layer, or a stage's edges).
+
+    Attributes:
+        gather_s: seconds of its parameter all-gather(s), as the framework issues them.
+        scatter_s: seconds of its gradient reduce-scatter(s).
+        gather_bytes: 16-bit parameter bytes gathered (all-gather output size).
+        scatter_bytes: gradient bytes reduce-scattered (reduce-scatter input size).
+    """
+
+    gather_s: float
+    scatter_s: float
+    gather_bytes: float
+    scatter_bytes: float
+
+
+NO_TRAFFIC = Zero3Traffic(gather_s=0.0, scatter_s=0.0, gather_bytes=0.0, scatter_bytes=0.0)
+
+
+def unit_traffic(
+    tensors: tuple[float, ...],
+    *,
+    plan: ParallelPlan,
+    profile: HardwareProfile,
+    groups: LayoutGroups,
+    param_bytes: float,
+    grad_bytes: float,
+) -> Zero3Traffic:
+    """ZeRO-3 traffic of one unit made of parameter ``tensors`` (elements per TP rank).
+
+    ``layer-prefetch``: one collective of the whole unit each way. ``per-tensor-sync``: one
+    collective per tensor plus dp * cp chunk copies each (module docstring). Zero with
+    ZeRO < 3, no data parallelism or no tensors.
+    """
+    if plan.zero_stage != 3 or dp_cp_size(plan) == 1 or not tensors:
+        return NO_TRAFFIC
+    span = groups.dp_cp
+    if plan.zero3_param_fetch is Zero3ParamFetch.LAYER_PREFETCH:
+        units: tuple[float, ...] = (sum(tensors),)
+        copies_s = 0.0
+    else:
+        units = tensors
+        copies_s = span.size * profile.kernel_launch_s
+    gather = scatter = 0.0
+    for numel in units:
+        gather += copies_s + collective_time_s(
+            profile, collective="all_gather", message_bytes=numel * param_bytes, span=span
+        )
+        scatter += copies_s + collective_time_s(
+            profile, collective="reduce_scatter", message_bytes=numel * grad_bytes, span=span
+        )
+    total = sum(tensors)
+    return Zero3Traffic(
+        gather_s=gather,
+        scatter_s=scatter,
+        gather_bytes=total * param_bytes,
+        scatter_bytes=total * grad_bytes,
+    )
+
+
+def exposed_gather_s(num_layers: int, *, gather_s: float, compute_s: float) -> float:
+    """Exposed all-gather seconds of ``num_layers`` layers whose gathers are prefetched one
+    layer ahead of compute: g + (n - 1) max(0, g - c) (module docstring)."""
+    if num_layers <= 0 or gather_s <= 0:
+        return 0.0
+    return gather_s + (num_layers - 1) * max(0.0, gather_s - compute_s)
+
+
+def exposed_backward_s(
+    num_layers: int, *, gather_s: float, scatter_s: float, compute_s: float
+) -> float:
+    """Exposed communication of ``num_layers`` layers' backward with the next layer's gather
+    prefetched and each layer's reduce-scatter overlapped with the next layer's backward:
+    g + (n - 1) max(0, g + r - c) + r (module docstring)."""
+    if num_layers <= 0 or gather_s + scatter_s <= 0:
+        return 0.0
+    overlap = max(0.0, gather_s + scatter_s - compute_s)
+    return gather_s + (num_layers - 1) * overlap + scatter_s

@@ -1,0 +1,140 @@
+"""Raw calibration rows -> the optional compute terms of a profile. Pure (pandas, no torch).
+
+* ``attention_efficiency.<dtype>``: per dtype, causal SDPA forward and backward rates over
+  that dtype's GEMM peak, per forward FLOPs of one call (:func:`.fit.fit_attention`). The
+  rows are ``kind == "attention"``, ``op`` ``sdpa_fwd`` (work = forward FLOPs) and
+  ``sdpa_fwd_bwd`` (work = 3 x forward FLOPs), paired by shape.
+* ``host_overhead``: seconds per op of the forward and of the backward through a chain of
+  tiny ops (``kind == "host_op"``, ``chain_fwd`` / ``chain_fwd_bwd``, work = ops; see
+  ``plansim.calibrate.plan``), and when its tensor-parallel twin was measured
+  (``dtensor_chain_*``) the extra per DTensor linear: (DTensor chain - plain chain) / linears,
+  the linears being half the chain's ops. ``serial`` is true on a CPU device.
+
+``table`` is :func:`plansim.calibrate.build.aggregate`'s: one row per item, ``time_s`` the
+median over ranks (ranks run concurrently) and passes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from plansim.calibrate.fit import FitError, fit_attention, fit_host_ops
+from plansim.specs.compute_terms import AttentionEfficiency, HostOverhead
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Terms:
+    """What one builder found: the terms, their provenance (dotted key -> source) and
+    summary lines (label, value) for the terminal."""
+
+    attention: dict[str, AttentionEfficiency] = field(default_factory=dict)
+    host_overhead: HostOverhead | None = None
+    provenance: dict[str, str] = field(default_factory=dict)
+    summary: list[tuple[str, str]] = field(default_factory=list)
+
+
+def attention_terms(table: pd.DataFrame, *, source: str, peaks: Mapping[str, float]) -> Terms:
+    """Fused-attention curves per dtype that has a GEMM peak in ``peaks`` (FLOP/s).
+
+    Args:
+        table: aggregated rows.
+        source: provenance prefix (``RunInfo.source()`` and the contention note).
+        peaks: dtype -> the GEMM peak the fractions are relative to.
+    """
+    out = Terms()
+    rows = table[table["kind"] == "attention"]
+    for key, group in rows.groupby("dtype", sort=True):
+        dtype = str(key)
+        fwd = _medians(group[group["op"] == "sdpa_fwd"], "shape")
+        both = _medians(group[group["op"] == "sdpa_fwd_bwd"], "shape")
+        shapes = sorted(set(fwd) & set(both), key=lambda s: fwd[s][0])
+        peak = peaks.get(dtype)
+        if not peak or not shapes:
+            continue
+        try:
+            fit = fit_attention(
+                [fwd[s][0] for s in shapes],
+                [fwd[s][1] for s in shapes],
+                [both[s][1] for s in shapes],
+                peak_per_s=peak,
+            )
+        except FitError as exc:
+            out.summary.append((f"attention {dtype}", f"not fitted: {exc}"))
+            continue
+        text = (
+            f"{source}; causal scaled_dot_product_attention at {fit.num_points} sizes, "
+            f"{fit.min_flops:.3g}-{fit.max_flops:.3g} forward FLOPs per call: forward, and "
+            "backward (forward + backward less forward, for 2x the FLOPs), rate / GEMM peak "
+            f"{peak / 1e12:.4g} TFLOP/s; ranks concurrent, median over ranks"
+        )
+        out.attention[dtype] = dataclasses.replace(fit.efficiency, source=text)
+        out.provenance[f"attention_efficiency.{dtype}"] = text
+    return out
+
+
+def _medians(rows: pd.DataFrame, key: str) -> dict[str, tuple[float, float]]:
+    """``key`` value -> (median work, median time_s) of ``rows``."""
+    out: dict[str, tuple[float, float]] = {}
+    for value, group in rows.groupby(key, sort=True):
+        out[str(value)] = (float(group["work"].median()), float(group["time_s"].median()))
+    return out
+
+
+def host_overhead_term(table: pd.DataFrame, *, source: str, serial: bool) -> Terms:
+    """The ``host_overhead`` section from the chain rows, or no term when they are missing.
+
+    Args:
+        table: aggregated rows.
+        source: provenance prefix.
+        serial: the host is the device (CPU).
+    """
+    rows = _medians(table[table["kind"] == "host_op"], "op")
+    if not {"chain_fwd", "chain_fwd_bwd"} <= set(rows):
+        return Terms()
+    ops = rows["chain_fwd"][0]
+    plain = fit_host_ops(
+        ops, forward_s=rows["chain_fwd"][1], forward_backward_s=rows["chain_fwd_bwd"][1]
+    )
+    chain = f"a chain of {int(ops)} tiny ops (nn.Linear(8, 8) and GELU pairs, 2 x 8 input)"
+    provenance = {
+        "host_overhead.forward_op_us": f"{source}; forward of {chain}, seconds / ops",
+        "host_overhead.backward_op_us": (
+            f"{source}; forward + backward of {chain} less its forward, seconds / ops"
+        ),
+        "host_overhead.serial": source
+        + (
+            "; CPU: the host is the device, host and compute seconds add"
+            if serial
+            else "; GPU: the host issues kernels ahead of the device"
+        ),
+    }
+    extra: dict[str, float] = {}
+    if {"dtensor_chain_fwd", "dtensor_chain_fwd_bwd"} <= set(rows):
+        dt = fit_host_ops(
+            ops,
+            forward_s=rows["dtensor_chain_fwd"][1],
+            forward_backward_s=rows["dtensor_chain_fwd_bwd"][1],
+        )
+        # (DTensor chain - plain chain) per op, times 2: over the ops / 2 linears
+        extra["dtensor_forward_op_s"] = max(0.0, 2 * (dt.forward_op_s - plain.forward_op_s))
+        extra["dtensor_backward_op_s"] = max(0.0, 2 * (dt.backward_op_s - plain.backward_op_s))
+        what = "ColwiseParallel/RowwiseParallel linears on a one-rank mesh, less the plain chain"
+        provenance["host_overhead.dtensor_forward_op_us"] = (
+            f"{source}; forward of {chain} with DTensor {what}, per linear"
+        )
+        provenance["host_overhead.dtensor_backward_op_us"] = (
+            f"{source}; backward of {chain} with DTensor {what}, per linear"
+        )
+    host = HostOverhead(
+        serial=serial,
+        forward_op_s=plain.forward_op_s,
+        backward_op_s=plain.backward_op_s,
+        **extra,
+    )
+    fwd_us, bwd_us = 1e6 * plain.forward_op_s, 1e6 * plain.backward_op_s
+    summary = [("host per op", f"forward {fwd_us:.3g} us, backward {bwd_us:.3g} us")]
+    return Terms(host_overhead=host, provenance=provenance, summary=summary)
