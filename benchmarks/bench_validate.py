@@ -2,7 +2,9 @@
 
 Each plan runs with ``plansim.validate.runner.run_plan`` (2 ranks, one thread each, fp32,
 synthetic data) on a scaled-down GPT, is simulated on the CPU profile
-(``hardware_profiles/cpu-2core-gloo.yaml`` unless ``--profile``), and the profile is then
+(``hardware_profiles/cpu-2core-gloo.yaml`` unless ``--profile``) as the run executes it
+(``plansim.validate.simulated``: fp32 precision, asynchronous pipeline sends; the profile's
+``attention_efficiency`` and ``host_overhead`` when it has them), and the profile is then
 refitted from that run (``plansim.validate.refit``, the ``--update-profile`` path, in memory:
 no file is written). Columns:
 
@@ -128,6 +130,7 @@ def main() -> None:
     p.add_argument("--save", metavar="DIR", help="also pickle each MeasuredRun to DIR/<plan>.pkl")
     args = p.parse_args()
     profile = load_profile(args.profile)
+    start_load = os.getloadavg()[0]
     model = model_for(args)
     rows = []
     previous: HardwareProfile | None = None
@@ -143,7 +146,10 @@ def main() -> None:
         rows.append(result)
         print(pd.DataFrame([result]).to_string(index=False), flush=True)
     load = os.getloadavg()[0]
-    print(f"\n1-min load average at the end: {load:.2f} on {os.cpu_count()} CPUs (2: quiet)")
+    print(
+        f"\n1-min load average {start_load:.2f} at the start, {load:.2f} at the end, on "
+        f"{os.cpu_count()} CPUs (the runs' own 2 ranks count; well above 2: other work)"
+    )
     print(
         f"{model.name} s{model.seq_length} V{model.vocab_size} mbs{args.mbs} gbs{args.gbs} "
         f"on {profile.name}, {args.steps} measured steps after {args.warmup} warm-up"

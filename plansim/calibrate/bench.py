@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from plansim.calibrate.bench_host import host_op_chain
 from plansim.calibrate.environment import environment, rss_bytes
 from plansim.calibrate.plan import CPU_SHARE_OK, Item, Plan
 
@@ -317,44 +318,11 @@ class _Bench:
         return lambda: torch.add(x, x)
 
     def _host_op(self, item: Item) -> Fn:
-        """A chain of ``item.shape[0]`` tiny ops (pairs of ``nn.Linear(8, 8)`` and GELU on a
-        2 x 8 input that requires grad): its forward (the autograd graph is recorded, then
-        dropped), or forward + backward (gradients accumulate, as between micro-batches).
-        ``dtensor_``: the linears alternate ``ColwiseParallel`` / ``RowwiseParallel`` on a
-        one-rank mesh (DTensor dispatch, no communication). On a GPU the CUDA-event time of
-        such a chain is the host's issue time (the kernels are far shorter)."""
-        (num_ops,) = item.shape
-        layers: list[torch.nn.Module] = []
-        for _ in range(num_ops // 2):
-            layers += [torch.nn.Linear(8, 8), torch.nn.GELU()]
-        chain = torch.nn.Sequential(*layers).to(self.device)
-        if item.op.startswith("dtensor_"):
-            self._tensor_parallel(chain)
-        x = torch.randn(2, 8, device=self.device, requires_grad=True)
-        if item.op.endswith("_fwd_bwd"):
-            return lambda: chain(x).sum().backward()
-        return lambda: chain(x)
-
-    def _tensor_parallel(self, chain: torch.nn.Sequential) -> None:
-        """Make the chain's linears DTensor ops on this rank's own one-rank mesh."""
-        try:
-            from torch.distributed.device_mesh import init_device_mesh
-            from torch.distributed.tensor.parallel import (
-                ColwiseParallel,
-                ParallelStyle,
-                RowwiseParallel,
-                parallelize_module,
-            )
-        except ImportError as exc:  # an old torch: the item is recorded as unsupported
-            raise RuntimeError(f"no DTensor tensor parallelism in this torch: {exc}") from None
-        if self.own_mesh is None:  # every rank builds the (world, 1) mesh together, once
-            mesh = init_device_mesh(self.device.type, (self.world, 1), mesh_dim_names=("r", "tp"))
-            self.own_mesh = mesh["tp"]
-        layout: dict[str, ParallelStyle] = {
-            str(i): ColwiseParallel() if (i // 2) % 2 == 0 else RowwiseParallel()
-            for i in range(0, len(chain), 2)
-        }
-        parallelize_module(chain, self.own_mesh, layout)
+        """The tiny-op chain of ``item`` (:func:`.bench_host.host_op_chain`)."""
+        fn, self.own_mesh = host_op_chain(
+            item, device=self.device, world=self.world, own_mesh=self.own_mesh
+        )
+        return fn
 
     def _adam(self, item: Item) -> Fn:
         (n,) = item.shape

@@ -24,10 +24,11 @@ events that term prices, never by the step time. In order:
    for the sender, so the transfer time is read where the receiver was already waiting:
    from the end of the sender's compute to the end of the receive
    (:func:`waited_transfers_s`); ``r`` = median measured / median simulated of those.
-5. **Collectives** (``intra_node.<collective>``: latency and bus bandwidth): per observed
-   communication kind, ``r = measured / simulated`` total seconds. ``tp_comm`` prices
-   ``all_reduce`` (``all_gather`` and ``reduce_scatter`` with SP); ``dp_comm`` ``all_reduce``
-   (ZeRO 0) or ``reduce_scatter`` and ``all_gather`` (ZeRO 1-3).
+5. **Collectives** (``intra_node.<collective>``: latency and bus bandwidth): per collective,
+   ``r = measured / simulated`` total seconds of the observed communication kinds it prices.
+   ``tp_comm`` prices ``all_reduce`` (``all_gather`` and ``reduce_scatter`` with SP);
+   ``dp_comm`` ``all_reduce`` (ZeRO 0) or ``reduce_scatter`` and ``all_gather`` (ZeRO 1-3);
+   ``embedding_grad_comm`` (tied embeddings, pp > 1) ``all_reduce``.
 
 For 4 and 5 the latency is multiplied and the bus bandwidth divided by r, which scales that
 collective's time by r at every message size (one message size cannot separate alpha from
@@ -173,6 +174,11 @@ def _refit_host(
         if (total_f, total_b) != (1.0, 1.0):
             factors["host_overhead.dtensor_forward"] = total_f
             factors["host_overhead.dtensor_backward"] = total_b
+            notes.append(
+                f"host_overhead.dtensor_*: x{total_f:.3g} forward, x{total_b:.3g} backward; "
+                "the run cannot time TP collectives apart from its forward/backward, so "
+                "these factors also hold their error (a TP-only term either way)"
+            )
         return profile
     scale = fit_host_scale(totals(profile), totals(without_host(profile)))
     if scale is None:
@@ -215,12 +221,17 @@ def _pass_ratio(c: Comparison) -> float | None:
     return _ratio(measured, simulated + _unobserved_in_action_s(c))
 
 
-def _collectives_by_kind(run: MeasuredRun) -> dict[tuple[str, ...], tuple[str, ...]]:
-    """Observed communication kinds -> the collectives that price them (see module doc)."""
+def _collectives_by_kind(run: MeasuredRun) -> dict[str, tuple[str, ...]]:
+    """Each collective -> the communication kinds it prices (see module doc); a collective
+    pricing several kinds is refitted once, from their totals together."""
     plan = run.plan
     tp = ("all_gather", "reduce_scatter") if plan.sequence_parallel else ("all_reduce",)
     dp = ("all_reduce",) if plan.zero_stage == 0 else ("reduce_scatter", "all_gather")
-    return {("tp_comm",): tp, ("dp_comm",): dp}
+    kinds: dict[str, list[str]] = {}
+    for kind, names in (("tp_comm", tp), ("dp_comm", dp), ("embedding_grad_comm", ("all_reduce",))):
+        for name in names:
+            kinds.setdefault(name, []).append(kind)
+    return {name: tuple(k) for name, k in sorted(kinds.items())}
 
 
 def waited_transfers_s(df: pd.DataFrame) -> list[float]:
@@ -323,16 +334,16 @@ def refit_profile(
         factors["intra_node.sendrecv"] = r_p2p
     elif run.plan.pp > 1:
         notes.append("sendrecv: no pipeline receive waited for its data; kept")
-    for kinds, names in _collectives_by_kind(run).items():
-        measured, simulated = _kind_totals(c, kinds)
-        r = _ratio(measured, simulated)
+    for name, kinds in _collectives_by_kind(run).items():
+        counts = c.kinds["measured_count"].to_dict()
+        observed = tuple(k for k in kinds if float(counts.get(k, 0.0)) > 0)
+        r = _ratio(*_kind_totals(c, observed))
         if r is None:
-            if simulated > 0:
-                notes.append(f"{'/'.join(names)}: {'/'.join(kinds)} not observed; kept")
+            if _kind_totals(c, kinds)[1] > 0:
+                notes.append(f"{name}: {'/'.join(kinds)} not observed; kept")
             continue
-        for name in names:
-            profile = _scale_collective(profile, name, r)
-            factors[f"intra_node.{name}"] = factors.get(f"intra_node.{name}", 1.0) * r
+        profile = _scale_collective(profile, name, r)
+        factors[f"intra_node.{name}"] = r
     return profile, factors, tuple(notes)
 
 
