@@ -44,7 +44,8 @@ class _LinkTags:
         by_kind: {segment kind: (link, latency_s)} for communication segments. TP and CP
             segments sum several collectives or ring steps per pass, whose count costing
             does not keep: latency 0 (their whole duration stretches when shared).
-        p2p: (link, latency_s) of a pipeline send (``comm.p2p_time_s``'s alpha).
+        p2p: (link, latency_s) of a pipeline send (``comm.p2p_time_s``'s alpha); the send's
+            own ``latency_s`` (the scatter/gather all-gather on the receiver) adds to it.
     """
 
     by_kind: dict[str, tuple[str, float]]
@@ -83,7 +84,7 @@ class _LinkTags:
             duration_s=p2p.duration_s,
             num_bytes=p2p.num_bytes,
             link=link,
-            latency_s=min(alpha, p2p.duration_s),
+            latency_s=min(alpha + p2p.latency_s, p2p.duration_s),
         )
 
     def buckets(self, buckets: tuple[GradBucket, ...]) -> tuple[GradBucket, ...]:

@@ -75,6 +75,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         action="store_false",
         help="add each micro-batch's weight gradients in a separate pass (pre-2022 Megatron)",
     )
+    p.add_argument(
+        "--no-scatter-gather-tensors-in-pipeline",
+        dest="scatter_gather_p2p",
+        action="store_false",
+        help="without --sequence-parallel every TP rank sends the whole pipeline tensor "
+        "(Megatron 2020) instead of a 1/tp slice re-formed by an all-gather",
+    )
     p.add_argument("--attention", choices=[a.value for a in AttentionKernel], default="flash")
     add_offload_args(p)
     p.add_argument(
@@ -151,6 +158,7 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
         overlap_p2p_comm=args.overlap_p2p_comm,
         overlap_grad_reduce=args.overlap_grad_reduce,
         gradient_accumulation_fusion=args.gradient_accumulation_fusion,
+        scatter_gather_p2p=args.scatter_gather_p2p,
         offload_optimizer=OffloadDevice(args.offload_optimizer),
         offload_param=OffloadDevice(args.offload_param),
         zero3_param_fetch=Zero3ParamFetch(args.zero3_param_fetch),

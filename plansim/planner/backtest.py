@@ -15,7 +15,9 @@ interleaved 1F1B at vpp = v only; v = 1 with the non-interleaved schedules. A se
 offers what existed when the run was made: the row is dated by its ``framework`` column,
 else by its ``source_locator`` (a conference tag such as SC21 or MLSys 2023, or an arXiv id
 YYMM.NNNNN). Interleaved 1F1B entered Megatron-LM with Narayanan et al. (SC21,
-arXiv:2104.04473, 2021). Sequence parallelism and selective recompute entered Megatron-LM with
+arXiv:2104.04473, 2021), as did the scatter/gather split of pipeline tensors over the TP
+ranks (§4.1; Megatron-LM's 2020 ``training.communicate`` sends the whole (seq, mbs, hidden)
+tensor from every rank). Sequence parallelism and selective recompute entered Megatron-LM with
 Korthikanti et al. (arXiv:2205.05198, 2022), as did gradient-accumulation fusion into the
 weight-gradient GEMM (earlier runs add each micro-batch's gradients in a separate pass);
 FlashAttention was published in 2022 (Dao et al.,
@@ -56,6 +58,7 @@ OVERLAP_P2P_YEAR = 2023
 OVERLAP_GRAD_REDUCE_YEAR = 2023
 GRAD_ACC_FUSION_YEAR = 2022
 INTERLEAVED_YEAR = 2021
+SCATTER_GATHER_P2P_YEAR = 2021
 ZERO_BUBBLE_YEAR = 2024
 #: DeepSpeed ZeRO-3 fetched parameters per tensor, synchronously, in its 2021 releases (v0.3.x
 #: ``partition_parameters.py``); bucketed, coalesced prefetch replaced it from 2022.
@@ -205,6 +208,7 @@ def _space(row: RunRow, notes: list[str]) -> SearchSpace:
         precision=Precision(precision_text),
         attention=attention,
         gradient_accumulation_fusion=year is None or year >= GRAD_ACC_FUSION_YEAR,
+        scatter_gather_p2p=year is None or year >= SCATTER_GATHER_P2P_YEAR,
         zero3_param_fetch=_zero3_fetch(row, year, notes),
     )
 

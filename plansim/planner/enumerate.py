@@ -57,8 +57,9 @@ class SearchSpace:
             INTERLEAVED_1F1B out of ``schedules`` to search vpp = 1 only.
         overlap_p2p_comm: values tried for interleaved plans (the others are synchronous).
         overlap_grad_reduce: values tried for plans with dp > 1 and ZeRO 0-2.
-        precision, attention, gradient_accumulation_fusion, zero3_param_fetch: fixed for the
-            whole search (implementation facts of the framework, not layout choices).
+        precision, attention, gradient_accumulation_fusion, scatter_gather_p2p,
+            zero3_param_fetch: fixed for the whole search (implementation facts of the
+            framework, not layout choices).
         dp_syncs: DP synchronisations tried (default ring only, as before parameter
             servers existed); parameter-server plans are generated with ZeRO 0 only (the
             servers hold the optimizer: ``ParallelPlan``) and, with colocated servers, only
@@ -93,6 +94,7 @@ class SearchSpace:
     precision: Precision = Precision.BF16
     attention: AttentionKernel = AttentionKernel.FLASH
     gradient_accumulation_fusion: bool = True
+    scatter_gather_p2p: bool = True
     dp_syncs: tuple[DpSync, ...] = (DpSync.RING,)
     ps_servers: int = 0
     offloads: tuple[tuple[OffloadDevice, OffloadDevice], ...] = (
@@ -237,6 +239,7 @@ def _knobs(
                             overlap_p2p_comm=overlap,
                             overlap_grad_reduce=grad,
                             gradient_accumulation_fusion=space.gradient_accumulation_fusion,
+                            scatter_gather_p2p=space.scatter_gather_p2p,
                             dp_sync=dp_sync,
                             ps_servers=servers,
                             offload_optimizer=opt_dev,

@@ -88,6 +88,7 @@ def evaluation_dict(ev: Evaluation) -> dict[str, Any]:
             "overlap_p2p_comm": p.overlap_p2p_comm,
             "overlap_grad_reduce": p.overlap_grad_reduce,
             "gradient_accumulation_fusion": p.gradient_accumulation_fusion,
+            "scatter_gather_p2p": p.scatter_gather_p2p,
             "num_gpus": p.num_gpus,
             **(
                 {"dp_sync": p.dp_sync.value, "ps_servers": p.ps_servers}

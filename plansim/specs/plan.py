@@ -2,116 +2,33 @@
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 from plansim.errors import SpecError, choice_error, require_positive_int
+from plansim.specs.plan_enums import (
+    AttentionKernel,
+    DpSync,
+    OffloadDevice,
+    Precision,
+    Recompute,
+    Schedule,
+    Zero3ParamFetch,
+    parse_enum,
+)
 
-
-class Precision(enum.Enum):
-    """Training precision of the matmuls.
-
-    BF16, FP16, FP8: mixed precision (16-bit working weights and activations, fp32 master
-    weights for Adam; FP8 GEMMs keep bf16 weights). FP32: plain single precision, one fp32
-    copy of every weight, fp32 activations and gradients, no master copy (PyTorch's default
-    ``torch.float32`` training, as ``plansim validate`` runs on a CPU).
-    """
-
-    BF16 = "bf16"
-    FP16 = "fp16"
-    FP8 = "fp8"
-    FP32 = "fp32"
-
-    @property
-    def param_bytes(self) -> int:
-        """Bytes of the working copy of a parameter: 2 (FP8 keeps bf16 weights), 4 for FP32."""
-        return 4 if self is Precision.FP32 else 2
-
-    @property
-    def activation_bytes(self) -> int:
-        """Bytes per activation element: 16-bit in the mixed modes, 4 for FP32."""
-        return 4 if self is Precision.FP32 else 2
-
-
-class Recompute(enum.Enum):
-    """Activation recomputation (Korthikanti et al. 2022 §4-5)."""
-
-    NONE = "none"
-    SELECTIVE = "selective"
-    FULL = "full"
-
-
-class AttentionKernel(enum.Enum):
-    """Attention implementation: fused FlashAttention (Dao et al. 2022) or the unfused
-    softmax(QK^T)V that materialises the s x s scores (Megatron-LM before FlashAttention)."""
-
-    FLASH = "flash"
-    UNFUSED = "unfused"
-
-
-class Zero3ParamFetch(enum.Enum):
-    """How ZeRO-3 gathers parameters (``plansim.analytic.zero3``): one prefetched all-gather
-    per layer overlapped with compute (PyTorch FSDP, Zhao et al. VLDB 2023; DeepSpeed since
-    2022), or one synchronous collective per parameter tensor (DeepSpeed ZeRO-3 in 2021)."""
-
-    LAYER_PREFETCH = "layer-prefetch"
-    PER_TENSOR_SYNC = "per-tensor-sync"
-
-
-class Schedule(enum.Enum):
-    """Pipeline schedule; action lists are built by ``plansim.schedule.builders``.
-
-    GPIPE and ONE_F_ONE_B run one model chunk per rank (vpp == 1); INTERLEAVED_1F1B runs
-    vpp > 1 chunks per rank (Narayanan et al. SC21 §2.2.2, Megatron-LM virtual pipeline).
-    ZB_H1 is the memory-efficient zero-bubble schedule of Qi et al. (ICLR 2024,
-    arXiv:2401.10241, §2.1 "ZB-H1"): 1F1B with each backward split into input-gradient (I)
-    and weight-gradient (W) actions, W deferred to fill the tail bubble; vpp == 1, pp > 1.
-    """
-
-    GPIPE = "gpipe"
-    ONE_F_ONE_B = "1f1b"
-    INTERLEAVED_1F1B = "interleaved-1f1b"
-    ZB_H1 = "zb-h1"
-
-    @property
-    def interleaved(self) -> bool:
-        """True when the schedule runs several model chunks (vpp > 1) per rank."""
-        return self is Schedule.INTERLEAVED_1F1B
-
-
-class DpSync(enum.Enum):
-    """How data-parallel ranks synchronise gradients and weights each step.
-
-    RING: collective all-reduce (ZeRO-0) or reduce-scatter + all-gather (ZeRO-1/2) over the
-    dp * cp group (NCCL rings, ``plansim.analytic.comm``). PARAMETER_SERVER: workers push
-    gradients to server shards, the servers run the optimizer, workers pull the updated
-    weights (Li et al. OSDI 2014; Jiang et al. OSDI 2020 "BytePS";
-    ``plansim.analytic.param_server`` gives the traffic and the times).
-    """
-
-    RING = "ring"
-    PARAMETER_SERVER = "parameter-server"
-
-
-class OffloadDevice(enum.Enum):
-    """Where ZeRO offload puts model states (DeepSpeed ``zero_optimization.offload_optimizer``
-    / ``offload_param`` ``device``, ``OffloadDeviceEnum``): kept on the GPU, host memory
-    (ZeRO-Offload, Ren et al. USENIX ATC 2021) or NVMe (ZeRO-Infinity, Rajbhandari et al.
-    SC21)."""
-
-    NONE = "none"
-    CPU = "cpu"
-    NVME = "nvme"
-
-
-def parse_enum(enum_cls: type[enum.Enum], field: str, value: object) -> enum.Enum:
-    """Map a user string (or an enum member) to ``enum_cls``; SpecError names the choices."""
-    if isinstance(value, enum_cls):
-        return value
-    for member in enum_cls:
-        if member.value == value:
-            return member
-    raise choice_error(field, value, [m.value for m in enum_cls])
+__all__ = [
+    "AttentionKernel",
+    "DpSync",
+    "OffloadDevice",
+    "ParallelPlan",
+    "Precision",
+    "Recompute",
+    "Schedule",
+    "Zero3ParamFetch",
+    "check_plan_divides_model",
+    "offload_devices",
+    "parse_enum",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -158,6 +75,13 @@ class ParallelPlan:
             2022); off, every micro-batch adds its fresh weight gradients into the buffer with
             a separate memory-bound pass (Megatron-LM 2021's ``main_grad.add_``, PyTorch
             autograd accumulation).
+        scatter_gather_p2p: without sequence parallelism, each of the tp ranks sends only
+            its 1/tp slice of the b*s*h pipeline tensor and the receiving stage re-forms it
+            with an all-gather over its TP group (Megatron-LM
+            ``--scatter-gather-tensors-in-pipeline``, default on; Narayanan et al. SC21
+            §4.1). Off, every TP rank sends the whole tensor (Megatron-LM 2020: its
+            ``communicate`` sends (seq, mbs, hidden) from every rank). With sequence
+            parallelism the tensor is already split over the TP ranks: no effect.
         offload_optimizer: DeepSpeed ``zero_optimization.offload_optimizer.device``: fp32
             master weights, Adam moments and fp32 gradients live in host memory (``cpu``) or
             on NVMe (``nvme``) and the Adam step runs on the host CPU (ZeRO-Offload, Ren et
@@ -214,6 +138,7 @@ class ParallelPlan:
     overlap_p2p_comm: bool = False
     overlap_grad_reduce: bool = False
     gradient_accumulation_fusion: bool = True
+    scatter_gather_p2p: bool = True
     dp_sync: DpSync = DpSync.RING
     ps_servers: int = 0
     offload_optimizer: OffloadDevice = OffloadDevice.NONE
@@ -242,7 +167,8 @@ class ParallelPlan:
                 f"plan.global_batch_size({self.global_batch_size}) is not divisible by "
                 f"micro_batch_size({self.micro_batch_size}) * dp({self.dp}) = {per_step}"
             )
-        for flag in ("overlap_grad_reduce", "gradient_accumulation_fusion"):
+        flags = ("overlap_grad_reduce", "gradient_accumulation_fusion", "scatter_gather_p2p")
+        for flag in flags:
             if not isinstance(getattr(self, flag), bool):
                 raise choice_error(f"plan.{flag}", getattr(self, flag), [True, False])
         if self.sequence_parallel and self.tp == 1:
@@ -361,6 +287,8 @@ class ParallelPlan:
             parts.append("overlap-grad")
         if not self.gradient_accumulation_fusion:
             parts.append("unfused-grad-acc")
+        if self.pp > 1 and self.tp > 1 and not (self.scatter_gather_p2p or self.sequence_parallel):
+            parts.append("full-p2p")
         if self.attention is AttentionKernel.UNFUSED:
             parts.append("unfused-attn")
         if self.dp_sync is DpSync.PARAMETER_SERVER:

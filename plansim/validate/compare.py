@@ -31,11 +31,9 @@ Quantities (all per optimizer step, seconds unless named otherwise):
   measured ones the median over the steps.
 
 The simulated side comes from :func:`plansim.validate.simulated.simulate_plan` (the run as
-torch executes it). Limits stated plainly: the simulator prices matmuls in the plan's
-precision; a run in another dtype (fp32 on CPU) is simulated with the profile's GEMM curve
-of the run's dtype (:func:`plansim.validate.simulated.simulation_profile`), while the
-analytic memory model and the pipeline message sizes still assume 16-bit weights and
-activations with fp32 master copies, so memory and transfer errors of fp32 runs are expected.
+torch executes it, in the run's own precision: an fp32 CPU run is simulated as an fp32 plan,
+with 4-byte weights, activations and messages and fp32 AdamW; the profile's attention curve
+and host per-op overhead when it has them).
 """
 
 from __future__ import annotations

@@ -200,3 +200,9 @@ def test_backtest_reads_blank_cells_from_the_cited_launch_script() -> None:
     assert "vpp 1 from the launch script" in got.note
     assert "unfused attention (run dated 2020)" in got.note
     assert " full 1f1b" in got.plan_label
+    # 2020 Megatron sent whole pipeline tensors from every TP rank; 2021 split them
+    assert "full-p2p" in got.plan_label
+    newer = predict_row(
+        RunRow(path="runs.csv", line=2, cells={**cells, "framework": "Megatron-LM (2021)"})
+    )
+    assert "full-p2p" not in newer.plan_label

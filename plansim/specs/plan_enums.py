@@ -1,0 +1,115 @@
+"""The enumerated choices of a ParallelPlan (precision, recompute, attention kernel, ZeRO-3
+fetch, schedule, DP sync, offload device) and their parser. Re-exported by
+``plansim.specs.plan``."""
+
+from __future__ import annotations
+
+import enum
+
+from plansim.errors import choice_error
+
+
+class Precision(enum.Enum):
+    """Training precision of the matmuls.
+
+    BF16, FP16, FP8: mixed precision (16-bit working weights and activations, fp32 master
+    weights for Adam; FP8 GEMMs keep bf16 weights). FP32: plain single precision, one fp32
+    copy of every weight, fp32 activations and gradients, no master copy (PyTorch's default
+    ``torch.float32`` training, as ``plansim validate`` runs on a CPU).
+    """
+
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"
+    FP32 = "fp32"
+
+    @property
+    def param_bytes(self) -> int:
+        """Bytes of the working copy of a parameter: 2 (FP8 keeps bf16 weights), 4 for FP32."""
+        return 4 if self is Precision.FP32 else 2
+
+    @property
+    def activation_bytes(self) -> int:
+        """Bytes per activation element: 16-bit in the mixed modes, 4 for FP32."""
+        return 4 if self is Precision.FP32 else 2
+
+
+class Recompute(enum.Enum):
+    """Activation recomputation (Korthikanti et al. 2022 §4-5)."""
+
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+
+class AttentionKernel(enum.Enum):
+    """Attention implementation: fused FlashAttention (Dao et al. 2022) or the unfused
+    softmax(QK^T)V that materialises the s x s scores (Megatron-LM before FlashAttention)."""
+
+    FLASH = "flash"
+    UNFUSED = "unfused"
+
+
+class Zero3ParamFetch(enum.Enum):
+    """How ZeRO-3 gathers parameters (``plansim.analytic.zero3``): one prefetched all-gather
+    per layer overlapped with compute (PyTorch FSDP, Zhao et al. VLDB 2023; DeepSpeed since
+    2022), or one synchronous collective per parameter tensor (DeepSpeed ZeRO-3 in 2021)."""
+
+    LAYER_PREFETCH = "layer-prefetch"
+    PER_TENSOR_SYNC = "per-tensor-sync"
+
+
+class Schedule(enum.Enum):
+    """Pipeline schedule; action lists are built by ``plansim.schedule.builders``.
+
+    GPIPE and ONE_F_ONE_B run one model chunk per rank (vpp == 1); INTERLEAVED_1F1B runs
+    vpp > 1 chunks per rank (Narayanan et al. SC21 §2.2.2, Megatron-LM virtual pipeline).
+    ZB_H1 is the memory-efficient zero-bubble schedule of Qi et al. (ICLR 2024,
+    arXiv:2401.10241, §2.1 "ZB-H1"): 1F1B with each backward split into input-gradient (I)
+    and weight-gradient (W) actions, W deferred to fill the tail bubble; vpp == 1, pp > 1.
+    """
+
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED_1F1B = "interleaved-1f1b"
+    ZB_H1 = "zb-h1"
+
+    @property
+    def interleaved(self) -> bool:
+        """True when the schedule runs several model chunks (vpp > 1) per rank."""
+        return self is Schedule.INTERLEAVED_1F1B
+
+
+class DpSync(enum.Enum):
+    """How data-parallel ranks synchronise gradients and weights each step.
+
+    RING: collective all-reduce (ZeRO-0) or reduce-scatter + all-gather (ZeRO-1/2) over the
+    dp * cp group (NCCL rings, ``plansim.analytic.comm``). PARAMETER_SERVER: workers push
+    gradients to server shards, the servers run the optimizer, workers pull the updated
+    weights (Li et al. OSDI 2014; Jiang et al. OSDI 2020 "BytePS";
+    ``plansim.analytic.param_server`` gives the traffic and the times).
+    """
+
+    RING = "ring"
+    PARAMETER_SERVER = "parameter-server"
+
+
+class OffloadDevice(enum.Enum):
+    """Where ZeRO offload puts model states (DeepSpeed ``zero_optimization.offload_optimizer``
+    / ``offload_param`` ``device``, ``OffloadDeviceEnum``): kept on the GPU, host memory
+    (ZeRO-Offload, Ren et al. USENIX ATC 2021) or NVMe (ZeRO-Infinity, Rajbhandari et al.
+    SC21)."""
+
+    NONE = "none"
+    CPU = "cpu"
+    NVME = "nvme"
+
+
+def parse_enum(enum_cls: type[enum.Enum], field: str, value: object) -> enum.Enum:
+    """Map a user string (or an enum member) to ``enum_cls``; SpecError names the choices."""
+    if isinstance(value, enum_cls):
+        return value
+    for member in enum_cls:
+        if member.value == value:
+            return member
+    raise choice_error(field, value, [m.value for m in enum_cls])
