@@ -92,6 +92,7 @@ def _zero3_segments(
     layer: PassTimes,
     unit: Zero3Traffic,
     edge: Zero3Traffic,
+    slowdown: float,
 ) -> dict[str, tuple[str, str, float, float]]:
     """ZeRO-3 communication segments of a stage of ``n`` layers, by where they go: before
     F ("forward"), before the recompute/backward of B and I ("gather_b"), after B
@@ -103,12 +104,15 @@ def _zero3_segments(
     bin_c = layer.backward_input_s + layer.tp_backward_s + layer.cp_backward_s
     bw_c = layer.backward_weight_s
     if plan.zero3_param_fetch is Zero3ParamFetch.LAYER_PREFETCH:
-        forward = edge.gather_s + exposed_gather_s(n, gather_s=g, compute_s=fwd_c)
-        gather_b = edge.gather_s + exposed_gather_s(n, gather_s=g, compute_s=rec_c + bin_c)
+        kw = {"slowdown": slowdown}
+        forward = edge.gather_s + exposed_gather_s(n, gather_s=g, compute_s=fwd_c, **kw)
+        gather_b = edge.gather_s + exposed_gather_s(n, gather_s=g, compute_s=rec_c + bin_c, **kw)
         full_b = edge.gather_s + edge.scatter_s
-        full_b += exposed_backward_s(n, gather_s=g, scatter_s=r, compute_s=rec_c + bin_c + bw_c)
+        full_b += exposed_backward_s(
+            n, gather_s=g, scatter_s=r, compute_s=rec_c + bin_c + bw_c, **kw
+        )
         scatter_b = full_b - gather_b
-        scatter_w = edge.scatter_s + exposed_gather_s(n, gather_s=r, compute_s=bw_c)
+        scatter_w = edge.scatter_s + exposed_gather_s(n, gather_s=r, compute_s=bw_c, **kw)
         regather = 1
     else:  # per-tensor-sync: every collective serial, recompute gathers again
         forward = edge.gather_s + n * g
@@ -136,6 +140,7 @@ def _stage_work(
     p2p: P2P,
     activation_bytes: float,
     buckets: tuple[GradBucket, ...],
+    overlap_slowdown: float,
 ) -> StageWork:
     """StageWork of pipeline stage ``stage`` (a chunk of L / (pp * vpp) layers)."""
     n = model.num_layers // plan.num_stages
@@ -149,7 +154,9 @@ def _stage_work(
     bwd_w = n * layer.backward_weight_s + (edges.last_backward_weight_s if last else 0.0)
     tp_bwd = n * layer.tp_backward_s + (edges.first_tp_s if first else 0.0)
     tp_bwd += edges.last_tp_s if last else 0.0
-    z3 = _zero3_segments(n, plan=plan, layer=layer, unit=zero3[0], edge=zero3[1])
+    z3 = _zero3_segments(
+        n, plan=plan, layer=layer, unit=zero3[0], edge=zero3[1], slowdown=overlap_slowdown
+    )
     cp_fwd = ("cp_comm", "tp", n * layer.cp_forward_s, n * layer.cp_forward_bytes)
     cp_bwd = ("cp_comm", "tp", n * layer.cp_backward_s, n * layer.cp_backward_bytes)
     cp_rec = ("cp_comm", "tp", n * layer.cp_recompute_s, n * layer.cp_forward_bytes)
@@ -372,6 +379,7 @@ def _build(
                     ),
                 ),
                 p2p=p2p,
+                overlap_slowdown=profile.overlap_compute_slowdown_fraction,
                 activation_bytes=rank_bytes / plan.vpp,
                 buckets=_memoised(
                     memo,
@@ -396,6 +404,7 @@ def _build(
         num_microbatches=plan.num_microbatches,
         blocking_p2p=not plan.overlap_p2p_comm,
         overlap_grad_reduce=plan.overlap_grad_reduce,
+        overlap_slowdown=profile.overlap_compute_slowdown_fraction,
     )
     if not links:
         return work

@@ -17,6 +17,12 @@ fetches parameters (``plan.zero3_param_fetch``):
       exposed = g + (n - 1) * max(0, g - c)                     (forward, recompute)
       exposed = g + (n - 1) * max(0, g + r - c) + r             (backward, r = reduce-scatter)
 
+  Compute slows while a collective runs beside it (the NCCL kernels take SMs and HBM
+  bandwidth): with the profile's ``overlap_compute_slowdown_fraction`` s, each overlapped
+  layer adds max(0, g - c, g s / (1 + s)) instead of max(0, g - c)
+  (:func:`overlapped_excess_s`; Lee et al. 2025, arXiv:2507.03114, measured compute 18.9%
+  slower on average while overlapped with communication).
+
   The edge parameters (embedding, final norm, output layer) are one more unit, gathered
   before the stage's first layer (exposed).
 
@@ -159,21 +165,40 @@ def unit_traffic(
     )
 
 
-def exposed_gather_s(num_layers: int, *, gather_s: float, compute_s: float) -> float:
+def overlapped_excess_s(comm_s: float, compute_s: float, slowdown: float) -> float:
+    """Seconds a layer's compute ``compute_s`` with ``comm_s`` of communication beside it
+    takes beyond ``compute_s``, when compute runs ``1 + slowdown`` times slower while the
+    communication is in flight (the profile's ``overlap_compute_slowdown_fraction``) and the
+    communication keeps its own time: max(0, g - c, g * s / (1 + s)).
+
+    If the slowed compute fits inside the communication (c (1 + s) <= g) the layer takes g;
+    otherwise the compute done during g is g / (1 + s), the rest runs at full speed, and the
+    layer takes c + g s / (1 + s). With s = 0: max(0, g - c).
+    """
+    if comm_s <= 0:
+        return 0.0
+    return max(0.0, comm_s - compute_s, comm_s * slowdown / (1.0 + slowdown))
+
+
+def exposed_gather_s(
+    num_layers: int, *, gather_s: float, compute_s: float, slowdown: float = 0.0
+) -> float:
     """Exposed all-gather seconds of ``num_layers`` layers whose gathers are prefetched one
-    layer ahead of compute: g + (n - 1) max(0, g - c) (module docstring)."""
+    layer ahead of compute: g + (n - 1) x (:func:`overlapped_excess_s`), which is
+    g + (n - 1) max(0, g - c) without slowdown (module docstring)."""
     if num_layers <= 0 or gather_s <= 0:
         return 0.0
-    return gather_s + (num_layers - 1) * max(0.0, gather_s - compute_s)
+    return gather_s + (num_layers - 1) * overlapped_excess_s(gather_s, compute_s, slowdown)
 
 
 def exposed_backward_s(
-    num_layers: int, *, gather_s: float, scatter_s: float, compute_s: float
+    num_layers: int, *, gather_s: float, scatter_s: float, compute_s: float, slowdown: float = 0.0
 ) -> float:
     """Exposed communication of ``num_layers`` layers' backward with the next layer's gather
     prefetched and each layer's reduce-scatter overlapped with the next layer's backward:
-    g + (n - 1) max(0, g + r - c) + r (module docstring)."""
+    g + (n - 1) x (:func:`overlapped_excess_s` of g + r) + r, which is
+    g + (n - 1) max(0, g + r - c) + r without slowdown (module docstring)."""
     if num_layers <= 0 or gather_s + scatter_s <= 0:
         return 0.0
-    overlap = max(0.0, gather_s + scatter_s - compute_s)
+    overlap = overlapped_excess_s(gather_s + scatter_s, compute_s, slowdown)
     return gather_s + (num_layers - 1) * overlap + scatter_s

@@ -18,6 +18,7 @@ from plansim.io.profile_schema import (
     HOST_REQUIRED_KEYS,
     HOST_SCALARS,
     MATMUL_KEYS,
+    OPTIONAL_SCALARS,
     OPTIONAL_TOP_LEVEL_KEYS,
     SCALARS,
     SCHEMA_VERSION,
@@ -130,6 +131,9 @@ def profile_from_dict(data: object, *, source: str) -> HardwareProfile:
     provenance = _read_provenance(ctx, top)
     peaks = _read_peaks(ctx, top)
     scalars = {s.field: s.to_si(_number(ctx, top[s.key], s.key)) for s in SCALARS}
+    scalars |= {
+        s.field: s.to_si(_number(ctx, top[s.key], s.key)) for s in OPTIONAL_SCALARS if s.key in top
+    }
     from plansim.io import profile_extras as extras  # it imports this module's helpers
 
     attention = extras.read_attention(ctx, top, provenance)
@@ -236,6 +240,7 @@ def _read_intra_node(
 def _number_keys(top: Mapping[str, object]) -> set[str]:
     """Dotted keys that need a provenance entry (one per number or curve in the file)."""
     keys = {s.key for s in SCALARS} | {"gpus_per_node"}
+    keys |= {s.key for s in OPTIONAL_SCALARS if s.key in top}
     peaks, matmul = top["peak_tflops"], top["matmul_efficiency"]
     if isinstance(peaks, Mapping):
         keys |= {f"peak_tflops.{d}" for d in peaks}

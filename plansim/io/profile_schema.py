@@ -76,11 +76,26 @@ TOP_LEVEL_KEYS = (
     "nic_gb_per_s",
     "nic_latency_us",
     "pcie_gb_per_s",
+    "overlap_compute_slowdown_fraction",
     "host",
     "provenance",
 )
 #: Top-level keys a file may leave out (every other one is required).
-OPTIONAL_TOP_LEVEL_KEYS = ("host", "attention_efficiency", "host_overhead")
+OPTIONAL_TOP_LEVEL_KEYS = (
+    "host",
+    "attention_efficiency",
+    "host_overhead",
+    "overlap_compute_slowdown_fraction",
+)
+#: Optional top-level numbers (absent: the field's default).
+OPTIONAL_SCALARS = (
+    _Scalar(
+        "overlap_compute_slowdown_fraction",
+        "overlap_compute_slowdown_fraction",
+        _identity,
+        _identity,
+    ),
+)
 #: The optional ``host:`` section (ZeRO-Offload / ZeRO-Infinity): YAML key <->
 #: ``HostSpec`` field, in file order; provenance keys are ``host.<key>``.
 HOST_SCALARS = (

@@ -30,6 +30,7 @@ from plansim.io.profile_parse import profile_from_dict
 from plansim.io.profile_schema import (
     HEADER,
     HOST_SCALARS,
+    OPTIONAL_SCALARS,
     SCALARS,
     SCHEMA_VERSION,
     TOP_LEVEL_KEYS,
@@ -170,6 +171,9 @@ def profile_to_dict(profile: HardwareProfile) -> dict[str, Any]:
     }
     for s in SCALARS:
         data[s.key] = _tidy(s.from_si(getattr(profile, s.field)))
+    for s in OPTIONAL_SCALARS:
+        if getattr(profile, s.field):
+            data[s.key] = _tidy(s.from_si(getattr(profile, s.field)))
     data["gpus_per_node"] = profile.gpus_per_node
     data["intra_node"] = intra
     if profile.host is not None:
@@ -333,6 +337,9 @@ def merge_profile(base: HardwareProfile | None, update: ProfileUpdate) -> Hardwa
                 **update.attention_efficiency,
             },
             host_overhead=update.host_overhead or (base.host_overhead if base else None),
+            overlap_compute_slowdown_fraction=(
+                base.overlap_compute_slowdown_fraction if base else 0.0
+            ),
         )
     except SpecError as exc:
         raise InputFileError(f"merged profile is invalid: {exc}") from None

@@ -38,6 +38,9 @@ Model (one representative pipeline replica, one optimizer step):
   TP collectives load NVLink beside a DP bucket). Transfers without a link, and any
   transfer that never overlaps another on a link, keep their durations exactly; links only
   one issuer can use (``links.declare_sources``) are plain delays, with no bookkeeping.
+- **Overlap slowdown** (``plansim.sim.overlap``): with ``work.overlap_slowdown`` s > 0, a
+  rank's compute segments run 1 + s times longer while it has a ``dp`` stream transfer or
+  (without ``blocking_p2p``) a pipeline send or receive in flight.
 - Memory per rank = ``static_bytes`` + ``activation_bytes`` of every (s, j) whose F has
   started and whose B (or W, when split) has not ended; sampled at every change.
 
@@ -68,6 +71,7 @@ from plansim.schedule.checks import (
 )
 from plansim.sim import timeline as tl
 from plansim.sim.links import Link, Network, declare_sources
+from plansim.sim.overlap import ComputeSlowdown
 from plansim.sim.streams import FifoStream, rendezvous_gates
 from plansim.specs.work import P2P, PipelineWork, Segment
 
@@ -142,6 +146,12 @@ class _Run:
         self.last_backward = _last_backwards(actions, work)
         self.position = [0] * work.num_ranks
         self.finished = [False] * work.num_ranks
+        overlaps = work.overlap_grad_reduce or not work.blocking_p2p
+        self.slowdown = (
+            ComputeSlowdown(self.env, work.num_ranks, work.overlap_slowdown)
+            if work.overlap_slowdown > 0 and overlaps
+            else None
+        )
 
     def run(self) -> None:
         for rank in range(self.work.num_ranks):
@@ -193,7 +203,10 @@ class _Run:
             if seg.duration_s > 0:
                 links = self._links(rank, seg.link) if seg.link else ()
                 if not links:
-                    yield env.timeout(seg.duration_s)
+                    if self.slowdown is not None and seg.stream == "compute":
+                        yield from self.slowdown.run(rank, seg.duration_s)
+                    else:
+                        yield env.timeout(seg.duration_s)
                 else:
                     transfer = self.network.start(
                         links, duration_s=seg.duration_s, latency_s=seg.latency_s
@@ -240,28 +253,48 @@ class _Run:
             send_kind, recv_kind = "send_backward", "recv_backward"
         arrival = self._arrival(key)
 
+        slowdown = None if self.work.blocking_p2p else self.slowdown
+
         def done(start: float, end: float) -> None:
             nbytes = p2p.num_bytes
             self.rows.append((src, "pp_send", send_kind, stage, microbatch, start, end, nbytes))
             self.rows.append((dst, "pp_recv", recv_kind, consumer, microbatch, start, end, nbytes))
+            if slowdown is not None:
+                slowdown.end(src, dst)
             arrival.succeed()
 
         links = self.network.route(self.network.p2p_links(src, dst, p2p.link)) if p2p.link else ()
-        self.pp_send[src].put(p2p.duration_s, done, links=links, latency_s=p2p.latency_s)
+        self.pp_send[src].put(
+            p2p.duration_s,
+            done,
+            links=links,
+            latency_s=p2p.latency_s,
+            on_start=None if slowdown is None else partial(slowdown.start, src, dst),
+        )
         return arrival
 
     def _queue_dp(self, rank: int, seg: Segment, stage: int) -> None:
         """Queue ``seg`` on the rank's FIFO ``dp`` stream; it becomes the rank's last dp item."""
         done = self.env.event()
+        slowdown = self.slowdown
 
         def finished(start: float, end: float) -> None:
             row = (rank, seg.stream, seg.kind, stage, tl.NOT_TIED, start, end, seg.num_bytes)
             self.rows.append(row)
+            if slowdown is not None:
+                slowdown.end(rank)
             done.succeed()
 
         links = self._links(rank, seg.link) if seg.link else ()
         gate = self.gates.get(seg.kind)
-        self.dp[rank].put(seg.duration_s, finished, links=links, latency_s=seg.latency_s, gate=gate)
+        self.dp[rank].put(
+            seg.duration_s,
+            finished,
+            links=links,
+            latency_s=seg.latency_s,
+            gate=gate,
+            on_start=None if slowdown is None else partial(slowdown.start, rank),
+        )
         self.dp_last[rank] = done
 
     def _release_buckets(

@@ -61,7 +61,9 @@ class FifoStream:
     def __init__(self, env: simpy.Environment, network: Network) -> None:
         self._env = env
         self._network = network
-        self._queue: deque[tuple[float, float, tuple[Link, ...], Done, Gate | None]] = deque()
+        self._queue: deque[
+            tuple[float, float, tuple[Link, ...], Done, Gate | None, Callable[[], None] | None]
+        ] = deque()
         self._busy = False
 
     def put(
@@ -72,6 +74,7 @@ class FifoStream:
         links: tuple[Link, ...] = (),
         latency_s: float = 0.0,
         gate: Gate | None = None,
+        on_start: Callable[[], None] | None = None,
     ) -> None:
         """Queue a transfer of ``duration_s`` alone over ``links`` (none: a plain delay);
         ``on_done(start_s, end_s)`` runs at its end.
@@ -81,15 +84,17 @@ class FifoStream:
         until the gate calls ``proceed()`` (once every side has arrived), and ``start_s`` is
         the arrival: the time the rank waited for its peers counts as the collective's, as
         a blocking collective's call does.
+
+        ``on_start()`` runs when the transfer starts moving (after the gate, if any).
         """
-        self._queue.append((duration_s, latency_s, links, on_done, gate))
+        self._queue.append((duration_s, latency_s, links, on_done, gate, on_start))
         if not self._busy:
             self._start_next()
 
     def _start_next(self) -> None:
-        duration_s, latency_s, links, on_done, gate = self._queue.popleft()
+        duration_s, latency_s, links, on_done, gate, on_start = self._queue.popleft()
         self._busy = True
-        run = partial(self._run, duration_s, latency_s, links, on_done, self._env.now)
+        run = partial(self._run, duration_s, latency_s, links, on_done, self._env.now, on_start)
         if gate is None:
             run()
         else:
@@ -102,7 +107,10 @@ class FifoStream:
         links: tuple[Link, ...],
         on_done: Done,
         arrived_s: float,
+        on_start: Callable[[], None] | None = None,
     ) -> None:
+        if on_start is not None:
+            on_start()
         if links:
             finish = partial(self._finish_linked, on_done, arrived_s)
             self._network.start(links, duration_s=duration_s, latency_s=latency_s, on_done=finish)

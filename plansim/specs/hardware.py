@@ -198,6 +198,10 @@ class HardwareProfile:
             PV with its GEMM curve.
         host_overhead: host seconds per eager op in training (:class:`HostOverhead`), or
             None (no host term).
+        overlap_compute_slowdown_fraction: how much longer compute takes while a collective
+            runs beside it on the same GPU (the communication kernels take SMs and HBM
+            bandwidth): 0.189 = 18.9% longer. 0 (the default, and a profile without the key):
+            overlapped compute runs at full speed.
     """
 
     name: str
@@ -218,6 +222,7 @@ class HardwareProfile:
     host: HostSpec | None = None
     attention_efficiency: Mapping[str, AttentionEfficiency] = field(default_factory=dict)
     host_overhead: HostOverhead | None = None
+    overlap_compute_slowdown_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         require_positive_int(f"{self.name}.gpus_per_node", self.gpus_per_node)
@@ -233,6 +238,11 @@ class HardwareProfile:
             raise SpecError(
                 f"{self.name}.hbm_efficiency_fraction must be in (0, 1], "
                 f"got {self.hbm_efficiency_fraction}"
+            )
+        if not 0 <= self.overlap_compute_slowdown_fraction < 1:
+            raise SpecError(
+                f"{self.name}.overlap_compute_slowdown_fraction must be in [0, 1), "
+                f"got {self.overlap_compute_slowdown_fraction}"
             )
         if self.memory_reserve_bytes < 0 or self.memory_reserve_bytes >= self.hbm_capacity_bytes:
             raise SpecError(

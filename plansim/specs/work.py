@@ -200,11 +200,14 @@ class PipelineWork:
     soon as they are ready, beside the remaining backward work (Megatron-LM
     ``--overlap-grad-reduce``); otherwise after the rank's last action.
     ``rank_nodes`` gives the node of each rank, for the per-node host-memory link behind
-    ``pcie`` transfers; empty: every rank on a node of its own.
+    ``pcie`` transfers; empty: every rank on a node of its own. ``overlap_slowdown``: compute
+    takes ``1 + overlap_slowdown`` times longer while its rank has asynchronous communication
+    in flight (``plansim.sim.overlap``); 0: no slowdown.
 
     Raises:
-        SpecError: stage count not a multiple of rank count, no micro-batches, or
-            rank_nodes neither empty nor one non-negative node index per rank.
+        SpecError: stage count not a multiple of rank count, no micro-batches,
+            rank_nodes neither empty nor one non-negative node index per rank, or
+            overlap_slowdown outside [0, 1).
     """
 
     stages: tuple[StageWork, ...]
@@ -213,8 +216,11 @@ class PipelineWork:
     blocking_p2p: bool = False
     overlap_grad_reduce: bool = False
     rank_nodes: tuple[int, ...] = ()
+    overlap_slowdown: float = 0.0
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.overlap_slowdown < 1.0:
+            raise SpecError(f"overlap_slowdown must be in [0, 1), got {self.overlap_slowdown}")
         if not self.ranks or len(self.stages) % len(self.ranks):
             raise SpecError(
                 f"pipeline has {len(self.stages)} stages for {len(self.ranks)} ranks; "
