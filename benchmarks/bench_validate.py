@@ -14,11 +14,18 @@ no file is written). Columns:
 - ``held_out_pct``: on the profile refitted from the *previous* plan's run (a plan the fit did
   not see), the honest figure of what calibration buys;
 - ``fwd_pct`` / ``bwd_pct`` / ``opt_pct`` / ``comm_pct``: per-kind total errors before the
-  refit (which kind dominates the step-time error).
+  refit (which kind dominates the step-time error);
+- ``repeat_spread_pct`` (with ``--repeats R``): the plan is run R times and the run with the
+  median step time is the one compared; (slowest - fastest) / median of the R runs' step
+  times says how far this machine's own run-to-run variation reaches;
+- ``run_queue``: the largest fraction of a measured step any rank spent runnable but waiting
+  for a CPU behind other work (Linux schedstat), and ``disturbed``: measured steps where that
+  exceeds 10% (``MeasuredRun.disturbed_steps``, the calibration's 90%-of-a-core rule): those
+  step times measure other load on the machine as much as the plan.
 
 Run:
     .venv/bin/python benchmarks/bench_validate.py [--profile P] [--steps S] [--layers L]
-        [--hidden H] [--seq S] [--plans tp2,pp2-1f1b,...]
+        [--hidden H] [--seq S] [--plans tp2,pp2-1f1b,...] [--repeats R]
 """
 
 from __future__ import annotations
@@ -112,6 +119,8 @@ def row(
         "comm_pct": _err(before, "communication"),
         "bubble_meas": round(sum(before.measured_bubble) / len(before.measured_bubble), 3),
         "bubble_sim": round(sum(before.simulated_bubble) / len(before.simulated_bubble), 3),
+        "run_queue": round(max(run.run_queue_fractions), 2) if run.run_queue_fractions else None,
+        "disturbed": f"{len(run.disturbed_steps)}/{len(run.step_times_s)}",
     }, fitted.profile
 
 
@@ -120,6 +129,13 @@ def main() -> None:
     p.add_argument("--profile", default="cpu-2core-gloo", help="profile name or YAML path")
     p.add_argument("--plans", default=",".join(PLANS), help=f"comma list of {', '.join(PLANS)}")
     p.add_argument("--steps", type=int, default=5)
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs per plan; the run with the median step time is compared and the spread "
+        "(max - min) / median of the runs' step times is printed",
+    )
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--hidden", type=int, default=256)
@@ -137,11 +153,19 @@ def main() -> None:
     for name in args.plans.split(","):
         plan = ParallelPlan(micro_batch_size=args.mbs, global_batch_size=args.gbs, **PLANS[name])  # type: ignore[arg-type]
         start = time.perf_counter()
-        run = run_one(model, plan, args)
+        runs = sorted(
+            (run_one(model, plan, args) for _ in range(args.repeats)),
+            key=lambda r: r.median_step_time_s,
+        )
+        run = runs[len(runs) // 2]  # the run whose median step time is the median run's
         if args.save:
             Path(args.save).mkdir(parents=True, exist_ok=True)
             Path(args.save, f"{name}.pkl").write_bytes(pickle.dumps(run))
         result, previous = row(name, run, profile, previous)
+        medians = [r.median_step_time_s for r in runs]
+        result["repeat_spread_pct"] = round(
+            100 * (medians[-1] - medians[0]) / run.median_step_time_s, 1
+        )
         result["wall_s"] = round(time.perf_counter() - start, 1)
         rows.append(result)
         print(pd.DataFrame([result]).to_string(index=False), flush=True)

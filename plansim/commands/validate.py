@@ -47,7 +47,7 @@ from plansim.validate.compare import (
     simulate_plan,
 )
 from plansim.validate.refit import Refit, profile_path, refit
-from plansim.validate.result import MeasuredRun
+from plansim.validate.result import QUIET_CPU_SHARE, MeasuredRun
 
 #: Backend -> device it runs on.
 BACKENDS = {"gloo": "cpu", "nccl": "cuda"}
@@ -214,6 +214,15 @@ def run(args: argparse.Namespace) -> int:
         doc["after_refit"] = _refit_dict(fitted, target)
         write_json_atomic(out / "comparison.json", rounded_json(doc), label="--out")
     sys.stdout.write(summary_table(comparison, fitted))
+    disturbed = measured.disturbed_steps
+    if disturbed:
+        worst = max(measured.run_queue_fractions)
+        sys.stderr.write(
+            f"plansim: warning: in {len(disturbed)} of {len(measured.step_times_s)} measured "
+            f"steps a rank waited for a CPU behind other work for more than "
+            f"{1 - QUIET_CPU_SHARE:.0%} of the step (up to {worst:.0%}): the measured times "
+            f"overstate the plan's\n"
+        )
     sys.stderr.write(f"plansim: wrote {out}\n")
     return 0
 

@@ -23,9 +23,14 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from plansim.calibrate.plan import CPU_SHARE_OK
 from plansim.errors import PlansimError
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan
+
+#: Least share of a core a CPU rank must get in a step for its timing to describe the plan
+#: rather than other load on the machine: the calibration's rule for its own timings.
+QUIET_CPU_SHARE = CPU_SHARE_OK
 
 
 class ValidateError(PlansimError):
@@ -50,6 +55,14 @@ class MeasuredRun:
         peak_memory_bytes: per pipeline rank of the representative replica, the peak memory
             (CUDA max allocated on GPU; peak live tensor bytes on CPU), bytes.
         versions: software versions (``torch``, ``nccl`` when used, ``python``).
+        run_queue_fractions: CPU runs: per measured step, the largest fraction of the step
+            any rank's main thread spent runnable but waiting for a CPU behind other work
+            (Linux ``schedstat`` run-queue delay over the step's wall time; time a rank
+            waits for a message is not counted). Above 1 - :data:`QUIET_CPU_SHARE` other
+            work on the machine held the rank back, and the step time says more about that
+            load than about the plan (the calibration flags its own timings when a rank got
+            less than that share of a core). Empty on GPU and where the kernel has no
+            schedstat.
     """
 
     model: ModelSpec
@@ -63,6 +76,7 @@ class MeasuredRun:
     timelines: tuple[pd.DataFrame, ...]
     peak_memory_bytes: tuple[int, ...]
     versions: dict[str, str]
+    run_queue_fractions: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.step_times_s:
@@ -72,11 +86,23 @@ class MeasuredRun:
                 f"measured run has {len(self.timelines)} timelines for "
                 f"{len(self.step_times_s)} measured steps"
             )
+        if self.run_queue_fractions and len(self.run_queue_fractions) != len(self.step_times_s):
+            raise ValidateError(
+                f"measured run has {len(self.run_queue_fractions)} run-queue fractions for "
+                f"{len(self.step_times_s)} measured steps"
+            )
         if len(self.peak_memory_bytes) != self.plan.pp:
             raise ValidateError(
                 f"peak_memory_bytes has {len(self.peak_memory_bytes)} entries; "
                 f"expected one per pipeline rank (pp={self.plan.pp})"
             )
+
+    @property
+    def disturbed_steps(self) -> tuple[int, ...]:
+        """Indices of the measured steps in which some rank waited for a CPU more than
+        1 - :data:`QUIET_CPU_SHARE` of the step (none on GPU)."""
+        fractions = self.run_queue_fractions
+        return tuple(i for i, f in enumerate(fractions) if 1.0 - f < QUIET_CPU_SHARE)
 
     @property
     def median_step_time_s(self) -> float:

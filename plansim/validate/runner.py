@@ -335,6 +335,9 @@ def measured_run(config: RunConfig, results: list[dict[str, Any]]) -> MeasuredRu
         for i in range(config.num_warmup_steps + config.num_steps)
     )
     step_times = tuple(max(r["step_times_s"][i] for r in results) for i in range(config.num_steps))
+    waits = [r["run_queue_fractions"] for r in results]
+    complete = all(len(w) == config.num_steps for w in waits)
+    run_queue = tuple(max(w[i] for w in waits) for i in range(config.num_steps)) if complete else ()
     rep = sorted(
         (r for r in results if r["intervals"] is not None), key=lambda r: r["coords"]["pp"]
     )
@@ -346,6 +349,7 @@ def measured_run(config: RunConfig, results: list[dict[str, Any]]) -> MeasuredRu
         num_processes=config.num_processes,
         num_warmup_steps=config.num_warmup_steps,
         step_times_s=step_times,
+        run_queue_fractions=run_queue,
         losses=losses,
         timelines=tuple(_step_timeline(rep, i) for i in range(config.num_steps)),
         peak_memory_bytes=tuple(int(r["peak_memory_bytes"]) for r in rep),

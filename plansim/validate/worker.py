@@ -63,6 +63,17 @@ class Progress:
             _write_atomic(self.path, f"{self.count} {label}\n")
 
 
+def run_queue_wait_s() -> float:
+    """Seconds this process's main thread has spent runnable but not running (waiting for a
+    CPU behind other work), from Linux's ``/proc/self/schedstat`` (second field, ns); NaN
+    where the kernel does not provide it."""
+    try:
+        with open("/proc/self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
 def _fault(rank: int, step: int) -> None:
     """Test-only fault injection (see module docstring)."""
     spec = os.environ.get(FAULT_ENV, "")
@@ -200,6 +211,7 @@ class _History:
     """What the steps of one rank measured."""
 
     step_times_s: list[float] = field(default_factory=list)
+    run_queue_fractions: list[float] = field(default_factory=list)
     losses: list[float | None] = field(default_factory=list)
     intervals: list[list[Interval]] = field(default_factory=list)
     peak_memory_bytes: int = 0
@@ -233,11 +245,15 @@ def _train(
                 functools.partial(trainer.step, tokens, targets), baseline=baseline
             )
             break
+        waited_start_s = run_queue_wait_s()
         mb_losses = trainer.step(tokens, targets)
         step_s, intervals = trainer.recorder.finish_step()
+        waited_s = run_queue_wait_s() - waited_start_s
         history.losses.append(sum(mb_losses) / len(mb_losses) if mb_losses else None)
         if step >= num_warmup_steps:
             history.step_times_s.append(step_s)
+            if device == "cpu" and waited_s == waited_s:  # NaN: no schedstat here
+                history.run_queue_fractions.append(waited_s / step_s if step_s > 0 else 0.0)
             history.intervals.append(intervals)
     if device == "cuda":
         history.peak_memory_bytes = cuda_peak_bytes()
@@ -272,6 +288,7 @@ def run_rank(config: RunConfig, progress: Progress) -> dict[str, Any]:
         "rank": dist.get_rank(),
         "coords": {"pp": coords.pp, "dp": coords.dp, "tp": coords.tp},
         "step_times_s": history.step_times_s,
+        "run_queue_fractions": history.run_queue_fractions,
         "losses": history.losses if holds_last and coords.tp == 0 else None,
         "intervals": history.intervals if coords.representative else None,
         "peak_memory_bytes": history.peak_memory_bytes,

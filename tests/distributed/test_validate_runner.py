@@ -199,6 +199,9 @@ def test_plan_trains_like_the_reference(name: str) -> None:
     _check_losses(model, plan, measured.losses, _optimizer(name))
     _check_timelines(plan, measured.timelines)
     assert len(measured.step_times_s) == NUM_STEPS and min(measured.step_times_s) > 0
+    # CPU ranks on Linux: each step's largest run-queue wait fraction over the ranks
+    assert len(measured.run_queue_fractions) == NUM_STEPS
+    assert all(0.0 <= f <= 1.0 for f in measured.run_queue_fractions)
     assert len(measured.peak_memory_bytes) == plan.pp
     assert min(measured.peak_memory_bytes) > 0
     for check in outcome.schedule_check:  # type: ignore[attr-defined]

@@ -330,3 +330,15 @@ def test_representative_step_is_the_median_one(simulated) -> None:  # type: igno
         2.5 * c.kinds.loc["forward", "simulated_mean_s"]
     )
     assert c.to_dict()["run"]["representative_step"] == 2
+
+
+def test_disturbed_steps_follow_the_calibration_cpu_share_rule() -> None:
+    timeline = pd.DataFrame(
+        columns=["rank", "stream", "kind", "stage", "microbatch", "start_s", "end_s", "bytes"]
+    )
+    run = measured_run(timeline, step_times_s=(1.0, 1.2, 1.0))
+    assert run.disturbed_steps == ()  # nothing recorded (GPU, or no schedstat)
+    waits = dataclasses.replace(run, run_queue_fractions=(0.03, 0.38, 0.1))
+    assert waits.disturbed_steps == (1,)  # 10% is quiet: the calibration keeps >= 90%
+    with pytest.raises(ValidateError, match="3 measured steps"):
+        dataclasses.replace(run, run_queue_fractions=(0.03,))
