@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from plansim.calibrate.bench_host import host_op_chain
+from plansim.calibrate.bench_overlap import overlap_rows
 from plansim.calibrate.environment import environment, rss_bytes
 from plansim.calibrate.plan import CPU_SHARE_OK, Item, Plan
 
@@ -113,6 +114,16 @@ class _Bench:
     # ------------------------------------------------------------------ items
     def measure(self, item: Item) -> list[dict[str, Any]]:
         """Rows for ``item`` (this rank's timing, or rank 0's note of a skip)."""
+        if item.kind == "overlap":  # a GEMM alone and beside all_reduces (bench_overlap)
+            return overlap_rows(
+                item,
+                device=self.device,
+                timing=self.plan.timing,
+                timer=self._time,
+                agree_max=self._agree_max,
+                row=self._row,
+                note=self._note,
+            )
         timing = self.plan.timing
         if item.work >= self.too_slow.get(item.family, math.inf):  # the same on every rank
             reason = f"a call this large of this {item.kind} dtype took over {timing.max_call_s} s"

@@ -29,6 +29,8 @@ attention_efficiency    per dtype, causal SDPA forward and backward rates / that
 host_overhead           seconds per op of a forward through a chain of tiny ops, and of its
                         backward (:func:`.fit.fit_host_ops`); the DTensor extra from the same
                         chain tensor-parallel; ``serial`` true on a CPU device
+overlap_compute_        median over ranks of (a GEMM loop's time beside a chain of async
+slowdown_fraction       all_reduces / its time alone) - 1 (:func:`.build_terms.overlap_term`)
 ======================  =====================================================================
 
 Compute times are the median over ranks of each rank's median (the ranks run concurrently);
@@ -42,7 +44,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from plansim.calibrate.build_terms import attention_terms, host_overhead_term
+from plansim.calibrate.build_terms import attention_terms, host_overhead_term, overlap_term
 from plansim.calibrate.fit import CollectiveFit, fit_collective, fit_efficiency
 from plansim.calibrate.plan import CPU_SHARE_OK
 from plansim.io.profiles import ProfileUpdate
@@ -172,7 +174,7 @@ def build_update(
     _memory_bound(parts, table, info)
     _capacity(parts, rows, info)
     _host(parts, table, info)
-    _compute_terms(parts, table, info, base)
+    _compute_terms(parts, table, info, base, rows=rows)
     fits = _collectives(parts, table, info, base)
     default = (
         f"{info.env.get('device_name', info.device)}: {info.nproc} ranks x 1 "
@@ -348,16 +350,27 @@ def _host(parts: _Parts, table: pd.DataFrame, info: RunInfo) -> None:
 
 
 def _compute_terms(
-    parts: _Parts, table: pd.DataFrame, info: RunInfo, base: HardwareProfile | None
+    parts: _Parts,
+    table: pd.DataFrame,
+    info: RunInfo,
+    base: HardwareProfile | None,
+    *,
+    rows: pd.DataFrame,
 ) -> None:
-    """Fused-attention curves and host per-op overhead (:mod:`.build_terms`)."""
+    """Fused-attention curves, host per-op overhead, and the overlap slowdown (from the raw
+    ``rows``: per rank) (:mod:`.build_terms`)."""
     source = info.source() + parts.compute_note
     peaks = {**(base.peak_flops_per_s if base else {}), **parts.peaks}
     attention = attention_terms(table, source=source, peaks=peaks)
     host = host_overhead_term(table, source=source, serial=info.device != "cuda")
-    for terms in (attention, host):
+    overlap = overlap_term(rows, source=source)
+    for terms in (attention, host, overlap):
         parts.provenance.update(terms.provenance)
         parts.summary.extend(terms.summary)
+    if overlap.overlap_compute_slowdown_fraction is not None:
+        parts.scalars["overlap_compute_slowdown_fraction"] = (
+            overlap.overlap_compute_slowdown_fraction
+        )
     parts.attention = attention.attention
     parts.host_overhead = host.host_overhead
 

@@ -9,6 +9,12 @@
   ``plansim.calibrate.plan``), and when its tensor-parallel twin was measured
   (``dtensor_chain_*``) the extra per DTensor linear: (DTensor chain - plain chain) / linears,
   the linears being half the chain's ops. ``serial`` is true on a CPU device.
+* ``overlap_compute_slowdown_fraction``: how much longer a GEMM loop takes beside a chain of
+  asynchronous all_reduces than alone (``kind == "overlap"``, ops ``gemm_alone`` and
+  ``gemm_beside_all_reduce``, seconds per GEMM call; ``plansim.calibrate.bench_overlap``):
+  per pass, the median over ranks of each rank's beside / alone - 1, then the median over
+  passes, clipped to [0, :data:`MAX_OVERLAP_FRACTION`]. From the raw rows (per rank), not the
+  aggregated table.
 
 ``table`` is :func:`plansim.calibrate.build.aggregate`'s: one row per item, ``time_s`` the
 median over ranks (ranks run concurrently) and passes.
@@ -25,6 +31,9 @@ import pandas as pd
 from plansim.calibrate.fit import FitError, fit_attention, fit_host_ops
 from plansim.specs.compute_terms import AttentionEfficiency, HostOverhead
 
+#: The largest overlap slowdown written (a profile needs it below 1).
+MAX_OVERLAP_FRACTION = 0.99
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Terms:
@@ -33,6 +42,7 @@ class Terms:
 
     attention: dict[str, AttentionEfficiency] = field(default_factory=dict)
     host_overhead: HostOverhead | None = None
+    overlap_compute_slowdown_fraction: float | None = None
     provenance: dict[str, str] = field(default_factory=dict)
     summary: list[tuple[str, str]] = field(default_factory=list)
 
@@ -138,3 +148,44 @@ def host_overhead_term(table: pd.DataFrame, *, source: str, serial: bool) -> Ter
     fwd_us, bwd_us = 1e6 * plain.forward_op_s, 1e6 * plain.backward_op_s
     summary = [("host per op", f"forward {fwd_us:.3g} us, backward {bwd_us:.3g} us")]
     return Terms(host_overhead=host, provenance=provenance, summary=summary)
+
+
+def overlap_term(rows: pd.DataFrame, *, source: str) -> Terms:
+    """``overlap_compute_slowdown_fraction`` from a run's raw rows (every rank), or no term
+    when the overlap rows are missing or failed.
+
+    Each rank's ``gemm_beside_all_reduce`` median is paired with its own ``gemm_alone``
+    median of the same pass (both seconds per GEMM call); the fraction is the median over
+    passes of the median over ranks of beside / alone - 1 (e.g. alone 10 ms, beside 12.5 ms
+    on every rank: 0.25), clipped to [0, :data:`MAX_OVERLAP_FRACTION`].
+
+    Args:
+        rows: raw rows (``plansim.calibrate.raw`` columns) of one run.
+        source: provenance prefix.
+    """
+    ok = rows[(rows["kind"] == "overlap") & (rows["status"] == "ok")]
+    keys = ["dtype", "shape", "group_size", "sweep", "rank"]
+    alone = ok[ok["op"] == "gemm_alone"].groupby(keys)["median_s"].median()
+    beside = ok[ok["op"] == "gemm_beside_all_reduce"].groupby(keys)["median_s"].median()
+    ratio = (beside / alone).dropna()
+    ratio = ratio[ratio > 0]
+    if ratio.empty:
+        return Terms()
+    per_pass = (ratio - 1.0).groupby(level="sweep").median()
+    measured = float(per_pass.median())
+    fraction = min(max(measured, 0.0), MAX_OVERLAP_FRACTION)
+    dtype, shape, group, _, _ = ratio.index[0]
+    m, n, k, message_bytes = str(shape).split("x")
+    clipped = "" if fraction == measured else f" (measured {measured:.4g}, clipped)"
+    text = (
+        f"{source}; {dtype} GEMM {m}x{n}x{k} looped on every rank, timed alone and beside a "
+        f"chain of async all_reduce of {message_bytes} bytes over {group} ranks (repetitions kept "
+        "only while the chain was still running as the loop ended): median over "
+        f"{ratio.index.get_level_values('rank').nunique()} ranks and {len(per_pass)} passes "
+        f"of beside / alone - 1 = {fraction:.4g}{clipped}"
+    )
+    return Terms(
+        overlap_compute_slowdown_fraction=fraction,
+        provenance={"overlap_compute_slowdown_fraction": text},
+        summary=[("overlap slowdown", f"compute +{100 * fraction:.3g}% beside all_reduce")],
+    )

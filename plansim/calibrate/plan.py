@@ -21,6 +21,10 @@ CPU core with one thread), so the rates include the contention a data-parallel j
   GPU pinned host<->device copies.
 * Collectives: all_reduce, all_gather, reduce_scatter and send/recv over message sizes and
   group sizes (ranks 0..g-1).
+* Overlap slowdown: one GEMM (``gemm_beside_all_reduce``; :data:`OVERLAP_SHAPES`, fp32 on a
+  CPU, bf16 on a GPU) looped for ~tens of ms on every rank, timed alone and while a chain of
+  asynchronous all_reduces over all ranks is in flight (``plansim.calibrate.bench_overlap``);
+  the profile's ``overlap_compute_slowdown_fraction`` is overlapped / alone - 1.
 
 Message sizes are nccl-tests' size (``plansim.specs.hardware``): the all-reduce buffer, the
 gathered output, the reduce-scatter input, the bytes each rank sends.
@@ -44,6 +48,15 @@ GEMM_OPS = ("qkv", "attn_out", "mlp_up", "mlp_down", "logits")
 CHAIN_OPS = 64
 #: Host-overhead chain items: plain and tensor-parallel (DTensor), forward and forward+backward.
 HOST_OP_OPS = ("chain_fwd", "chain_fwd_bwd", "dtensor_chain_fwd", "dtensor_chain_fwd_bwd")
+#: Overlap item per device: (GEMM (m, n, k), dtype, all_reduce message bytes). CPU: a 512^3
+#: fp32 GEMM (~3 ms at 100 GFLOP/s on one core) and 4 MiB (~4 ms at gloo's ~1 GB/s on one
+#: host); GPU: an 8192^3 bf16 GEMM (~1.5 ms at 750 TFLOP/s) and 256 MiB (~1 ms at NVLink's
+#: ~300 GB/s). The bench loops the GEMM for ~tens of ms and chains as many all_reduces as
+#: outlast the loop.
+OVERLAP_SHAPES = {
+    "cpu": ((512, 512, 512), "fp32", 1 << 22),
+    "cuda": ((8192, 8192, 8192), "bf16", 1 << 28),
+}
 #: A CPU rank whose CPU time is below this share of the wall time while timing compute waited
 #: for a core: other work competed (collectives are exempt: they wait in the transport).
 CPU_SHARE_OK = 0.9
@@ -55,15 +68,17 @@ class Item:
 
     Attributes:
         kind: ``gemm``, ``attention``, ``stream``, ``launch``, ``host_op``, ``adam``,
-            ``copy`` or ``collective``.
-        op: what runs (``mlp_up``, ``sdpa_fwd``, ``add``, ``all_reduce``, ``h2d``, ...).
+            ``copy``, ``collective`` or ``overlap``.
+        op: what runs (``mlp_up``, ``sdpa_fwd``, ``add``, ``all_reduce``, ``h2d``,
+            ``gemm_beside_all_reduce``, ...).
         dtype: element type (``fp32``, ``bf16``, ...); ``fp32`` for streams and Adam.
         shape: gemm (m, n, k); attention (batch, heads, seq, head_dim); stream (elements,);
             launch (1,); host_op (ops in the chain,); adam (parameters,); copy (bytes,);
-            collective (message bytes,).
-        group_size: ranks taking part (1 for compute: every rank runs its own copy).
-        work: per call: FLOPs (gemm, attention), bytes (stream, copy, collective),
-            parameters (adam), 1 (launch), ops in the chain (host_op).
+            collective (message bytes,); overlap (m, n, k, all_reduce message bytes).
+        group_size: ranks taking part (1 for compute: every rank runs its own copy; overlap:
+            the ranks of the all_reduce).
+        work: per call: FLOPs (gemm, attention, overlap: one GEMM), bytes (stream, copy,
+            collective), parameters (adam), 1 (launch), ops in the chain (host_op).
         work_unit: ``flop``, ``byte``, ``param``, ``call`` or ``op``.
         sweep: which pass over the GEMMs and collectives (0, 1, ...); see :func:`build_plan`.
     """
@@ -85,7 +100,7 @@ class Item:
     @property
     def label(self) -> str:
         """What the progress bar shows."""
-        group = f" over {self.group_size} ranks" if self.kind == "collective" else ""
+        group = f" over {self.group_size} ranks" if self.kind in ("collective", "overlap") else ""
         sweep = f" (pass {self.sweep + 1})" if self.sweep else ""
         text = f"{self.kind} {self.op} {self.dtype} {self.shape_text}{group}{sweep}"
         return text.replace("  ", " ")
@@ -243,6 +258,20 @@ def _copy_items(sizes: tuple[int, ...]) -> list[Item]:
     ]
 
 
+def overlap_item(device: str, *, nproc: int) -> Item:
+    """The ``overlap`` item (:data:`OVERLAP_SHAPES`) for ``device`` and ``nproc`` ranks."""
+    (m, n, k), dtype, message = OVERLAP_SHAPES["cuda" if device == "cuda" else "cpu"]
+    return Item(
+        kind="overlap",
+        op="gemm_beside_all_reduce",
+        dtype=dtype,
+        shape=(m, n, k, message_size(message, nproc)),
+        group_size=nproc,
+        work=2.0 * m * n * k,
+        work_unit="flop",
+    )
+
+
 def message_size(nominal: int, group_size: int) -> int:
     """``nominal`` rounded up to a multiple of 4 * group_size bytes (whole fp32 elements on
     every rank for all_gather / reduce_scatter)."""
@@ -313,6 +342,8 @@ def build_plan(*, nproc: int, device: str, quick: bool, fp8: bool = False) -> Pl
         )
         others += _host_op_items()
         messages = tuple(1 << e for e in range(6, 28, 1))
+    if nproc > 1:
+        others.append(overlap_item(device, nproc=nproc))
     if gpu:
         others += _copy_items(tuple(1 << e for e in (20, 24, 28, 30)))
         messages = messages + ((1 << 28, 1 << 30) if not quick else ())

@@ -45,6 +45,7 @@ from plansim.units import (
 
 __all__ = [
     "HOST_KEYS",
+    "OPTIONAL_SCALAR_KEYS",
     "SCALAR_KEYS",
     "SCHEMA_VERSION",
     "ProfileUpdate",
@@ -171,8 +172,8 @@ def profile_to_dict(profile: HardwareProfile) -> dict[str, Any]:
     }
     for s in SCALARS:
         data[s.key] = _tidy(s.from_si(getattr(profile, s.field)))
-    for s in OPTIONAL_SCALARS:
-        if getattr(profile, s.field):
+    for s in OPTIONAL_SCALARS:  # written when set, or when measured (0 with its source)
+        if getattr(profile, s.field) or s.key in provenance:
             data[s.key] = _tidy(s.from_si(getattr(profile, s.field)))
     data["gpus_per_node"] = profile.gpus_per_node
     data["intra_node"] = intra
@@ -234,6 +235,8 @@ def profile_to_yaml(profile: HardwareProfile) -> str:
 # --------------------------------------------------------------------------- merging
 #: HardwareProfile scalar field -> its YAML key (the provenance key of that number).
 SCALAR_KEYS = {s.field: s.key for s in SCALARS}
+#: Optional HardwareProfile scalar field -> its YAML key (``overlap_compute_slowdown_fraction``).
+OPTIONAL_SCALAR_KEYS = {s.field: s.key for s in OPTIONAL_SCALARS}
 #: HostSpec field -> its dotted YAML key (the provenance key of that number).
 HOST_KEYS = {s.field: f"host.{s.key}" for s in HOST_SCALARS}
 
@@ -247,7 +250,8 @@ class ProfileUpdate:
         peak_flops_per_s, matmul_efficiency, intra_node: entries replaced per key (dtype or
             collective); the profile's other keys stay.
         scalars: HardwareProfile scalar fields (``hbm_bytes_per_s``, ``nic_latency_s``, ...;
-            see :data:`SCALAR_KEYS`) -> SI value.
+            see :data:`SCALAR_KEYS`) and optional ones (:data:`OPTIONAL_SCALAR_KEYS`:
+            ``overlap_compute_slowdown_fraction``) -> SI value.
         gpus_per_node: replaces the profile's when given.
         attention_efficiency: per dtype, replaces the profile's attention curves.
         host_overhead: replaces the profile's ``host_overhead`` section as a whole.
@@ -277,7 +281,7 @@ class ProfileUpdate:
         keys += [f"matmul_efficiency.{d}" for d in self.matmul_efficiency]
         for name in self.intra_node:
             keys += [f"intra_node.{name}", f"intra_node.{name}.latency_us"]
-        keys += [SCALAR_KEYS[f] for f in self.scalars]
+        keys += [{**SCALAR_KEYS, **OPTIONAL_SCALAR_KEYS}[f] for f in self.scalars]
         keys += [HOST_KEYS[f] for f in self.host]
         keys += [f"attention_efficiency.{d}" for d in self.attention_efficiency]
         if self.host_overhead is not None:
@@ -293,7 +297,7 @@ def merge_profile(base: HardwareProfile | None, update: ProfileUpdate) -> Hardwa
         InputFileError: an updated number has no provenance, a field is missing with no base,
             or the result is not a valid profile.
     """
-    unknown = sorted(set(update.scalars) - set(SCALAR_KEYS))
+    unknown = sorted(set(update.scalars) - set(SCALAR_KEYS) - set(OPTIONAL_SCALAR_KEYS))
     unknown += sorted(f"host.{f}" for f in set(update.host) - set(HOST_KEYS))
     if unknown:
         raise InputFileError(f"update has unknown scalar fields: {', '.join(unknown)}")
@@ -314,7 +318,7 @@ def merge_profile(base: HardwareProfile | None, update: ProfileUpdate) -> Hardwa
             "name": base.name,
             "description": base.description,
             "gpus_per_node": base.gpus_per_node,
-            **{f: getattr(base, f) for f in SCALAR_KEYS},
+            **{f: getattr(base, f) for f in (*SCALAR_KEYS, *OPTIONAL_SCALAR_KEYS)},
         }
     fields.update(update.scalars)
     for key in ("name", "description", "gpus_per_node"):
@@ -337,9 +341,6 @@ def merge_profile(base: HardwareProfile | None, update: ProfileUpdate) -> Hardwa
                 **update.attention_efficiency,
             },
             host_overhead=update.host_overhead or (base.host_overhead if base else None),
-            overlap_compute_slowdown_fraction=(
-                base.overlap_compute_slowdown_fraction if base else 0.0
-            ),
         )
     except SpecError as exc:
         raise InputFileError(f"merged profile is invalid: {exc}") from None
