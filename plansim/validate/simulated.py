@@ -1,17 +1,20 @@
 """The simulated side of a validation: the plan simulated as torch executes it (pure).
 
-Two differences from ``plansim.planner.evaluate.evaluate``'s Megatron-LM defaults, both to
+Three differences from ``plansim.planner.evaluate.evaluate``'s Megatron-LM defaults, all to
 simulate what the runner executes: the plan's precision is the run's dtype
 (:func:`run_plan`; fp32 on the CPU: fp32 GEMM curve, 4-byte weights, gradients,
-activations and messages, torch AdamW's 28 B/param step; ``plansim.specs.plan.Precision``)
-and pipeline sends are asynchronous (:func:`_with_async_sends`).
+activations and messages, torch AdamW's 28 B/param step; ``plansim.specs.plan.Precision``),
+pipeline sends are asynchronous (:func:`_resimulated`), and tensor parallelism is
+DTensor's over the validate model's separate projections (:func:`dtensor_backward_all_reduces`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from plansim.analytic.comm import collective_time_s
 from plansim.analytic.cost import build_pipeline_work
+from plansim.analytic.ranks import layout_groups
 from plansim.errors import choice_error
 from plansim.planner.evaluate import Evaluation, Rejected, evaluate
 from plansim.schedule.builders import build_actions
@@ -20,6 +23,7 @@ from plansim.sim.engine import simulate
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan, Precision
+from plansim.specs.work import PipelineWork, Segment
 from plansim.validate.result import ValidateError
 
 
@@ -75,7 +79,7 @@ def simulate_plan(
 ) -> Evaluation:
     """The simulated Evaluation of ``plan`` on ``profile`` as the run executed it: in the
     run's precision ``dtype`` (:func:`run_plan`) and with asynchronous pipeline sends
-    (:func:`_with_async_sends`).
+    (:func:`_resimulated`) and DTensor's TP all-reduces.
 
     Raises:
         ValidateError: the plan is rejected on that profile (the reason is in the message),
@@ -88,22 +92,56 @@ def simulate_plan(
             f"cannot simulate {plan.label()} in {dtype} on {profile.name}: "
             f"{outcome.category}: {outcome.reason}"
         )
-    if not outcome.result.timeline[tl.STREAM].eq("pp_send").any():
+    extra = dtensor_backward_all_reduces(model, executed) - MEGATRON_BACKWARD_ALL_REDUCES
+    if not outcome.result.timeline[tl.STREAM].eq("pp_send").any() and extra == 0:
         return outcome
-    return _with_async_sends(outcome, model, profile)
+    return _resimulated(outcome, model, profile, extra_all_reduces=extra)
 
 
-def _with_async_sends(ev: Evaluation, model: ModelSpec, profile: HardwareProfile) -> Evaluation:
-    """``ev`` re-simulated with asynchronous pipeline sends, as torch runs them.
+#: TP all-reduces of one layer's backward in Megatron-LM (Shoeybi et al. 2019 §3: the ``f``
+#: operator before the fused QKV projection and before the first MLP matrix).
+MEGATRON_BACKWARD_ALL_REDUCES = 2
+
+
+def dtensor_backward_all_reduces(model: ModelSpec, plan: ParallelPlan) -> int:
+    """TP all-reduces of one layer's backward in the validate model (without sequence
+    parallelism; 0 with tp == 1).
+
+    The validate model (``plansim.validate.model``) keeps q, k and v, and the MLP's up (and
+    gate, SwiGLU) as separate column-parallel ``nn.Linear`` modules
+    (``plansim.validate.parallelize``: ``ColwiseParallel`` on each). DTensor turns the
+    gradient of each one's replicated input into its own all-reduce, where Megatron-LM sums
+    them locally first (one per fused projection): 3 + (1 or 2) per layer instead of 2
+    (measured with torch.profiler on a tp2 CPU run: 24 all-reduces per micro-batch of a
+    4-layer GELU model = 2 forward + 4 backward per layer). With sequence parallelism the
+    count is left at Megatron's.
+    """
+    if plan.tp == 1:
+        return 0
+    if plan.sequence_parallel:
+        return MEGATRON_BACKWARD_ALL_REDUCES
+    return 3 + (model.activation.num_ffn_matrices - 1)
+
+
+def _resimulated(
+    ev: Evaluation, model: ModelSpec, profile: HardwareProfile, *, extra_all_reduces: int
+) -> Evaluation:
+    """``ev`` re-simulated as torch runs it: asynchronous pipeline sends, and
+    ``extra_all_reduces`` more TP all-reduces per layer in backward (DTensor,
+    :func:`dtensor_backward_all_reduces`).
 
     ``torch.distributed.pipelining`` posts each send with ``isend`` (``_batch_p2p``) and
     waits for the sends only later in the step, so the sender goes straight on; the
     simulator's default for 1F1B/GPipe is Megatron-LM's synchronous send (the sender waits
-    for the transfer). Receives block in both. Figures read from the events are replaced;
-    MFU and HFU scale with the step time.
+    for the transfer). Receives block in both. The extra all-reduces lengthen each stage's
+    backward ``tp_comm`` segment by layers x extra x one all-reduce of the b*s*h activation
+    gradient on the TP group. Figures read from the events are replaced; MFU and HFU scale
+    with the step time.
     """
     plan = ev.plan
     work = dataclasses.replace(build_pipeline_work(model, plan, profile), blocking_p2p=False)
+    if extra_all_reduces:
+        work = _with_tp_all_reduces(work, model, plan, profile, extra_all_reduces)
     actions = build_actions(
         plan.schedule, num_ranks=plan.pp, num_microbatches=plan.num_microbatches, vpp=plan.vpp
     )
@@ -120,3 +158,40 @@ def _with_async_sends(ev: Evaluation, model: ModelSpec, profile: HardwareProfile
         result=result,
         exposed_comm_s_by_kind=dict(result.exposed_s_by_kind),
     )
+
+
+def _with_tp_all_reduces(
+    work: PipelineWork,
+    model: ModelSpec,
+    plan: ParallelPlan,
+    profile: HardwareProfile,
+    extra: int,
+) -> PipelineWork:
+    """``work`` with ``extra`` more all-reduces per layer in each stage's backward TP segment."""
+    groups = layout_groups(plan, gpus_per_node=profile.gpus_per_node)
+    message = (
+        plan.precision.activation_bytes
+        * plan.micro_batch_size
+        * model.seq_length
+        / plan.cp
+        * model.hidden_size
+    )
+    one = collective_time_s(profile, collective="all_reduce", message_bytes=message, span=groups.tp)
+    added_s = extra * one * (model.num_layers // plan.num_stages)
+
+    def lengthen(segments: tuple[Segment, ...]) -> tuple[Segment, ...]:
+        out, done = [], False
+        for seg in segments:
+            if seg.kind == "tp_comm" and not done:
+                seg = dataclasses.replace(seg, duration_s=seg.duration_s + added_s)
+                done = True
+            out.append(seg)
+        return tuple(out)
+
+    stages = tuple(
+        dataclasses.replace(
+            st, backward=lengthen(st.backward), backward_input=lengthen(st.backward_input)
+        )
+        for st in work.stages
+    )
+    return dataclasses.replace(work, stages=stages)
