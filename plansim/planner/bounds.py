@@ -8,7 +8,9 @@ Why it holds (facts of the engine, each pinned by its tests):
 
 * a rank runs its actions one after another, in list order, and the segments of an action
   back to back; a segment or transfer alone takes exactly its ``duration_s``, and sharing a
-  link only stretches it (``plansim.sim.links``: rate 1/n <= 1, latency never shrinks);
+  link only stretches it (``plansim.sim.links``: rate 1/n <= 1, latency never shrinks), as
+  does an asynchronous transfer beside compute (``plansim.sim.overlap``: compute at rate
+  1/(1 + s) <= 1; the bounds ignore that slowdown, so they stay bounds, only looser);
 * an action that needs a neighbour's output starts no earlier than that output's arrival:
   the producer's end plus the P2P transfer (FIFO on the sender's ``pp_send`` stream, so at
   least its duration); with ``blocking_p2p`` the sender also waits for that arrival;
