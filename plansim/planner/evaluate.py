@@ -15,7 +15,8 @@ from plansim.analytic.memory import MemoryBreakdown, rank_memory, worst_rank_mem
 from plansim.analytic.offload import host_memory_rejection, offloads, require_host
 from plansim.schedule.actions import PerRankActions
 from plansim.schedule.builders import build_actions
-from plansim.sim.engine import SimResult, simulate
+from plansim.sim.engine import simulate
+from plansim.sim.result import SimResult
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan, check_plan_divides_model
