@@ -4,12 +4,12 @@ Pure. Each piece prices a mechanism with the profile's curves:
 
 * Per-layer passes (GEMMs, memory-bound kernels, TP collectives) and the embedding/logits
   work of the edge stages: ``plansim.analytic.layer_cost``.
-* PP send/recv of b*s*h 16-bit activations per micro-batch (``_p2p``): split over the tp ranks
+* PP send/recv of b*s*h 16-bit activations per micro-batch: split over the tp ranks
   by sequence parallelism or by Megatron's scatter/gather (Narayanan et al. SC21 §4.1, whose
   receiver all-gathers the slices over its TP group), else whole on every TP rank (Megatron
-  2020, ``plan.scatter_gather_p2p`` off); synchronous (the sender waits)
-  unless ``plan.overlap_p2p_comm``. With context parallelism each cp rank sends its s/cp
-  tokens to the same cp rank of the next stage.
+  2020, ``plan.scatter_gather_p2p`` off; ``plansim.analytic.pipeline_send``); synchronous
+  (the sender waits) unless ``plan.overlap_p2p_comm``. With context parallelism each cp
+  rank sends its s/cp tokens to the same cp rank of the next stage.
 * Context-parallel ring attention: the exposed part of each layer's K/V ring transfers
   (``layer_cost.ring_attention_times``) as ``cp_comm`` segments that hold the compute stream
   (recorded on stream ``tp``, like the other blocking collectives), in forward, in the
@@ -47,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TypeVar
 
-from plansim.analytic.comm import collective_time_s, p2p_time_s
+from plansim.analytic.comm import collective_time_s
 from plansim.analytic.elementwise import adam_step_bytes
 from plansim.analytic.grad_buckets import grad_buckets
 from plansim.analytic.layer_cost import EdgeTimes, PassTimes, edge_times, layer_pass_times
@@ -61,6 +61,7 @@ from plansim.analytic.memory import (
 from plansim.analytic.offload import with_offload, with_param_fetch
 from plansim.analytic.param_server import ps_rank_work, uses_parameter_server
 from plansim.analytic.params import count_parameters
+from plansim.analytic.pipeline_send import pipeline_send
 from plansim.analytic.ranks import LayoutGroups, dp_cp_size, layout_groups
 from plansim.analytic.zero3 import (
     Zero3Traffic,
@@ -304,30 +305,6 @@ def _memoised(memo: Memo | None, key: tuple[object, ...], compute: Callable[[], 
     return memo[key]  # type: ignore[return-value]
 
 
-def _p2p(
-    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, groups: LayoutGroups
-) -> P2P:
-    """One pipeline send of a micro-batch's b*(s/cp)*h activations (or their gradients).
-
-    Sequence parallel: each TP rank holds and sends its s/tp tokens. Scatter/gather
-    (``plan.scatter_gather_p2p``, Narayanan et al. SC21 §4.1): each TP rank sends a 1/tp
-    slice and the receiver all-gathers the tensor over its TP group before using it; the
-    all-gather is the P2P's ``latency_s`` (it does not load the link between the stages).
-    Neither: every TP rank sends the whole tensor on its own link.
-    """
-    tokens = model.seq_length / plan.cp * plan.micro_batch_size
-    tensor_bytes = plan.precision.activation_bytes * tokens * model.hidden_size
-    split = plan.sequence_parallel or plan.scatter_gather_p2p
-    p2p_bytes = tensor_bytes / plan.tp if split else tensor_bytes
-    gather_s = 0.0
-    if plan.scatter_gather_p2p and not plan.sequence_parallel and plan.tp > 1:
-        gather_s = collective_time_s(
-            profile, collective="all_gather", message_bytes=tensor_bytes, span=groups.tp
-        )
-    link_s = p2p_time_s(profile, message_bytes=p2p_bytes, inter_node=groups.pp.num_nodes > 1)
-    return P2P(duration_s=link_s + gather_s, num_bytes=p2p_bytes, latency_s=gather_s)
-
-
 def _build(
     model: ModelSpec,
     plan: ParallelPlan,
@@ -352,7 +329,7 @@ def _build(
             layer_param_tensors(model, plan), plan=plan, profile=profile, groups=groups, **z3_bytes
         ),
     )
-    p2p = _p2p(model, plan, profile, groups)
+    p2p = pipeline_send(model, plan, profile, groups)
     # A stage's work depends on its index only through first/last and whether it sits on
     # rank 0 (embedding activations); a rank's only through first/last. Each kind is costed
     # once: O(1) costings per plan instead of O(pp * vpp), with bit-identical results.

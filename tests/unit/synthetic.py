@@ -3,6 +3,21 @@
 from __future__ import annotations
 
 from plansim.specs.hardware import CollectiveCurve, Curve, HardwareProfile
+from plansim.specs.model import Activation, ModelSpec
+
+#: A 4-layer, 64-wide GPT-style model small enough for by-hand oracles.
+TINY_MODEL = ModelSpec(
+    name="tiny",
+    num_layers=4,
+    hidden_size=64,
+    num_attention_heads=4,
+    num_query_groups=4,
+    ffn_hidden_size=256,
+    activation=Activation.GELU,
+    seq_length=32,
+    vocab_size=128,
+    tied_embeddings=False,
+)
 
 
 def round_profile(*, gpus_per_node: int = 8, hbm_gib: float = 80.0) -> HardwareProfile:

@@ -28,22 +28,10 @@ from plansim.errors import InputFileError, SpecError
 from plansim.io.profiles import load_profile, profile_from_dict, profile_to_dict, write_profile
 from plansim.specs.compute_terms import AttentionEfficiency
 from plansim.specs.hardware import Curve, HardwareProfile
-from plansim.specs.model import Activation, ModelSpec
 from plansim.specs.plan import AttentionKernel, ParallelPlan, Precision
-from tests.unit.synthetic import round_profile
+from tests.unit.synthetic import TINY_MODEL, round_profile
 
-MODEL = ModelSpec(
-    name="tiny",
-    num_layers=4,
-    hidden_size=64,
-    num_attention_heads=4,
-    num_query_groups=4,
-    ffn_hidden_size=256,
-    activation=Activation.GELU,
-    seq_length=32,
-    vocab_size=128,
-    tied_embeddings=False,
-)
+MODEL = TINY_MODEL
 PLAN = ParallelPlan(dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=1)
 CORE_GEMM_S = 2 * 16384 / 1000e9  # the two HBM-bound core GEMMs, forward
 CALL_FLOPS = 131072.0

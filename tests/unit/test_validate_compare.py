@@ -18,7 +18,6 @@ from plansim.errors import InputFileError
 from plansim.io.profiles import SCALAR_KEYS, load_profile, write_profile
 from plansim.sim import timeline as tl
 from plansim.specs.hardware import COLLECTIVES, CollectiveCurve, Curve, HardwareProfile
-from plansim.specs.model import Activation, ModelSpec
 from plansim.specs.plan import ParallelPlan, Schedule
 from plansim.validate.compare import (
     compare,
@@ -29,20 +28,9 @@ from plansim.validate.compare import (
 )
 from plansim.validate.refit import refit, waited_transfers_s
 from plansim.validate.result import MeasuredRun, ValidateError
-from tests.unit.synthetic import round_profile
+from tests.unit.synthetic import TINY_MODEL, round_profile
 
-MODEL = ModelSpec(
-    name="tiny",
-    num_layers=4,
-    hidden_size=64,
-    num_attention_heads=4,
-    num_query_groups=4,
-    ffn_hidden_size=256,
-    activation=Activation.GELU,
-    seq_length=32,
-    vocab_size=128,
-    tied_embeddings=False,
-)
+MODEL = TINY_MODEL
 PLAN = ParallelPlan(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=4)
 
 
