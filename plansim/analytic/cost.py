@@ -105,15 +105,17 @@ def _zero3_segments(
     bin_c = layer.backward_input_s + layer.tp_backward_s + layer.cp_backward_s
     bw_c = layer.backward_weight_s
     if plan.zero3_param_fetch is Zero3ParamFetch.LAYER_PREFETCH:
-        kw = {"slowdown": slowdown}
-        forward = edge.gather_s + exposed_gather_s(n, gather_s=g, compute_s=fwd_c, **kw)
-        gather_b = edge.gather_s + exposed_gather_s(n, gather_s=g, compute_s=rec_c + bin_c, **kw)
+        s = slowdown
+        forward = edge.gather_s + exposed_gather_s(n, gather_s=g, compute_s=fwd_c, slowdown=s)
+        gather_b = edge.gather_s + exposed_gather_s(
+            n, gather_s=g, compute_s=rec_c + bin_c, slowdown=s
+        )
         full_b = edge.gather_s + edge.scatter_s
         full_b += exposed_backward_s(
-            n, gather_s=g, scatter_s=r, compute_s=rec_c + bin_c + bw_c, **kw
+            n, gather_s=g, scatter_s=r, compute_s=rec_c + bin_c + bw_c, slowdown=s
         )
         scatter_b = full_b - gather_b
-        scatter_w = edge.scatter_s + exposed_gather_s(n, gather_s=r, compute_s=bw_c, **kw)
+        scatter_w = edge.scatter_s + exposed_gather_s(n, gather_s=r, compute_s=bw_c, slowdown=s)
         regather = 1
     else:  # per-tensor-sync: every collective serial, recompute gathers again
         forward = edge.gather_s + n * g

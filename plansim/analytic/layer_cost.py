@@ -280,6 +280,13 @@ def _grad_accumulation_s(model: ModelSpec, plan: ParallelPlan, profile: Hardware
     return local * (per_param.param + 2.0 * per_param.grad) / profile.streaming_bytes_per_s()
 
 
+def hidden_message_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
+    """Bytes of one micro-batch's b x (s/cp) x h activations on one rank, in the plan's
+    activation width: the message of the TP collectives and of a pipeline send."""
+    act = float(plan.precision.activation_bytes)
+    return act * model.seq_length / plan.cp * plan.micro_batch_size * model.hidden_size
+
+
 def _sp_wgrad_gather_s(
     model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, groups: LayoutGroups
 ) -> float:
@@ -290,8 +297,7 @@ def _sp_wgrad_gather_s(
     shares the GPU with it."""
     if plan.tp == 1 or not plan.sequence_parallel:
         return 0.0
-    act = float(plan.precision.activation_bytes)
-    message = act * model.seq_length / plan.cp * plan.micro_batch_size * model.hidden_size
+    message = hidden_message_bytes(model, plan)
     return 2.0 * collective_time_s(
         profile, collective="all_gather", message_bytes=message, span=groups.tp
     )
@@ -303,8 +309,7 @@ def _tp_layer_pass_s(
     """TP collectives of one layer in one pass (forward or backward), for s/cp tokens."""
     if plan.tp == 1:
         return 0.0
-    act = float(plan.precision.activation_bytes)
-    message = act * model.seq_length / plan.cp * plan.micro_batch_size * model.hidden_size
+    message = hidden_message_bytes(model, plan)
     if plan.sequence_parallel:
         ag = collective_time_s(
             profile, collective="all_gather", message_bytes=message, span=groups.tp

@@ -205,8 +205,7 @@ def ps_push(
     """The push of pipeline rank ``rank``'s gradients (``state_bytes_per_param().grad``
     bytes per parameter: the fp32 main gradients a ring would all-reduce)."""
     per_param = state_bytes_per_param(plan.precision).grad
-    message = rank_parameters(model, plan, rank=rank) * per_param
-    return ps_transfer(plan, profile, groups, message_bytes=message)
+    return _rank_transfer(model, plan, profile, groups, rank=rank, bytes_per_param=per_param)
 
 
 def ps_pull(
@@ -220,7 +219,20 @@ def ps_pull(
     """The pull of pipeline rank ``rank``'s updated 16-bit weights (``.param`` bytes per
     parameter, as the ZeRO-1 all-gather)."""
     per_param = state_bytes_per_param(plan.precision).param
-    message = rank_parameters(model, plan, rank=rank) * per_param
+    return _rank_transfer(model, plan, profile, groups, rank=rank, bytes_per_param=per_param)
+
+
+def _rank_transfer(
+    model: ModelSpec,
+    plan: ParallelPlan,
+    profile: HardwareProfile,
+    groups: LayoutGroups,
+    *,
+    rank: int,
+    bytes_per_param: float,
+) -> PsTraffic:
+    """:func:`ps_transfer` of pipeline rank ``rank``'s parameters at ``bytes_per_param``."""
+    message = rank_parameters(model, plan, rank=rank) * bytes_per_param
     return ps_transfer(plan, profile, groups, message_bytes=message)
 
 

@@ -8,6 +8,7 @@ the profile's send/recv and all-gather curves.
 from __future__ import annotations
 
 from plansim.analytic.comm import collective_time_s, p2p_time_s
+from plansim.analytic.layer_cost import hidden_message_bytes
 from plansim.analytic.ranks import LayoutGroups
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
@@ -26,8 +27,7 @@ def pipeline_send(
     all-gather is the P2P's ``latency_s`` (it does not load the link between the stages).
     Neither: every TP rank sends the whole tensor on its own link.
     """
-    tokens = model.seq_length / plan.cp * plan.micro_batch_size
-    tensor_bytes = plan.precision.activation_bytes * tokens * model.hidden_size
+    tensor_bytes = hidden_message_bytes(model, plan)
     split = plan.sequence_parallel or plan.scatter_gather_p2p
     p2p_bytes = tensor_bytes / plan.tp if split else tensor_bytes
     gather_s = 0.0

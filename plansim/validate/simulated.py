@@ -14,6 +14,7 @@ import dataclasses
 
 from plansim.analytic.comm import collective_time_s
 from plansim.analytic.cost import build_pipeline_work
+from plansim.analytic.layer_cost import hidden_message_bytes
 from plansim.analytic.ranks import layout_groups
 from plansim.errors import choice_error
 from plansim.planner.evaluate import Evaluation, Rejected, evaluate
@@ -169,13 +170,7 @@ def _with_tp_all_reduces(
 ) -> PipelineWork:
     """``work`` with ``extra`` more all-reduces per layer in each stage's backward TP segment."""
     groups = layout_groups(plan, gpus_per_node=profile.gpus_per_node)
-    message = (
-        plan.precision.activation_bytes
-        * plan.micro_batch_size
-        * model.seq_length
-        / plan.cp
-        * model.hidden_size
-    )
+    message = hidden_message_bytes(model, plan)
     one = collective_time_s(profile, collective="all_reduce", message_bytes=message, span=groups.tp)
     added_s = extra * one * (model.num_layers // plan.num_stages)
 

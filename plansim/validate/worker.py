@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import platform
 import time
@@ -252,7 +253,7 @@ def _train(
         history.losses.append(sum(mb_losses) / len(mb_losses) if mb_losses else None)
         if step >= num_warmup_steps:
             history.step_times_s.append(step_s)
-            if device == "cpu" and waited_s == waited_s:  # NaN: no schedstat here
+            if device == "cpu" and not math.isnan(waited_s):  # NaN: no schedstat here
                 history.run_queue_fractions.append(waited_s / step_s if step_s > 0 else 0.0)
             history.intervals.append(intervals)
     if device == "cuda":
