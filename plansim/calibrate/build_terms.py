@@ -16,7 +16,7 @@
   passes, clipped to [0, :data:`MAX_OVERLAP_FRACTION`]. From the raw rows (per rank), not the
   aggregated table.
 
-``table`` is :func:`plansim.calibrate.build.aggregate`'s: one row per item, ``time_s`` the
+``table`` is :func:`plansim.calibrate.aggregate.aggregate`'s: one row per item, ``time_s`` the
 median over ranks (ranks run concurrently) and passes.
 """
 

@@ -15,7 +15,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from plansim.calibrate.build import RunInfo, aggregate, build_update
+from plansim.calibrate.aggregate import aggregate
+from plansim.calibrate.build import RunInfo, build_update
 from plansim.calibrate.raw import frame, merge_raw, raw_path, read_raw, write_raw
 from plansim.cli import main
 from plansim.errors import InputFileError
