@@ -58,11 +58,11 @@ def layer_elementwise_traffic(
     TP rank (table in the module docstring)."""
     tokens = model.seq_length * micro_batch_size
     h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_size
-    rep_fwd, rep_bwd = 2 * 4.0 * h + 2 * 7.0 * h, 2 * (6.0 + 6.0) * h + 2 * (5.0 + 2.0) * h
+    rep_fwd, rep_bwd = _replicated_per_token(h)
     if model.activation is Activation.SWIGLU:
         sh_fwd, sh_bwd = 6.0 * f, 10.0 * f
     else:
-        sh_fwd, sh_bwd = 4.0 * f, 8.0 * f
+        sh_fwd, sh_bwd = _GELU_FWD * f, _GELU_BWD * f
     kernels = 5
     if model.position_embedding is PositionEmbedding.ROPE:
         sh_fwd += 4.0 * (h + kv)
@@ -78,6 +78,33 @@ def layer_elementwise_traffic(
         forward_bytes=tokens * (rep_fwd / rep_div + sh_fwd / tp),
         backward_bytes=tokens * (rep_bwd / rep_div + sh_bwd / tp),
         num_kernels=kernels,
+    )
+
+
+#: Bytes per FFN element of bias-GELU (16-bit), forward and backward (module table).
+_GELU_FWD, _GELU_BWD = 4.0, 8.0
+
+
+def _replicated_per_token(hidden: int) -> tuple[float, float]:
+    """Forward and backward 16-bit bytes per token of the TP-replicated kernels: two layer
+    norms, two bias-dropout-adds, two residual-gradient sums (module table)."""
+    h = float(hidden)
+    return 2 * 4.0 * h + 2 * 7.0 * h, 2 * (6.0 + 6.0) * h + 2 * (5.0 + 2.0) * h
+
+
+def gelu_layer_bytes(
+    *, tokens: int, hidden: int, ffn: int, element_bytes: float
+) -> tuple[float, float]:
+    """Forward and backward bytes of the memory-bound kernels of one GELU layer of ``tokens``
+    tokens on one rank (no TP, RoPE or unfused attention): ``tokens * (22h + 4f)`` and
+    ``tokens * (38h + 8f)`` for 16-bit elements (module table), scaled by
+    ``element_bytes / 2``. The bytes ``plansim calibrate`` credits its elementwise items with,
+    so that a measured rate applies to :func:`layer_elementwise_traffic` as it counts."""
+    rep_fwd, rep_bwd = _replicated_per_token(hidden)
+    width = element_bytes / 2.0
+    return (
+        width * tokens * (rep_fwd + _GELU_FWD * ffn),
+        width * tokens * (rep_bwd + _GELU_BWD * ffn),
     )
 
 

@@ -135,7 +135,8 @@ def layer_pass_times(
     Compute = GEMMs (:func:`gemm_time_s`) + attention core
     (``op_overheads.attention_core_times``: the profile's fused-attention curve when it has
     one for the dtype, else the two core GEMMs) + memory-bound kernels (their bytes scale with
-    the plan's activation width: 16-bit in ``elementwise``, fp32 moves twice as many), then
+    the plan's activation width: 16-bit in ``elementwise``, fp32 moves twice as many; moved
+    at the profile's measured elementwise rate, else its streaming bandwidth), then
     the host cost of the pass's eager ops (``op_overheads.with_host_s``; nothing when the
     profile has no ``host_overhead``). The backward's host cost is in ``backward_input_s``.
     """
@@ -166,8 +167,10 @@ def layer_pass_times(
     )
     hbm = profile.streaming_bytes_per_s()
     width = plan.precision.activation_bytes / 2.0
-    ew_fwd = width * traffic.forward_bytes / hbm + traffic.num_kernels * profile.kernel_launch_s
-    ew_bwd = width * traffic.backward_bytes / hbm + traffic.num_kernels * profile.kernel_launch_s
+    ew_fwd = width * traffic.forward_bytes / profile.elementwise_bytes_per_s(backward=False)
+    ew_bwd = width * traffic.backward_bytes / profile.elementwise_bytes_per_s(backward=True)
+    ew_fwd += traffic.num_kernels * profile.kernel_launch_s
+    ew_bwd += traffic.num_kernels * profile.kernel_launch_s
     ops = layer_ops(gemms, plan, num_kernels=traffic.num_kernels)
     forward_s = with_host_s(
         fwd_gemm + (core.forward_s - core_fwd) + ew_fwd, ops, profile, backward=False

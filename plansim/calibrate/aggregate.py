@@ -7,7 +7,23 @@ import pandas as pd
 
 from plansim.calibrate.plan import CPU_SHARE_OK
 
-_COMPUTE_KINDS = ("gemm", "attention", "stream", "launch", "host_op", "adam")
+_COMPUTE_KINDS = ("gemm", "attention", "stream", "launch", "host_op", "adam", "elementwise")
+#: Start of the note of a cache-flushed timing (``cold_timer.COLD_NOTE``; kept equal by a test,
+#: as this module does not import torch).
+COLD_NOTE = "each call timed alone after a cache-evicting write"
+
+
+def cache_note(rows: pd.DataFrame, kind: str) -> str:
+    """How the ``kind`` timings met the caches, for provenance: the cold-timing note of the
+    first such row (e.g. ``"each call ... write of 72 MiB"``), else ``"calls timed back to
+    back (operands stay cached)"`` (runs recorded before cold timing existed)."""
+    timed = rows[(rows["kind"] == kind) & (rows["status"] == "ok")]
+    notes = timed["note"].fillna("").astype(str)
+    for note in notes:
+        for part in note.split("; "):
+            if part.startswith(COLD_NOTE):
+                return part
+    return "calls timed back to back (operands stay cached)"
 
 
 def contention(rows: pd.DataFrame) -> tuple[int, int]:

@@ -4,8 +4,9 @@ Every rank runs every compute item at the same time as the others and times it i
 collectives run in groups of ranks 0..g-1. Before timing an item the ranks agree (all_reduce
 MAX over the world) on its warm-up time, so they take the same decisions (repetitions, skip)
 and stay in step. Timing: ``time.perf_counter`` around a loop of calls on CPU (ops are
-synchronous), CUDA events on a GPU. Each rank writes its rows to ``rank<r>.json`` in the run's
-work folder; :mod:`plansim.calibrate.runner` aggregates them.
+synchronous), CUDA events on a GPU; GEMM and attention calls one at a time, each after a
+cache-evicting write (:mod:`.cold_timer`). Each rank writes its rows to ``rank<r>.json`` in
+the run's work folder; :mod:`plansim.calibrate.runner` aggregates them.
 """
 
 from __future__ import annotations
@@ -25,10 +26,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from plansim.calibrate.bench_elementwise import elementwise_layer
 from plansim.calibrate.bench_host import host_op_chain
 from plansim.calibrate.bench_overlap import overlap_rows
+from plansim.calibrate.cold_timer import ColdTimer
 from plansim.calibrate.environment import environment, rss_bytes
 from plansim.calibrate.plan import CPU_SHARE_OK, Item, Plan
+
+#: Item kinds timed one call at a time with the caches evicted first (:mod:`.cold_timer`).
+COLD_KINDS = ("gemm", "attention")
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -87,6 +93,8 @@ class _Bench:
         self.too_slow: dict[str, float] = {}
         #: this rank's one-rank DeviceMesh for the DTensor host-op chain (built on first use).
         self.own_mesh: Any = None
+        #: GEMM and attention calls are timed one at a time with caches evicted (cold_timer).
+        self.cold = ColdTimer(device)
 
     # ------------------------------------------------------------------ timing
     def _time(self, fn: Fn, inner: int) -> float:
@@ -129,6 +137,8 @@ class _Bench:
             reason = f"a call this large of this {item.kind} dtype took over {timing.max_call_s} s"
             return self._note(item, "skipped", reason)
         member = item.kind != "collective" or self.rank < item.group_size
+        cold = item.kind in COLD_KINDS
+        timer = self.cold if cold else self._time
         fn: Fn | None = None
         estimate, note = 0.0, "failed on another rank"
         if member:
@@ -136,7 +146,7 @@ class _Bench:
                 fn = self._build(item)
                 for _ in range(max(1, timing.warmup)):
                     self._barrier(item)
-                    estimate = self._time(fn, 1)
+                    estimate = timer(fn, 1)
             except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
                 fn, estimate = None, math.inf
                 note = f"unsupported: {str(exc).splitlines()[0][:200]}"
@@ -147,35 +157,43 @@ class _Bench:
             self.too_slow[item.family] = min(item.work, self.too_slow.get(item.family, math.inf))
         if fn is None:
             return []
-        inner, reps = timing.repetitions(agreed)
+        inner, reps = timing.repetitions(agreed, cold=cold)
+        note = self.cold.note if cold else ""
         if self.device.type != "cpu" or not _busy(item):
-            samples, _ = self._repeat(item, fn, inner, reps)
-            return [self._row(item, samples, inner, math.nan)]
-        samples, share = self._repeat(item, fn, inner, reps)
+            samples, _ = self._repeat(item, fn, inner, reps, timer)
+            return [self._row(item, samples, inner, math.nan, note=note)]
+        samples, share = self._repeat(item, fn, inner, reps, timer)
         worst = -self._agree_max(-share)  # the least CPU any rank had (same on all ranks)
         best, attempts = (worst, samples, share), 1
         while worst < CPU_SHARE_OK and attempts <= timing.retries:
             time.sleep(0.5 * attempts)  # let the competing work pass
-            samples, share = self._repeat(item, fn, inner, reps)
+            samples, share = self._repeat(item, fn, inner, reps, timer)
             worst = -self._agree_max(-share)
             attempts += 1
             if worst > best[0]:
                 best = (worst, samples, share)
-        row = self._row(item, best[1], inner, best[2])
         if attempts > 1:
-            row["note"] = (
-                f"timed {attempts} times (a rank had < {CPU_SHARE_OK:.0%} of a core); kept "
-                f"the attempt whose least-CPU rank had {best[0]:.0%}"
+            note = "; ".join(
+                filter(
+                    None,
+                    (
+                        note,
+                        f"timed {attempts} times (a rank had < {CPU_SHARE_OK:.0%} of a core); "
+                        f"kept the attempt whose least-CPU rank had {best[0]:.0%}",
+                    ),
+                )
             )
-        return [row]
+        return [self._row(item, best[1], inner, best[2], note=note)]
 
-    def _repeat(self, item: Item, fn: Fn, inner: int, reps: int) -> tuple[list[float], float]:
+    def _repeat(
+        self, item: Item, fn: Fn, inner: int, reps: int, timer: Callable[[Fn, int], float]
+    ) -> tuple[list[float], float]:
         """``reps`` timed repetitions and this process's CPU time / wall time over them."""
         samples = []
         cpu_begin, wall_begin = time.process_time(), time.perf_counter()
         for _ in range(reps):
             self._barrier(item)
-            samples.append(self._time(fn, inner))
+            samples.append(timer(fn, inner))
         wall = time.perf_counter() - wall_begin
         return samples, (time.process_time() - cpu_begin) / wall if wall > 0 else math.nan
 
@@ -184,7 +202,7 @@ class _Bench:
             dist.barrier(group=self.groups[item.group_size])
 
     def _row(
-        self, item: Item, samples: list[float], inner: int, cpu_share: float
+        self, item: Item, samples: list[float], inner: int, cpu_share: float, *, note: str = ""
     ) -> dict[str, Any]:
         """One timing row; ``cpu_share`` is this process's CPU time / wall time while timing
         (compute on a CPU device: below 1 when the rank waited for a core, i.e. other work
@@ -199,7 +217,7 @@ class _Bench:
             "min_s": min(samples),
             "max_s": max(samples),
             "cpu_share": cpu_share,
-            "note": "",
+            "note": note,
         }
 
     def _note(self, item: Item, status: str, note: str) -> list[dict[str, Any]]:
@@ -263,6 +281,9 @@ class _Bench:
             "launch": self._launch,
             "host_op": self._host_op,
             "adam": self._adam,
+            "elementwise": lambda i: elementwise_layer(
+                i.shape, dtype=DTYPES[i.dtype], device=self.device, backward=i.op != "layer_fwd"
+            ),
             "copy": self._copy,
             "collective": self._collective,
         }

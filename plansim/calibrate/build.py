@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from plansim.calibrate.aggregate import aggregate, contention
+from plansim.calibrate.aggregate import aggregate, cache_note, contention
+from plansim.calibrate.build_elementwise import elementwise_term
 from plansim.calibrate.build_terms import attention_terms, host_overhead_term, overlap_term
 from plansim.calibrate.fit import CollectiveFit, fit_collective, fit_efficiency
 from plansim.calibrate.plan import CPU_SHARE_OK
@@ -143,6 +144,7 @@ def build_update(
             if contended
             else f"; every compute timing ({timed}) had >= {CPU_SHARE_OK:.0%} of a core"
         )
+    parts.gemm_cache_note = cache_note(rows, "gemm")
     _compute(parts, table, info, base)
     _memory_bound(parts, table, info)
     _capacity(parts, rows, info)
@@ -184,6 +186,7 @@ class _Parts:
     provenance: dict[str, str] = field(default_factory=dict)
     summary: list[tuple[str, str]] = field(default_factory=list)
     compute_note: str = ""
+    gemm_cache_note: str = ""
     host: dict[str, float] = field(default_factory=dict)
     attention: dict[str, AttentionEfficiency] = field(default_factory=dict)
     host_overhead: HostOverhead | None = None
@@ -211,7 +214,7 @@ def _compute(
             f"{source}; {len(gemms)} GEMMs (transformer QKV, attention-out, MLP up/down, "
             f"logits), {fitted.min_work:.3g}-{fitted.max_work:.3g} FLOPs; median rate per "
             f"FLOPs octave / peak {peak / 1e12:.4g} TFLOP/s; ranks concurrent, median over "
-            f"ranks and {int(gemms['passes'].max())} passes"
+            f"ranks and {int(gemms['passes'].max())} passes; {parts.gemm_cache_note}"
         )
         parts.summary.append((f"GEMM {dtype} best", f"{measured.best_per_s / 1e9:.4g} GFLOP/s"))
     attention = table[table["kind"] == "attention"]
@@ -334,12 +337,19 @@ def _compute_terms(
     ``rows``: per rank) (:mod:`.build_terms`)."""
     source = info.source() + parts.compute_note
     peaks = {**(base.peak_flops_per_s if base else {}), **parts.peaks}
-    attention = attention_terms(table, source=source, peaks=peaks)
+    attention = attention_terms(
+        table, source=f"{source}; {cache_note(rows, 'attention')}", peaks=peaks
+    )
     host = host_overhead_term(table, source=source, serial=info.device != "cuda")
     overlap = overlap_term(rows, source=source)
-    for terms in (attention, host, overlap):
+    stream = parts.scalars.get("hbm_bytes_per_s", 0.0) * parts.scalars.get(
+        "hbm_efficiency_fraction", 1.0
+    )
+    elementwise = elementwise_term(table, source=source, streaming_bytes_per_s=stream)
+    for terms in (attention, host, overlap, elementwise):
         parts.provenance.update(terms.provenance)
         parts.summary.extend(terms.summary)
+        parts.scalars.update(terms.scalars)
     if overlap.overlap_compute_slowdown_fraction is not None:
         parts.scalars["overlap_compute_slowdown_fraction"] = (
             overlap.overlap_compute_slowdown_fraction

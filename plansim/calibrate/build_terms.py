@@ -43,6 +43,8 @@ class Terms:
     attention: dict[str, AttentionEfficiency] = field(default_factory=dict)
     host_overhead: HostOverhead | None = None
     overlap_compute_slowdown_fraction: float | None = None
+    #: optional HardwareProfile scalars (SI) this builder measured.
+    scalars: dict[str, float] = field(default_factory=dict)
     provenance: dict[str, str] = field(default_factory=dict)
     summary: list[tuple[str, str]] = field(default_factory=list)
 

@@ -16,6 +16,9 @@ CPU core with one thread), so the rates include the contention a data-parallel j
   dispatch and autograd bookkeeping); the same chain with its linears tensor-parallel
   (DTensor ``ColwiseParallel``/``RowwiseParallel`` on a one-rank mesh: the DTensor
   dispatch without communication).
+* Elementwise: the non-GEMM kernels of a GELU layer (two layer norms, two residual adds, the
+  GELU; backward by autograd) forward, and forward + backward, at :data:`ELEMENTWISE_SHAPES`
+  (``plansim.calibrate.bench_elementwise``); the profile's ``elementwise_*_gb_per_s``.
 * Streaming kernels (STREAM copy/scale/add/triad) on tensors larger than a CPU's last-level
   cache, per-op overhead (a 1-element add), a host Adam step (``torch.optim.Adam``), and on a
   GPU pinned host<->device copies.
@@ -35,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from plansim.analytic.elementwise import gelu_layer_bytes
 from plansim.specs.hardware import COLLECTIVES
 
 #: dtypes measured for GEMMs and attention; fp8 only where the device has it.
@@ -48,6 +52,13 @@ GEMM_OPS = ("qkv", "attn_out", "mlp_up", "mlp_down", "logits")
 CHAIN_OPS = 64
 #: Host-overhead chain items: plain and tensor-parallel (DTensor), forward and forward+backward.
 HOST_OP_OPS = ("chain_fwd", "chain_fwd_bwd", "dtensor_chain_fwd", "dtensor_chain_fwd_bwd")
+#: Elementwise items: a GELU layer's non-GEMM kernels, forward and forward + backward.
+ELEMENTWISE_OPS = ("layer_fwd", "layer_fwd_bwd")
+#: Their (tokens, hidden) shapes and dtype per device: training's activation dtype.
+ELEMENTWISE_SHAPES = {
+    "cpu": (((256, 256), (512, 512), (1024, 1024)), "fp32"),
+    "cuda": (((2048, 2048), (4096, 4096), (8192, 8192)), "bf16"),
+}
 #: Overlap item per device: (GEMM (m, n, k), dtype, all_reduce message bytes). CPU: a 512^3
 #: fp32 GEMM (~3 ms at 100 GFLOP/s on one core) and 4 MiB (~4 ms at gloo's ~1 GB/s on one
 #: host); GPU: an 8192^3 bf16 GEMM (~1.5 ms at 750 TFLOP/s) and 256 MiB (~1 ms at NVLink's
@@ -111,6 +122,10 @@ class Item:
         return f"{self.kind}/{self.op if self.kind == 'attention' else ''}/{self.dtype}"
 
 
+#: Most timed repetitions of a cold (cache-flushed) call: the median of 15 single calls.
+MAX_COLD_REPS = 15
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Timing:
     """How each item is timed.
@@ -135,8 +150,16 @@ class Timing:
     max_call_s: float
     retries: int = 0
 
-    def repetitions(self, call_s: float) -> tuple[int, int]:
-        """(inner calls per repetition, repetitions) for a call of ``call_s`` seconds."""
+    def repetitions(self, call_s: float, *, cold: bool = False) -> tuple[int, int]:
+        """(inner calls per repetition, repetitions) for a call of ``call_s`` seconds.
+
+        ``cold``: each call is timed alone after a cache flush (:mod:`.cold_timer`), so a
+        repetition is one call and there are at most :data:`MAX_COLD_REPS` of them (each flush
+        costs a write of twice the largest cache).
+        """
+        if cold:
+            reps = int(self.target_s / max(call_s, 1e-9))
+            return 1, max(self.min_reps, min(self.max_reps, MAX_COLD_REPS, reps))
         inner = max(1, min(10_000, int(self.min_rep_s / max(call_s, 1e-9)) + 1))
         rep_s = max(call_s * inner, 1e-9)
         reps = int(self.target_s / rep_s)
@@ -250,6 +273,28 @@ def _host_op_items() -> list[Item]:
     ]
 
 
+def _elementwise_items(dtype: str, configs: tuple[tuple[int, int], ...]) -> list[Item]:
+    """A GELU layer's non-GEMM kernels (``layer_fwd``, ``layer_fwd_bwd``) per (tokens,
+    hidden), FFN 4h; work = the bytes ``analytic.elementwise.gelu_layer_bytes`` counts."""
+    items: list[Item] = []
+    for op in ELEMENTWISE_OPS:
+        for tokens, hidden in configs:
+            fwd, bwd = gelu_layer_bytes(
+                tokens=tokens, hidden=hidden, ffn=4 * hidden, element_bytes=DTYPE_BYTES[dtype]
+            )
+            items.append(
+                Item(
+                    kind="elementwise",
+                    op=op,
+                    dtype=dtype,
+                    shape=(tokens, hidden),
+                    work=fwd if op == "layer_fwd" else fwd + bwd,
+                    work_unit="byte",
+                )
+            )
+    return items
+
+
 def _copy_items(sizes: tuple[int, ...]) -> list[Item]:
     return [
         Item(kind="copy", op=op, dtype="", shape=(s,), work=float(s), work_unit="byte")
@@ -323,6 +368,7 @@ def build_plan(*, nproc: int, device: str, quick: bool, fp8: bool = False) -> Pl
     gpu = device == "cuda"
     configs: tuple[tuple[int, int], ...]
     messages: tuple[int, ...]
+    ew_configs, ew_dtype = ELEMENTWISE_SHAPES["cuda" if gpu else "cpu"]
     if quick:
         configs = ((64, 64), (128, 128), (256, 256), (512, 512), (1024, 1024))
         if gpu:
@@ -330,6 +376,7 @@ def build_plan(*, nproc: int, device: str, quick: bool, fp8: bool = False) -> Pl
         others = _attention_items(("fp32", "bf16"), (256, 1024), heads=4)
         others += _memory_items(("copy", "add"), (1 << 24,), (1 << 20,))
         others += _host_op_items()
+        others += _elementwise_items(ew_dtype, ew_configs[:1])
         messages = (64, 1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22, 1 << 23, 1 << 24, 1 << 25)
     else:
         configs = ((64, 64), (128, 128), (256, 256), (512, 512), (1024, 1024), (2048, 2048))
@@ -341,6 +388,7 @@ def build_plan(*, nproc: int, device: str, quick: bool, fp8: bool = False) -> Pl
             tuple(STREAM_ACCESSES), (1 << 22, 1 << 24, 1 << 26), (1 << 20, 1 << 23)
         )
         others += _host_op_items()
+        others += _elementwise_items(ew_dtype, ew_configs)
         messages = tuple(1 << e for e in range(6, 28, 1))
     if nproc > 1:
         others.append(overlap_item(device, nproc=nproc))

@@ -77,6 +77,8 @@ TOP_LEVEL_KEYS = (
     "nic_latency_us",
     "pcie_gb_per_s",
     "overlap_compute_slowdown_fraction",
+    "elementwise_forward_gb_per_s",
+    "elementwise_backward_gb_per_s",
     "host",
     "provenance",
 )
@@ -86,6 +88,8 @@ OPTIONAL_TOP_LEVEL_KEYS = (
     "attention_efficiency",
     "host_overhead",
     "overlap_compute_slowdown_fraction",
+    "elementwise_forward_gb_per_s",
+    "elementwise_backward_gb_per_s",
 )
 #: Optional top-level numbers (absent: the field's default).
 OPTIONAL_SCALARS = (
@@ -94,6 +98,18 @@ OPTIONAL_SCALARS = (
         "overlap_compute_slowdown_fraction",
         _identity,
         _identity,
+    ),
+    _Scalar(
+        "elementwise_forward_gb_per_s",
+        "elementwise_forward_bytes_per_s",
+        gb_per_s_to_bytes_per_s,
+        bytes_per_s_to_gb_per_s,
+    ),
+    _Scalar(
+        "elementwise_backward_gb_per_s",
+        "elementwise_backward_bytes_per_s",
+        gb_per_s_to_bytes_per_s,
+        bytes_per_s_to_gb_per_s,
     ),
 )
 #: The optional ``host:`` section (ZeRO-Offload / ZeRO-Infinity): YAML key <->

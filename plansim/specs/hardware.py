@@ -202,6 +202,12 @@ class HardwareProfile:
             runs beside it on the same GPU (the communication kernels take SMs and HBM
             bandwidth): 0.189 = 18.9% longer. 0 (the default, and a profile without the key):
             overlapped compute runs at full speed.
+        elementwise_forward_bytes_per_s, elementwise_backward_bytes_per_s: measured rate at
+            which a layer's memory-bound kernels (layer norms, residual adds, GELU) move the
+            bytes ``plansim.analytic.elementwise`` counts for them, forward and backward
+            (``plansim calibrate``: a CPU's GELU is compute-bound, so it runs well below
+            the streaming bandwidth). 0 (the default, a profile without the keys): the
+            streaming bandwidth (:meth:`streaming_bytes_per_s`).
     """
 
     name: str
@@ -223,6 +229,8 @@ class HardwareProfile:
     attention_efficiency: Mapping[str, AttentionEfficiency] = field(default_factory=dict)
     host_overhead: HostOverhead | None = None
     overlap_compute_slowdown_fraction: float = 0.0
+    elementwise_forward_bytes_per_s: float = 0.0
+    elementwise_backward_bytes_per_s: float = 0.0
 
     def __post_init__(self) -> None:
         require_positive_int(f"{self.name}.gpus_per_node", self.gpus_per_node)
@@ -244,6 +252,9 @@ class HardwareProfile:
                 f"{self.name}.overlap_compute_slowdown_fraction must be in [0, 1), "
                 f"got {self.overlap_compute_slowdown_fraction}"
             )
+        for key in ("elementwise_forward_bytes_per_s", "elementwise_backward_bytes_per_s"):
+            if not getattr(self, key) >= 0:
+                raise SpecError(f"{self.name}.{key} must be >= 0, got {getattr(self, key)}")
         if self.memory_reserve_bytes < 0 or self.memory_reserve_bytes >= self.hbm_capacity_bytes:
             raise SpecError(
                 f"{self.name}.memory_reserve_bytes({self.memory_reserve_bytes}) must be in "
@@ -302,3 +313,13 @@ class HardwareProfile:
     def streaming_bytes_per_s(self) -> float:
         """Achievable HBM bandwidth for memory-bound elementwise kernels."""
         return self.hbm_bytes_per_s * self.hbm_efficiency_fraction
+
+    def elementwise_bytes_per_s(self, *, backward: bool) -> float:
+        """Rate of a layer's memory-bound kernels, forward or ``backward``: the measured one
+        (``elementwise_*_bytes_per_s``), else :meth:`streaming_bytes_per_s`."""
+        measured = (
+            self.elementwise_backward_bytes_per_s
+            if backward
+            else self.elementwise_forward_bytes_per_s
+        )
+        return measured or self.streaming_bytes_per_s()

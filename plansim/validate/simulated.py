@@ -11,6 +11,7 @@ DTensor's over the validate model's separate projections (:func:`dtensor_backwar
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from plansim.analytic.comm import collective_time_s
 from plansim.analytic.cost import build_pipeline_work
@@ -23,13 +24,16 @@ from plansim.sim import timeline as tl
 from plansim.sim.engine import simulate
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan, Precision
+from plansim.specs.plan import ParallelPlan, Precision, Recompute
 from plansim.specs.work import PipelineWork, Segment
+from plansim.validate.eager_layer import LayerExtra, eager_layer_extra
 from plansim.validate.result import ValidateError
 
 
 def run_plan(plan: ParallelPlan, profile: HardwareProfile, *, dtype: str) -> ParallelPlan:
-    """``plan`` with the precision the run executes in: ``dtype`` (``fp32`` on the CPU).
+    """``plan`` as the run executes it: in ``dtype`` (``fp32`` on the CPU), and without
+    gradient-accumulation fusion (autograd's ``AccumulateGrad`` adds each micro-batch's weight
+    gradients into ``.grad`` in a separate kernel).
 
     Raises:
         ValidateError: ``dtype`` is not a precision plansim models, or ``profile`` has no
@@ -45,7 +49,7 @@ def run_plan(plan: ParallelPlan, profile: HardwareProfile, *, dtype: str) -> Par
             f"profile {profile.name} has no matmul data for the run's dtype {dtype!r}; "
             f"has: {', '.join(profile.dtypes())}"
         )
-    return plan if plan.precision is precision else dataclasses.replace(plan, precision=precision)
+    return dataclasses.replace(plan, precision=precision, gradient_accumulation_fusion=False)
 
 
 def simulation_profile(profile: HardwareProfile, *, dtype: str, precision: str) -> HardwareProfile:
@@ -94,9 +98,11 @@ def simulate_plan(
             f"{outcome.category}: {outcome.reason}"
         )
     extra = dtensor_backward_all_reduces(model, executed) - MEGATRON_BACKWARD_ALL_REDUCES
-    if not outcome.result.timeline[tl.STREAM].eq("pp_send").any() and extra == 0:
+    layer = eager_layer_extra(model, executed, profile)
+    sends = outcome.result.timeline[tl.STREAM].eq("pp_send").any()
+    if not sends and extra == 0 and layer.forward_s == 0 and layer.backward_s == 0:
         return outcome
-    return _resimulated(outcome, model, profile, extra_all_reduces=extra)
+    return _resimulated(outcome, model, profile, extra_all_reduces=extra, layer=layer)
 
 
 #: TP all-reduces of one layer's backward in Megatron-LM (Shoeybi et al. 2019 §3: the ``f``
@@ -125,11 +131,18 @@ def dtensor_backward_all_reduces(model: ModelSpec, plan: ParallelPlan) -> int:
 
 
 def _resimulated(
-    ev: Evaluation, model: ModelSpec, profile: HardwareProfile, *, extra_all_reduces: int
+    ev: Evaluation,
+    model: ModelSpec,
+    profile: HardwareProfile,
+    *,
+    extra_all_reduces: int,
+    layer: LayerExtra,
 ) -> Evaluation:
-    """``ev`` re-simulated as torch runs it: asynchronous pipeline sends, and
+    """``ev`` re-simulated as torch runs it: asynchronous pipeline sends,
     ``extra_all_reduces`` more TP all-reduces per layer in backward (DTensor,
-    :func:`dtensor_backward_all_reduces`).
+    :func:`dtensor_backward_all_reduces`), and each layer's eager extra (``layer``,
+    :func:`.eager_layer.eager_layer_extra`) added to the stage's forward and backward
+    compute (and to the recompute under full recomputation).
 
     ``torch.distributed.pipelining`` posts each send with ``isend`` (``_batch_p2p``) and
     waits for the sends only later in the step, so the sender goes straight on; the
@@ -143,6 +156,7 @@ def _resimulated(
     work = dataclasses.replace(build_pipeline_work(model, plan, profile), blocking_p2p=False)
     if extra_all_reduces:
         work = _with_tp_all_reduces(work, model, plan, profile, extra_all_reduces)
+    work = _with_layer_extra(work, plan, layer, layers=model.num_layers // plan.num_stages)
     actions = build_actions(
         plan.schedule, num_ranks=plan.pp, num_microbatches=plan.num_microbatches, vpp=plan.vpp
     )
@@ -161,6 +175,33 @@ def _resimulated(
     )
 
 
+def _with_layer_extra(
+    work: PipelineWork, plan: ParallelPlan, layer: LayerExtra, *, layers: int
+) -> PipelineWork:
+    """``work`` with ``layers`` x the layer extra on the first compute segment of each
+    stage's forward and backward (and input-gradient backward)."""
+    forward_s = layers * layer.forward_s
+    backward_s = layers * layer.backward_s
+    if plan.recompute is Recompute.FULL:
+        backward_s += forward_s
+    if forward_s == 0 and backward_s == 0:
+        return work
+
+    def compute(seg: Segment) -> bool:
+        return seg.stream == "compute"
+
+    stages = tuple(
+        dataclasses.replace(
+            st,
+            forward=_lengthen_first(st.forward, forward_s, compute),
+            backward=_lengthen_first(st.backward, backward_s, compute),
+            backward_input=_lengthen_first(st.backward_input, backward_s, compute),
+        )
+        for st in work.stages
+    )
+    return dataclasses.replace(work, stages=stages)
+
+
 def _with_tp_all_reduces(
     work: PipelineWork,
     model: ModelSpec,
@@ -174,19 +215,29 @@ def _with_tp_all_reduces(
     one = collective_time_s(profile, collective="all_reduce", message_bytes=message, span=groups.tp)
     added_s = extra * one * (model.num_layers // plan.num_stages)
 
-    def lengthen(segments: tuple[Segment, ...]) -> tuple[Segment, ...]:
-        out, done = [], False
-        for seg in segments:
-            if seg.kind == "tp_comm" and not done:
-                seg = dataclasses.replace(seg, duration_s=seg.duration_s + added_s)
-                done = True
-            out.append(seg)
-        return tuple(out)
+    def tp(seg: Segment) -> bool:
+        return seg.kind == "tp_comm"
 
     stages = tuple(
         dataclasses.replace(
-            st, backward=lengthen(st.backward), backward_input=lengthen(st.backward_input)
+            st,
+            backward=_lengthen_first(st.backward, added_s, tp),
+            backward_input=_lengthen_first(st.backward_input, added_s, tp),
         )
         for st in work.stages
     )
     return dataclasses.replace(work, stages=stages)
+
+
+def _lengthen_first(
+    segments: tuple[Segment, ...], added_s: float, match: Callable[[Segment], bool]
+) -> tuple[Segment, ...]:
+    """``segments`` with ``added_s`` more on the first one ``match`` accepts (unchanged when
+    none does)."""
+    out, done = [], False
+    for seg in segments:
+        if not done and match(seg):
+            seg = dataclasses.replace(seg, duration_s=seg.duration_s + added_s)
+            done = True
+        out.append(seg)
+    return tuple(out)

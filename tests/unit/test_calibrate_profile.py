@@ -197,6 +197,21 @@ def test_compute_timings_without_a_whole_core_are_counted_and_cited() -> None:
     assert "compute timings" not in profile.provenance["intra_node.all_reduce"]
 
 
+def test_provenance_says_how_gemms_met_the_caches() -> None:
+    _, profile = _built_profile()
+    assert (
+        "calls timed back to back (operands stay cached)"
+        in (profile.provenance["matmul_efficiency.fp32"])
+    )
+    rows = synthetic_rows()
+    cold = "each call timed alone after a cache-evicting write of 72 MiB"
+    for row in rows:
+        if row["kind"] in ("gemm", "attention") and row["status"] == "ok":
+            row["note"] = cold
+    _, profile = _built_profile(rows)
+    assert profile.provenance["matmul_efficiency.fp32"].endswith(cold)
+
+
 def test_datasheet_peak_of_the_base_is_kept_and_fractions_follow_it() -> None:
     base = load_profile("h100-sxm5-80gb")
     table = frame(synthetic_rows(dtypes=("bf16",), collectives=()), run_id="r")

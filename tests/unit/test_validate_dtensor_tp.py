@@ -30,7 +30,8 @@ def test_backward_all_reduces_per_layer() -> None:
 
 def test_simulated_tp_plan_pays_the_extra_all_reduces() -> None:
     profile = round_profile()
-    plain = evaluate(GPT, PLAN, profile)
+    # as the run executes it: autograd accumulates gradients unfused (simulated.run_plan)
+    plain = evaluate(GPT, dataclasses.replace(PLAN, gradient_accumulation_fusion=False), profile)
     assert isinstance(plain, Evaluation)
     got = simulate_plan(GPT, PLAN, profile, dtype="bf16")
     # 2 more all-reduces per layer (4 vs Megatron's 2) of b*s*h bf16 activation gradients,
