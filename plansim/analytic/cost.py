@@ -117,11 +117,11 @@ def _zero3_segments(
         scatter_b = full_b - gather_b
         scatter_w = edge.scatter_s + exposed_gather_s(n, gather_s=r, compute_s=bw_c, slowdown=s)
         regather = 1
-    else:  # per-tensor-sync: every collective serial, recompute gathers again
+    else:  # layer-sync / per-tensor-sync: every collective serial
+        regather = 2 if full and plan.zero3_param_fetch is Zero3ParamFetch.PER_TENSOR_SYNC else 1
         forward = edge.gather_s + n * g
-        gather_b = edge.gather_s + n * g * (2 if full else 1)
+        gather_b = edge.gather_s + n * g * regather
         scatter_b = scatter_w = edge.scatter_s + n * r
-        regather = 2 if full else 1
     gather_bytes = edge.gather_bytes + n * unit.gather_bytes
     scatter_bytes = edge.scatter_bytes + n * unit.scatter_bytes
     return {

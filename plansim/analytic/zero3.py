@@ -26,6 +26,13 @@ fetches parameters (``plan.zero3_param_fetch``):
   The edge parameters (embedding, final norm, output layer) are one more unit, gathered
   before the stage's first layer (exposed).
 
+* ``layer-sync`` (FSDP without prefetch; FSDP2 on a CPU device, where nothing runs ahead of
+  the one thread that computes): one collective of the whole unit each way, as
+  ``layer-prefetch``, but each one waited for where it is issued, so every gather and
+  reduce-scatter is on the critical path: n (g + r) per micro-batch (plus g for the
+  forward). Gathered once per backward: FSDP's pre-backward unshard also serves the
+  recompute.
+
 * ``per-tensor-sync`` (DeepSpeed ZeRO-3 as of 2021, v0.3.x
   ``deepspeed/runtime/zero/partition_parameters.py``): one collective per parameter tensor
   (``_allgather_param``: ``torch.cuda.synchronize()`` and then ``torch.distributed.all_gather``
@@ -33,9 +40,11 @@ fetches parameters (``plan.zero3_param_fetch``):
   of dp * cp views), so nothing overlaps compute. With list arguments PyTorch's NCCL process
   group copies each of the n chunks separately (``ProcessGroupNCCL::allgather`` /
   ``reduce_scatter`` flatten and unflatten one tensor per rank): n small copy kernels per
-  collective, each priced at the profile's ``kernel_launch_s``. Every term is serial:
+  collective, each priced at the profile's ``kernel_launch_s``, together moving the tensor
+  once through memory (read + write its bytes at the streaming bandwidth). Every term is
+  serial:
 
-      per tensor = collective_time_s(bytes) + n * kernel_launch_s
+      per tensor = collective_time_s(bytes) + n * kernel_launch_s + 2 * bytes / streaming
 
   which grows linearly with the data-parallel size through both the copies and NCCL's ring
   latency (``plansim.analytic.comm``): the mechanism behind the ZeRO-3 rows of Narayanan
@@ -135,34 +144,61 @@ def unit_traffic(
 ) -> Zero3Traffic:
     """ZeRO-3 traffic of one unit made of parameter ``tensors`` (elements per TP rank).
 
-    ``layer-prefetch``: one collective of the whole unit each way. ``per-tensor-sync``: one
+    ``layer-prefetch`` and ``layer-sync``: one collective of the whole unit each way, plus
+    its flat-buffer copies at the streaming bandwidth (:func:`flat_copy_bytes`).
+    ``per-tensor-sync``: one
     collective per tensor plus dp * cp chunk copies each (module docstring). Zero with
     ZeRO < 3, no data parallelism or no tensors.
     """
     if plan.zero_stage != 3 or dp_cp_size(plan) == 1 or not tensors:
         return NO_TRAFFIC
     span = groups.dp_cp
-    if plan.zero3_param_fetch is Zero3ParamFetch.LAYER_PREFETCH:
-        units: tuple[float, ...] = (sum(tensors),)
-        copies_s = 0.0
-    else:
-        units = tensors
-        copies_s = span.size * profile.kernel_launch_s
+    total = sum(tensors)
+    stream = profile.streaming_bytes_per_s()
+    per_tensor = plan.zero3_param_fetch is Zero3ParamFetch.PER_TENSOR_SYNC
+    units: tuple[float, ...] = tensors if per_tensor else (total,)
     gather = scatter = 0.0
     for numel in units:
-        gather += copies_s + collective_time_s(
+        if per_tensor:  # dp * cp chunk copies out of / into the flat NCCL buffer
+            launches_s = span.size * profile.kernel_launch_s
+            gather_copy_s = launches_s + 2.0 * numel * param_bytes / stream
+            scatter_copy_s = launches_s + 2.0 * numel * grad_bytes / stream
+        else:
+            gather_bytes, scatter_bytes = flat_copy_bytes(
+                numel, shards=span.size, param_bytes=param_bytes, grad_bytes=grad_bytes
+            )
+            gather_copy_s, scatter_copy_s = gather_bytes / stream, scatter_bytes / stream
+        gather += gather_copy_s + collective_time_s(
             profile, collective="all_gather", message_bytes=numel * param_bytes, span=span
         )
-        scatter += copies_s + collective_time_s(
+        scatter += scatter_copy_s + collective_time_s(
             profile, collective="reduce_scatter", message_bytes=numel * grad_bytes, span=span
         )
-    total = sum(tensors)
     return Zero3Traffic(
         gather_s=gather,
         scatter_s=scatter,
         gather_bytes=total * param_bytes,
         scatter_bytes=total * grad_bytes,
     )
+
+
+def flat_copy_bytes(
+    numel: float, *, shards: int, param_bytes: float, grad_bytes: float
+) -> tuple[float, float]:
+    """Memory traffic (bytes) of the flat-buffer copies around one unit's collectives:
+    (all-gather, reduce-scatter).
+
+    All-gather: the rank's shard is copied into the flat send buffer (read + write numel /
+    shards) and the gathered buffer out into the unit's parameters (read + write numel).
+    Reduce-scatter: the unsharded gradients are copied into the flat send buffer (read + write
+    numel) and the reduced shard is divided by the group size in place (read + write
+    numel / shards). As PyTorch FSDP2 does them (``torch.distributed.fsdp`` fully_shard:
+    ``all_gather_copy_in``, ``split_with_sizes_copy`` copy-out, ``chunk_cat``, ``div_``;
+    seen as ``fsdp::all_gather_copy_in``, ``aten::copy_``, ``aten::cat`` and ``aten::div_``
+    in torch.profiler on a dp2 ZeRO-3 run)."""
+    gather = param_bytes * 2.0 * (numel / shards + numel)
+    scatter = grad_bytes * 2.0 * (numel + numel / shards)
+    return gather, scatter
 
 
 def overlapped_excess_s(comm_s: float, compute_s: float, slowdown: float) -> float:

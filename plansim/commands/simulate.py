@@ -89,7 +89,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         choices=[f.value for f in Zero3ParamFetch],
         default=Zero3ParamFetch.LAYER_PREFETCH.value,
         help="ZeRO-3: one prefetched all-gather per layer overlapped with compute (FSDP; "
-        "default), or one synchronous collective per parameter tensor (DeepSpeed 2021)",
+        "default), one synchronous collective per parameter tensor (DeepSpeed 2021), or one "
+        "synchronous collective per layer (FSDP without prefetch, e.g. on a CPU device)",
     )
     p.add_argument("--format", choices=["table", "json"], default="table")
     out = p.add_argument_group("outputs (written only when the plan fits)")

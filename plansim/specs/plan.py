@@ -297,8 +297,8 @@ class ParallelPlan:
             parts.append(f"offload-opt-{self.offload_optimizer.value}")
         if self.offload_param is not OffloadDevice.NONE:
             parts.append(f"offload-param-{self.offload_param.value}")
-        if self.zero_stage == 3 and self.zero3_param_fetch is Zero3ParamFetch.PER_TENSOR_SYNC:
-            parts.append("zero3-per-tensor-sync")
+        if self.zero_stage == 3 and self.zero3_param_fetch is not Zero3ParamFetch.LAYER_PREFETCH:
+            parts.append(f"zero3-{self.zero3_param_fetch.value}")
         return " ".join(parts)
 
 

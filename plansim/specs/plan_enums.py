@@ -53,10 +53,13 @@ class AttentionKernel(enum.Enum):
 class Zero3ParamFetch(enum.Enum):
     """How ZeRO-3 gathers parameters (``plansim.analytic.zero3``): one prefetched all-gather
     per layer overlapped with compute (PyTorch FSDP, Zhao et al. VLDB 2023; DeepSpeed since
-    2022), or one synchronous collective per parameter tensor (DeepSpeed ZeRO-3 in 2021)."""
+    2022), one synchronous collective per parameter tensor (DeepSpeed ZeRO-3 in 2021), or one
+    collective per layer waited for before the layer runs (FSDP without prefetch: e.g.
+    FSDP2 on a CPU device, which has no side streams to run ahead on)."""
 
     LAYER_PREFETCH = "layer-prefetch"
     PER_TENSOR_SYNC = "per-tensor-sync"
+    LAYER_SYNC = "layer-sync"
 
 
 class Schedule(enum.Enum):

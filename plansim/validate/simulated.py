@@ -24,7 +24,7 @@ from plansim.sim import timeline as tl
 from plansim.sim.engine import simulate
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan, Precision, Recompute
+from plansim.specs.plan import ParallelPlan, Precision, Recompute, Zero3ParamFetch
 from plansim.specs.work import PipelineWork, Segment
 from plansim.validate.eager_layer import LayerExtra, eager_layer_extra
 from plansim.validate.result import ValidateError
@@ -33,7 +33,12 @@ from plansim.validate.result import ValidateError
 def run_plan(plan: ParallelPlan, profile: HardwareProfile, *, dtype: str) -> ParallelPlan:
     """``plan`` as the run executes it: in ``dtype`` (``fp32`` on the CPU), and without
     gradient-accumulation fusion (autograd's ``AccumulateGrad`` adds each micro-batch's weight
-    gradients into ``.grad`` in a separate kernel).
+    gradients into ``.grad`` in a separate kernel). On a profile whose host and device are
+    one processor (``host_overhead.serial``: a CPU device) ZeRO-3 is ``layer-sync``: FSDP2
+    has no side stream there, so each unit's all-gather and reduce-scatter is waited for
+    where it is issued (measured with torch.profiler on a dp2 ZeRO-3 gloo run: every
+    ``FSDP::all_gather`` and ``FSDP::post_backward_reduce`` spends about one collective's
+    time in the main thread).
 
     Raises:
         ValidateError: ``dtype`` is not a precision plansim models, or ``profile`` has no
@@ -49,7 +54,11 @@ def run_plan(plan: ParallelPlan, profile: HardwareProfile, *, dtype: str) -> Par
             f"profile {profile.name} has no matmul data for the run's dtype {dtype!r}; "
             f"has: {', '.join(profile.dtypes())}"
         )
-    return dataclasses.replace(plan, precision=precision, gradient_accumulation_fusion=False)
+    serial = profile.host_overhead is not None and profile.host_overhead.serial
+    fetch = Zero3ParamFetch.LAYER_SYNC if serial else plan.zero3_param_fetch
+    return dataclasses.replace(
+        plan, precision=precision, gradient_accumulation_fusion=False, zero3_param_fetch=fetch
+    )
 
 
 def simulation_profile(profile: HardwareProfile, *, dtype: str, precision: str) -> HardwareProfile:

@@ -28,6 +28,7 @@ from plansim.io.profiles import load_profile
 from plansim.planner.evaluate import Evaluation, evaluate
 from plansim.specs.hardware import Curve
 from plansim.specs.plan import ParallelPlan, Precision
+from plansim.validate.eager_layer import eager_layer_extra
 from plansim.validate.result import ValidateError
 from plansim.validate.simulated import run_plan, simulate_plan
 from tests.unit.synthetic import round_profile
@@ -93,11 +94,20 @@ def test_hbm_bound_gemm_moves_4_byte_operands() -> None:
 def test_validation_simulates_the_run_in_its_own_precision() -> None:
     profile = profile_with_fp32()
     assert run_plan(PLAN, profile, dtype="fp32").precision is Precision.FP32
-    assert run_plan(FP32, profile, dtype="fp32") is FP32
+    # as the run executes it: autograd's unfused gradient accumulation
+    assert run_plan(FP32, profile, dtype="fp32") == dataclasses.replace(
+        FP32, gradient_accumulation_fusion=False
+    )
     one = dataclasses.replace(PLAN, pp=1, global_batch_size=2)
-    direct = evaluate(MODEL, dataclasses.replace(one, precision=Precision.FP32), profile)
+    executed = run_plan(one, profile, dtype="fp32")
+    direct = evaluate(MODEL, executed, profile)
     assert isinstance(direct, Evaluation)
-    assert simulate_plan(MODEL, one, profile, dtype="fp32").step_time_s == direct.step_time_s
+    # pp = 1, everything serial: + the eager layer's extra in every layer and micro-batch
+    extra = eager_layer_extra(MODEL, executed, profile)
+    per_mb = MODEL.num_layers * (extra.forward_s + extra.backward_s)
+    assert simulate_plan(MODEL, one, profile, dtype="fp32").step_time_s == pytest.approx(
+        direct.step_time_s + executed.num_microbatches * per_mb, rel=1e-12
+    )
     with pytest.raises(ValidateError, match="no matmul data for the run's dtype 'fp32'"):
         simulate_plan(MODEL, PLAN, round_profile(), dtype="fp32")
     with pytest.raises(ValidateError, match="dtype='int8' is not allowed"):

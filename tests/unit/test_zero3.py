@@ -14,6 +14,7 @@ from plansim.analytic.zero3 import (
     edge_param_tensors,
     exposed_backward_s,
     exposed_gather_s,
+    flat_copy_bytes,
     layer_param_tensors,
     unit_traffic,
 )
@@ -72,6 +73,7 @@ def test_per_tensor_sync_pays_one_collective_and_dp_copies_per_tensor() -> None:
     got = unit_traffic(tensors, plan=p, profile=prof, groups=groups, param_bytes=2, grad_bytes=2)
     want = sum(
         64 * 5e-6
+        + 2 * 2 * t / prof.streaming_bytes_per_s()  # the chunk copies: read + write the tensor
         + collective_time_s(prof, collective="all_gather", message_bytes=2 * t, span=groups.dp)
         for t in tensors
     )
@@ -81,8 +83,16 @@ def test_per_tensor_sync_pays_one_collective_and_dp_copies_per_tensor() -> None:
         tensors, plan=replace(p, zero3_param_fetch=Zero3ParamFetch.LAYER_PREFETCH),
         profile=prof, groups=groups, param_bytes=2, grad_bytes=2,
     )  # fmt: skip
-    # one collective of the whole layer: no per-tensor latency, no copies
-    assert prefetch.gather_s < got.gather_s - len(tensors) * 64 * 5e-6
+    # one collective of the whole layer: no per-tensor latency, no per-chunk copies; the flat
+    # buffer's copy-in (shard) and copy-out (whole layer) at the streaming bandwidth instead
+    whole = sum(tensors)
+    copy_in_out = 2 * 2 * (whole / 64 + whole)
+    assert flat_copy_bytes(whole, shards=64, param_bytes=2, grad_bytes=2)[0] == copy_in_out
+    want_prefetch = (
+        collective_time_s(prof, collective="all_gather", message_bytes=2 * whole, span=groups.dp)
+        + copy_in_out / prof.streaming_bytes_per_s()
+    )
+    assert prefetch.gather_s == pytest.approx(want_prefetch, rel=1e-12)
     assert prefetch.gather_bytes == got.gather_bytes
 
 
@@ -117,9 +127,13 @@ def test_layer_prefetch_hides_gathers_behind_compute() -> None:
     assert fwd == pytest.approx(edge.gather_s + layer.gather_s)
     assert fwd < 0.02 * compute
     assert bwd == pytest.approx(edge.gather_s + edge.scatter_s + layer.gather_s + layer.scatter_s)
-    sync_fwd, sync_bwd, _ = _zero3_comm_s(replace(p, zero3_param_fetch=PER_TENSOR))
-    assert sync_fwd > 90 * layer.gather_s  # all 96 layers' gathers, serial
-    assert sync_bwd > 96 * (layer.gather_s + layer.scatter_s)
+    # without prefetch every layer's gather (and reduce-scatter) is on the critical path
+    sync = replace(p, zero3_param_fetch=Zero3ParamFetch.LAYER_SYNC)
+    sync_fwd, sync_bwd, _ = _zero3_comm_s(sync)
+    assert sync_fwd == pytest.approx(edge.gather_s + 96 * layer.gather_s)
+    both = edge.gather_s + edge.scatter_s + 96 * (layer.gather_s + layer.scatter_s)
+    assert sync_bwd == pytest.approx(both)
+    assert "zero3-layer-sync" in sync.label()
 
 
 def test_per_tensor_sync_regathers_for_full_recompute_and_grows_with_dp() -> None:
