@@ -91,8 +91,8 @@ class _Bench:
         #: family -> the smallest work per call found slower than ``max_call_s``: items of the
         #: family at least that large are skipped (in every pass).
         self.too_slow: dict[str, float] = {}
-        #: this rank's one-rank DeviceMesh for the DTensor host-op chain (built on first use).
-        self.own_mesh: Any = None
+        #: DeviceMeshes of the host-op chains (``bench_host``), built on first use.
+        self.meshes: dict[str, Any] = {}
         #: GEMM and attention calls are timed one at a time with caches evicted (cold_timer).
         self.cold = ColdTimer(device)
 
@@ -351,10 +351,7 @@ class _Bench:
 
     def _host_op(self, item: Item) -> Fn:
         """The tiny-op chain of ``item`` (:func:`.bench_host.host_op_chain`)."""
-        fn, self.own_mesh = host_op_chain(
-            item, device=self.device, world=self.world, own_mesh=self.own_mesh
-        )
-        return fn
+        return host_op_chain(item, device=self.device, world=self.world, meshes=self.meshes)
 
     def _adam(self, item: Item) -> Fn:
         (n,) = item.shape

@@ -141,6 +141,9 @@ def host_overhead_term(table: pd.DataFrame, *, source: str, serial: bool) -> Ter
         provenance["host_overhead.dtensor_backward_op_us"] = (
             f"{source}; backward of {chain} with DTensor {what}, per linear"
         )
+    world = _world_chain_terms(rows, ops=ops, chain=chain, source=source)
+    extra.update(world.values)
+    provenance.update(world.provenance)
     host = HostOverhead(
         serial=serial,
         forward_op_s=plain.forward_op_s,
@@ -149,7 +152,71 @@ def host_overhead_term(table: pd.DataFrame, *, source: str, serial: bool) -> Ter
     )
     fwd_us, bwd_us = 1e6 * plain.forward_op_s, 1e6 * plain.backward_op_s
     summary = [("host per op", f"forward {fwd_us:.3g} us, backward {bwd_us:.3g} us")]
+    for label, key in (
+        ("DTensor linear extra", "dtensor_{}_op_s"),
+        ("DTensor TP all-reduce", "dtensor_all_reduce_{}_s"),
+        ("FSDP2 unit", "fsdp_unit_{}_s"),
+    ):
+        if key.format("forward") in extra:
+            f_us = 1e6 * extra[key.format("forward")]
+            b_us = 1e6 * extra[key.format("backward")]
+            summary.append((label, f"forward {f_us:.4g} us, backward {b_us:.4g} us"))
     return Terms(host_overhead=host, provenance=provenance, summary=summary)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _World:
+    values: dict[str, float]
+    provenance: dict[str, str]
+
+
+def _world_chain_terms(
+    rows: Mapping[str, tuple[float, float]], *, ops: float, chain: str, source: str
+) -> _World:
+    """DTensor all-reduce and FSDP2 unit seconds from the chains run over every rank.
+
+    With the chain's ``ops`` / 4 column/row-parallel linear pairs, each adding one
+    all-reduce in forward and one in backward: per all-reduce, (world-mesh chain - one-rank
+    DTensor chain) / pairs, forward and backward (forward + backward less forward). With its
+    ``ops`` / 2 FSDP2 units: per unit, (FSDP2 chain - plain chain) / units, likewise.
+    Negative differences (noise) are clipped to 0; absent rows give no value.
+    """
+    out = _World(values={}, provenance={})
+
+    def per(name: str, base: str, count: float) -> tuple[float, float] | None:
+        keys = (f"{name}_fwd", f"{name}_fwd_bwd", f"{base}_fwd", f"{base}_fwd_bwd")
+        if not set(keys) <= set(rows):
+            return None
+        fwd, both, base_fwd, base_both = (rows[k][1] for k in keys)
+        return (
+            max(0.0, (fwd - base_fwd) / count),
+            max(0.0, ((both - fwd) - (base_both - base_fwd)) / count),
+        )
+
+    pairs, units = ops / 4, ops / 2
+    tp = per("dtensor_world_chain", "dtensor_chain", pairs)
+    if tp is not None:
+        out.values["dtensor_all_reduce_forward_s"] = tp[0]
+        out.values["dtensor_all_reduce_backward_s"] = tp[1]
+        text = (
+            f"{source}; {chain} with its linears column/row-parallel over every rank, less "
+            f"the same on a one-rank mesh, per all-reduce ({pairs:.0f} pairs of linears: one "
+            "all-reduce each in forward, one in backward)"
+        )
+        out.provenance["host_overhead.dtensor_all_reduce_forward_us"] = text + ", forward"
+        out.provenance["host_overhead.dtensor_all_reduce_backward_us"] = text + ", backward"
+    fsdp = per("fsdp_chain", "chain", units)
+    if fsdp is not None:
+        out.values["fsdp_unit_forward_s"] = fsdp[0]
+        out.values["fsdp_unit_backward_s"] = fsdp[1]
+        text = (
+            f"{source}; {chain} with each Linear + GELU pair an FSDP2 fully_shard unit over "
+            f"every rank (resharded after forward; forward timed without grad), less the plain "
+            f"chain, per unit ({units:.0f} units)"
+        )
+        out.provenance["host_overhead.fsdp_unit_forward_us"] = text + ", forward"
+        out.provenance["host_overhead.fsdp_unit_backward_us"] = text + ", backward"
+    return out
 
 
 def overlap_term(rows: pd.DataFrame, *, source: str) -> Terms:

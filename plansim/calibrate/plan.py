@@ -52,6 +52,13 @@ GEMM_OPS = ("qkv", "attn_out", "mlp_up", "mlp_down", "logits")
 CHAIN_OPS = 64
 #: Host-overhead chain items: plain and tensor-parallel (DTensor), forward and forward+backward.
 HOST_OP_OPS = ("chain_fwd", "chain_fwd_bwd", "dtensor_chain_fwd", "dtensor_chain_fwd_bwd")
+#: Host-overhead chains over every rank (nproc > 1): DTensor TP on the world mesh, FSDP2 units.
+WORLD_HOST_OP_OPS = (
+    "dtensor_world_chain_fwd",
+    "dtensor_world_chain_fwd_bwd",
+    "fsdp_chain_fwd",
+    "fsdp_chain_fwd_bwd",
+)
 #: Elementwise items: a GELU layer's non-GEMM kernels, forward and forward + backward.
 ELEMENTWISE_OPS = ("layer_fwd", "layer_fwd_bwd")
 #: Their (tokens, hidden) shapes and dtype per device: training's activation dtype.
@@ -258,18 +265,21 @@ def _memory_items(
     return items
 
 
-def _host_op_items() -> list[Item]:
-    """The host-overhead chains (:data:`HOST_OP_OPS`), :data:`CHAIN_OPS` ops each."""
+def _host_op_items(nproc: int) -> list[Item]:
+    """The host-overhead chains (:data:`HOST_OP_OPS`, and :data:`WORLD_HOST_OP_OPS` over
+    ``nproc`` > 1 ranks), :data:`CHAIN_OPS` ops each."""
+    ops = HOST_OP_OPS + (WORLD_HOST_OP_OPS if nproc > 1 else ())
     return [
         Item(
             kind="host_op",
             op=op,
             dtype="fp32",
             shape=(CHAIN_OPS,),
+            group_size=nproc if op in WORLD_HOST_OP_OPS else 1,
             work=float(CHAIN_OPS),
             work_unit="op",
         )
-        for op in HOST_OP_OPS
+        for op in ops
     ]
 
 
@@ -375,7 +385,7 @@ def build_plan(*, nproc: int, device: str, quick: bool, fp8: bool = False) -> Pl
             configs = ((512, 512), (2048, 2048), (4096, 4096), (8192, 8192))
         others = _attention_items(("fp32", "bf16"), (256, 1024), heads=4)
         others += _memory_items(("copy", "add"), (1 << 24,), (1 << 20,))
-        others += _host_op_items()
+        others += _host_op_items(nproc)
         others += _elementwise_items(ew_dtype, ew_configs[:1])
         messages = (64, 1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22, 1 << 23, 1 << 24, 1 << 25)
     else:
@@ -387,7 +397,7 @@ def build_plan(*, nproc: int, device: str, quick: bool, fp8: bool = False) -> Pl
         others += _memory_items(
             tuple(STREAM_ACCESSES), (1 << 22, 1 << 24, 1 << 26), (1 << 20, 1 << 23)
         )
-        others += _host_op_items()
+        others += _host_op_items(nproc)
         others += _elementwise_items(ew_dtype, ew_configs)
         messages = tuple(1 << e for e in range(6, 28, 1))
     if nproc > 1:

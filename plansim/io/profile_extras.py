@@ -20,7 +20,9 @@ from plansim.specs.hardware import HardwareProfile
 
 #: Keys of ``host_overhead:`` in file order; the first three are required in the section.
 HOST_OVERHEAD_KEYS = ("serial", *(s.key for s in HOST_OVERHEAD_SCALARS))
-_HOST_OVERHEAD_OPTIONAL = ("dtensor_forward_op_us", "dtensor_backward_op_us")
+_HOST_OVERHEAD_OPTIONAL = tuple(
+    s.key for s in HOST_OVERHEAD_SCALARS if s.key not in ("forward_op_us", "backward_op_us")
+)
 
 
 def read_attention(

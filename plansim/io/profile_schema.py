@@ -143,6 +143,10 @@ HOST_OVERHEAD_SCALARS = (
     _Scalar("backward_op_us", "backward_op_s", us_to_s, s_to_us),
     _Scalar("dtensor_forward_op_us", "dtensor_forward_op_s", us_to_s, s_to_us),
     _Scalar("dtensor_backward_op_us", "dtensor_backward_op_s", us_to_s, s_to_us),
+    _Scalar("dtensor_all_reduce_forward_us", "dtensor_all_reduce_forward_s", us_to_s, s_to_us),
+    _Scalar("dtensor_all_reduce_backward_us", "dtensor_all_reduce_backward_s", us_to_s, s_to_us),
+    _Scalar("fsdp_unit_forward_us", "fsdp_unit_forward_s", us_to_s, s_to_us),
+    _Scalar("fsdp_unit_backward_us", "fsdp_unit_backward_s", us_to_s, s_to_us),
 )
 COLLECTIVE_KEYS = ("latency_us", "message_bytes", "busbw_gb_per_s")
 

@@ -61,6 +61,14 @@ class AttentionEfficiency:
             )
 
 
+#: Optional HostOverhead fields that are measured, and given, together.
+_PAIRS = (
+    ("dtensor_forward_op_s", "dtensor_backward_op_s"),
+    ("dtensor_all_reduce_forward_s", "dtensor_all_reduce_backward_s"),
+    ("fsdp_unit_forward_s", "fsdp_unit_backward_s"),
+)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HostOverhead:
     """Host seconds of one eager op in a training step, and how they meet the device time.
@@ -78,6 +86,16 @@ class HostOverhead:
         dtensor_forward_op_s, dtensor_backward_op_s: extra host seconds of a
             tensor-parallel (DTensor) linear op over a plain one (sharding propagation,
             placement checks), or None when not measured (then 0).
+        dtensor_all_reduce_forward_s, dtensor_all_reduce_backward_s: seconds of one
+            tensor-parallel all-reduce of a tiny message issued by DTensor (a row-parallel
+            output in forward, a column-parallel input gradient in backward) over all the
+            calibration's ranks: the collective's latency and DTensor's redistribution host
+            work; or None when not measured.
+        fsdp_unit_forward_s, fsdp_unit_backward_s: seconds FSDP2 adds per ``fully_shard``
+            unit of tiny parameters, resharded after forward, over all the calibration's
+            ranks: forward (its all-gather's latency and the hooks' host work) and backward
+            (all-gather and reduce-scatter latencies and host work); or None when not
+            measured.
 
     Raises:
         SpecError: a time is negative or not a number, or ``serial`` is not a bool.
@@ -88,25 +106,23 @@ class HostOverhead:
     backward_op_s: float
     dtensor_forward_op_s: float | None = None
     dtensor_backward_op_s: float | None = None
+    dtensor_all_reduce_forward_s: float | None = None
+    dtensor_all_reduce_backward_s: float | None = None
+    fsdp_unit_forward_s: float | None = None
+    fsdp_unit_backward_s: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.serial, bool):
             raise SpecError(f"host_overhead.serial must be true or false, got {self.serial!r}")
-        for name in (
-            "forward_op_s",
-            "backward_op_s",
-            "dtensor_forward_op_s",
-            "dtensor_backward_op_s",
-        ):
+        for name in ("forward_op_s", "backward_op_s", *(n for pair in _PAIRS for n in pair)):
             value = getattr(self, name)
-            if value is None and name.startswith("dtensor"):
+            if value is None and name not in ("forward_op_s", "backward_op_s"):
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
                 raise SpecError(f"host_overhead.{name} must be a number >= 0, got {value!r}")
-        if (self.dtensor_forward_op_s is None) != (self.dtensor_backward_op_s is None):
-            raise SpecError(
-                "host_overhead.dtensor_forward_op_s and dtensor_backward_op_s go together"
-            )
+        for forward, backward in _PAIRS:
+            if (getattr(self, forward) is None) != (getattr(self, backward) is None):
+                raise SpecError(f"host_overhead.{forward} and {backward} go together")
 
     def pass_s(self, device_s: float, *, host_s: float, num_ops: float, dispatch_s: float) -> float:
         """Seconds of a pass of ``num_ops`` ops: device work ``device_s``, host work ``host_s``.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from plansim.analytic.comm import collective_time_s
 from plansim.analytic.cost import build_pipeline_work
@@ -27,6 +28,7 @@ from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan, Precision, Recompute, Zero3ParamFetch
 from plansim.specs.work import PipelineWork, Segment
 from plansim.validate.eager_layer import LayerExtra, eager_layer_extra
+from plansim.validate.framework_overhead import Extra, fsdp_unit_extra, tp_all_reduce_extra
 from plansim.validate.result import ValidateError
 
 
@@ -106,12 +108,34 @@ def simulate_plan(
             f"cannot simulate {plan.label()} in {dtype} on {profile.name}: "
             f"{outcome.category}: {outcome.reason}"
         )
-    extra = dtensor_backward_all_reduces(model, executed) - MEGATRON_BACKWARD_ALL_REDUCES
-    layer = eager_layer_extra(model, executed, profile)
+    backward_all_reduces = dtensor_backward_all_reduces(model, executed)
+    extra = backward_all_reduces - MEGATRON_BACKWARD_ALL_REDUCES
+    added = Added(
+        layer=eager_layer_extra(model, executed, profile),
+        tp=tp_all_reduce_extra(executed, profile, backward_all_reduces=backward_all_reduces),
+        fsdp=fsdp_unit_extra(executed, profile),
+    )
     sends = outcome.result.timeline[tl.STREAM].eq("pp_send").any()
-    if not sends and extra == 0 and layer.forward_s == 0 and layer.backward_s == 0:
+    if not sends and extra == 0 and added.is_empty():
         return outcome
-    return _resimulated(outcome, model, profile, extra_all_reduces=extra, layer=layer)
+    return _resimulated(outcome, model, profile, extra_all_reduces=extra, added=added)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Added:
+    """Per-layer seconds the executed run adds to plansim's stage work: the eager layer
+    (``eager_layer``, on compute), DTensor's all-reduces (on the TP segments) and FSDP2's
+    units (``framework_overhead``, per layer and for the stage root, on the ZeRO-3
+    segments)."""
+
+    layer: LayerExtra
+    tp: Extra
+    fsdp: Extra
+
+    def is_empty(self) -> bool:
+        return not any(
+            (e.forward_s, e.backward_s) != (0.0, 0.0) for e in (self.layer, self.tp, self.fsdp)
+        )
 
 
 #: TP all-reduces of one layer's backward in Megatron-LM (Shoeybi et al. 2019 §3: the ``f``
@@ -145,13 +169,14 @@ def _resimulated(
     profile: HardwareProfile,
     *,
     extra_all_reduces: int,
-    layer: LayerExtra,
+    added: Added,
 ) -> Evaluation:
     """``ev`` re-simulated as torch runs it: asynchronous pipeline sends,
     ``extra_all_reduces`` more TP all-reduces per layer in backward (DTensor,
-    :func:`dtensor_backward_all_reduces`), and each layer's eager extra (``layer``,
-    :func:`.eager_layer.eager_layer_extra`) added to the stage's forward and backward
-    compute (and to the recompute under full recomputation).
+    :func:`dtensor_backward_all_reduces`), and what the executed run adds (``added``:
+    the eager layer's extra compute, DTensor's all-reduce and FSDP2's unit overheads) on
+    the stage's forward and backward (its forward figures again in backward under full
+    recomputation).
 
     ``torch.distributed.pipelining`` posts each send with ``isend`` (``_batch_p2p``) and
     waits for the sends only later in the step, so the sender goes straight on; the
@@ -165,7 +190,7 @@ def _resimulated(
     work = dataclasses.replace(build_pipeline_work(model, plan, profile), blocking_p2p=False)
     if extra_all_reduces:
         work = _with_tp_all_reduces(work, model, plan, profile, extra_all_reduces)
-    work = _with_layer_extra(work, plan, layer, layers=model.num_layers // plan.num_stages)
+    work = _with_added(work, plan, added, layers=model.num_layers // plan.num_stages)
     actions = build_actions(
         plan.schedule, num_ranks=plan.pp, num_microbatches=plan.num_microbatches, vpp=plan.vpp
     )
@@ -184,31 +209,38 @@ def _resimulated(
     )
 
 
-def _with_layer_extra(
-    work: PipelineWork, plan: ParallelPlan, layer: LayerExtra, *, layers: int
+def _with_added(
+    work: PipelineWork, plan: ParallelPlan, added: Added, *, layers: int
 ) -> PipelineWork:
-    """``work`` with ``layers`` x the layer extra on the first compute segment of each
-    stage's forward and backward (and input-gradient backward)."""
-    forward_s = layers * layer.forward_s
-    backward_s = layers * layer.backward_s
-    if plan.recompute is Recompute.FULL:
-        backward_s += forward_s
-    if forward_s == 0 and backward_s == 0:
-        return work
+    """``work`` with ``added`` for ``layers`` layers per stage: on the first compute, TP and
+    ZeRO-3 (``dp_comm``) segment of each stage's forward and backward (and input-gradient
+    backward); FSDP2's for ``layers`` + 1 units (the stage root is one more). Under full
+    recomputation the layer's and the all-reduces' forward figures count again in backward."""
+    full = plan.recompute is Recompute.FULL
 
-    def compute(seg: Segment) -> bool:
-        return seg.stream == "compute"
+    def kind_of(stream: str, kind: str = "") -> Callable[[Segment], bool]:
+        return lambda seg: seg.stream == stream and (not kind or seg.kind == kind)
 
-    stages = tuple(
-        dataclasses.replace(
-            st,
-            forward=_lengthen_first(st.forward, forward_s, compute),
-            backward=_lengthen_first(st.backward, backward_s, compute),
-            backward_input=_lengthen_first(st.backward_input, backward_s, compute),
-        )
-        for st in work.stages
+    parts = (  # (segments, how many, seconds, repeated by a full-recompute forward)
+        (kind_of("compute"), layers, added.layer, full),
+        (kind_of("tp", "tp_comm"), layers, added.tp, full),
+        (kind_of("dp", "dp_comm"), layers + 1, added.fsdp, False),  # one unshard serves both
     )
-    return dataclasses.replace(work, stages=stages)
+    stages = []
+    for st in work.stages:
+        forward, backward, backward_input = st.forward, st.backward, st.backward_input
+        for match, count, extra, again in parts:
+            fwd_s = count * extra.forward_s
+            bwd_s = count * extra.backward_s + (fwd_s if again else 0.0)
+            forward = _lengthen_first(forward, fwd_s, match)
+            backward = _lengthen_first(backward, bwd_s, match)
+            backward_input = _lengthen_first(backward_input, bwd_s, match)
+        stages.append(
+            dataclasses.replace(
+                st, forward=forward, backward=backward, backward_input=backward_input
+            )
+        )
+    return dataclasses.replace(work, stages=tuple(stages))
 
 
 def _with_tp_all_reduces(

@@ -108,6 +108,14 @@ def test_calibrate_quick_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert set(comm["rank"]) == {0, 1} and set(comm["op"]) == set(COLLECTIVES)
     assert (comm["median_s"] > 0).all()
     assert 16 * 2**20 in set(comm["work"])
+    # the measured compute terms of this run: cold-cache GEMMs, the layer's elementwise rate,
+    # host overheads including DTensor over both ranks and FSDP2 units
+    assert "cache-evicting write" in profile.provenance["matmul_efficiency.fp32"]
+    assert profile.elementwise_forward_bytes_per_s > 0
+    assert profile.elementwise_backward_bytes_per_s > 0
+    host = profile.host_overhead
+    assert host is not None and host.serial
+    assert host.dtensor_all_reduce_forward_s is not None and host.fsdp_unit_forward_s is not None
     # every pass times GEMMs: a size over the time limit skips only the larger ones, in each pass
     gemm = raw[(raw["kind"] == "gemm") & (raw["status"] == "ok")]
     assert set(gemm["sweep"]) == {0, 1, 2}

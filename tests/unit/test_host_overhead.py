@@ -212,7 +212,34 @@ def test_chain_fit_and_terms() -> None:
     assert (got.forward_op_s, got.backward_op_s) == pytest.approx((20 * US, 40 * US))
     assert got.dtensor_forward_op_s == pytest.approx(160 * US)
     assert got.dtensor_backward_op_s == pytest.approx(520 * US)
+    world = ("dtensor_all_reduce", "fsdp_unit")
+    assert set(terms.provenance) == {
+        f"host_overhead.{k}" for k in HOST_OVERHEAD_KEYS if not k.startswith(world)
+    }
+    assert got.dtensor_all_reduce_forward_s is None and got.fsdp_unit_forward_s is None
+    # the chains over every rank: 16 column/row pairs (one all-reduce each way), 32 FSDP units
+    times |= {
+        "dtensor_world_chain_fwd": 6.4e-3 + 16 * 1e-3,  # 1 ms per forward all-reduce
+        "dtensor_world_chain_fwd_bwd": 25.6e-3 + 16 * 1e-3 + 16 * 2e-3,  # 2 ms backward
+        "fsdp_chain_fwd": 1.28e-3 + 32 * 1.5e-3,
+        "fsdp_chain_fwd_bwd": 3.84e-3 + 32 * (1.5e-3 + 4e-3),
+    }
+    table = pd.DataFrame(
+        [{"kind": "host_op", "op": op, "work": 64.0, "time_s": t} for op, t in times.items()]
+    )
+    terms = host_overhead_term(table, source="measured: test", serial=True)
+    got = terms.host_overhead
+    assert got is not None
+    assert (got.dtensor_all_reduce_forward_s, got.dtensor_all_reduce_backward_s) == (
+        pytest.approx(1e-3),
+        pytest.approx(2e-3),
+    )
+    assert (got.fsdp_unit_forward_s, got.fsdp_unit_backward_s) == (
+        pytest.approx(1.5e-3),
+        pytest.approx(4e-3),
+    )
     assert set(terms.provenance) == {f"host_overhead.{k}" for k in HOST_OVERHEAD_KEYS}
+    assert ("FSDP2 unit", "forward 1500 us, backward 4000 us") in terms.summary
     plain = host_overhead_term(table.iloc[:2], source="m", serial=False).host_overhead
     assert plain is not None and not plain.serial and plain.dtensor_forward_op_s is None
     assert host_overhead_term(table.iloc[:1], source="m", serial=True).host_overhead is None

@@ -1,0 +1,79 @@
+"""What DTensor's TP all-reduces and FSDP2's units cost the validate run beyond the
+collectives plansim prices (pure).
+
+``plansim calibrate`` times a chain of tiny linears tensor-parallel over every rank and the
+same chain as FSDP2 units (``plansim.calibrate.bench_host``): the profile's
+``host_overhead.dtensor_all_reduce_*`` is one DTensor all-reduce of a tiny message, latency
+and redistribution host work together, and ``host_overhead.fsdp_unit_*`` what one FSDP2
+unit adds, its collectives' latencies and its hooks' host work together. The simulator
+already charges each collective's time from the profile's curves, which includes the
+latency, so the extra per collective is the measured figure less what the curves give for
+the calibration's own tiny message (:data:`CHAIN_ALL_REDUCE_BYTES`,
+:data:`CHAIN_UNIT_BYTES`), never below 0. Nothing without the measured figures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plansim.analytic.comm import collective_time_s
+from plansim.analytic.ranks import layout_groups
+from plansim.specs.hardware import HardwareProfile
+from plansim.specs.plan import ParallelPlan
+
+#: The calibration chain's all-reduce message: its 2 x 8 fp32 activations.
+CHAIN_ALL_REDUCE_BYTES = 2 * 8 * 4
+#: The calibration chain's FSDP2 unit: nn.Linear(8, 8) weight and bias in fp32.
+CHAIN_UNIT_BYTES = (8 * 8 + 8) * 4
+
+#: DTensor all-reduces of one layer's forward (the two row-parallel outputs, Shoeybi et al.
+#: 2019 §3), as Megatron-LM; the backward count is ``simulated.dtensor_backward_all_reduces``.
+FORWARD_ALL_REDUCES = 2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Extra:
+    """Seconds added to a forward and to a backward."""
+
+    forward_s: float
+    backward_s: float
+
+
+NONE = Extra(forward_s=0.0, backward_s=0.0)
+
+
+def tp_all_reduce_extra(
+    plan: ParallelPlan, profile: HardwareProfile, *, backward_all_reduces: int
+) -> Extra:
+    """Extra seconds of one layer's DTensor all-reduces: :data:`FORWARD_ALL_REDUCES` in
+    forward, ``backward_all_reduces`` in backward (0 with tp == 1)."""
+    host = profile.host_overhead
+    if plan.tp == 1 or host is None or host.dtensor_all_reduce_forward_s is None:
+        return NONE
+    groups = layout_groups(plan, gpus_per_node=profile.gpus_per_node)
+    priced = collective_time_s(
+        profile, collective="all_reduce", message_bytes=CHAIN_ALL_REDUCE_BYTES, span=groups.tp
+    )
+    backward = host.dtensor_all_reduce_backward_s or 0.0
+    return Extra(
+        forward_s=FORWARD_ALL_REDUCES * max(0.0, host.dtensor_all_reduce_forward_s - priced),
+        backward_s=backward_all_reduces * max(0.0, backward - priced),
+    )
+
+
+def fsdp_unit_extra(plan: ParallelPlan, profile: HardwareProfile) -> Extra:
+    """Extra seconds of one FSDP2 unit (ZeRO-3 with dp > 1; else nothing): forward less one
+    all-gather's priced time, backward less one all-gather's and one reduce-scatter's."""
+    host = profile.host_overhead
+    if plan.zero_stage != 3 or plan.dp == 1 or host is None or host.fsdp_unit_forward_s is None:
+        return NONE
+    span = layout_groups(plan, gpus_per_node=profile.gpus_per_node).dp_cp
+    gather, scatter = (
+        collective_time_s(profile, collective=c, message_bytes=CHAIN_UNIT_BYTES, span=span)
+        for c in ("all_gather", "reduce_scatter")
+    )
+    backward = host.fsdp_unit_backward_s or 0.0
+    return Extra(
+        forward_s=max(0.0, host.fsdp_unit_forward_s - gather),
+        backward_s=max(0.0, backward - gather - scatter),
+    )

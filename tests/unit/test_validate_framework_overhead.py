@@ -1,0 +1,79 @@
+"""DTensor all-reduce and FSDP2 unit overheads in the validate simulation
+(validate/framework_overhead)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from plansim.analytic.comm import collective_time_s
+from plansim.analytic.ranks import layout_groups
+from plansim.catalog import resolve_model
+from plansim.specs.compute_terms import HostOverhead
+from plansim.specs.plan import ParallelPlan
+from plansim.validate.framework_overhead import (
+    CHAIN_ALL_REDUCE_BYTES,
+    CHAIN_UNIT_BYTES,
+    fsdp_unit_extra,
+    tp_all_reduce_extra,
+)
+from plansim.validate.simulated import simulate_plan
+from tests.unit.synthetic import round_profile
+
+GPT = resolve_model("megatron-1.7b")
+MS = 1e-3
+
+
+def _profile(**measured: float):  # type: ignore[no-untyped-def]
+    host = HostOverhead(serial=True, forward_op_s=0.0, backward_op_s=0.0, **measured)
+    return dataclasses.replace(round_profile(), host_overhead=host)
+
+
+def test_tp_extra_is_the_measured_all_reduce_less_its_priced_time() -> None:
+    plan = ParallelPlan(dp=1, tp=2, pp=1, micro_batch_size=1, global_batch_size=2)
+    profile = _profile(dtensor_all_reduce_forward_s=1 * MS, dtensor_all_reduce_backward_s=2 * MS)
+    span = layout_groups(plan, gpus_per_node=8).tp
+    priced = collective_time_s(
+        profile, collective="all_reduce", message_bytes=CHAIN_ALL_REDUCE_BYTES, span=span
+    )
+    got = tp_all_reduce_extra(plan, profile, backward_all_reduces=4)
+    assert got.forward_s == pytest.approx(2 * (1 * MS - priced))
+    assert got.backward_s == pytest.approx(4 * (2 * MS - priced))
+    assert tp_all_reduce_extra(dataclasses.replace(plan, tp=1, dp=2), profile,
+                               backward_all_reduces=0).forward_s == 0  # fmt: skip
+    assert tp_all_reduce_extra(plan, round_profile(), backward_all_reduces=4).forward_s == 0
+
+
+def test_fsdp_extra_is_the_measured_unit_less_its_priced_collectives() -> None:
+    plan = ParallelPlan(dp=2, tp=1, pp=1, micro_batch_size=1, global_batch_size=2, zero_stage=3)
+    profile = _profile(fsdp_unit_forward_s=1.5 * MS, fsdp_unit_backward_s=4 * MS)
+    span = layout_groups(plan, gpus_per_node=8).dp_cp
+    gather, scatter = (
+        collective_time_s(profile, collective=c, message_bytes=CHAIN_UNIT_BYTES, span=span)
+        for c in ("all_gather", "reduce_scatter")
+    )
+    got = fsdp_unit_extra(plan, profile)
+    assert got.forward_s == pytest.approx(1.5 * MS - gather)
+    assert got.backward_s == pytest.approx(4 * MS - gather - scatter)
+    assert fsdp_unit_extra(dataclasses.replace(plan, zero_stage=1), profile).forward_s == 0
+
+
+def test_the_simulated_step_pays_them_on_the_critical_path() -> None:
+    tp2 = ParallelPlan(dp=1, tp=2, pp=1, micro_batch_size=1, global_batch_size=2)
+    zero3 = ParallelPlan(dp=2, tp=1, pp=1, micro_batch_size=1, global_batch_size=4, zero_stage=3)
+    base = _profile()
+    for plan, measured, units in (
+        (tp2, {"dtensor_all_reduce_forward_s": MS, "dtensor_all_reduce_backward_s": 2 * MS}, 0),
+        (zero3, {"fsdp_unit_forward_s": 1.5 * MS, "fsdp_unit_backward_s": 4 * MS}, 1),
+    ):
+        with_extra = _profile(**measured)
+        extra = tp_all_reduce_extra(plan, with_extra, backward_all_reduces=4)
+        if units:
+            extra = fsdp_unit_extra(plan, with_extra)
+        before = simulate_plan(GPT, plan, base, dtype="bf16").step_time_s
+        after = simulate_plan(GPT, plan, with_extra, dtype="bf16").step_time_s
+        # pp = 1: every micro-batch's layers (and, for FSDP2, the root unit) in series
+        per_mb = (GPT.num_layers + units) * (extra.forward_s + extra.backward_s)
+        assert after - before == pytest.approx(plan.num_microbatches * per_mb, rel=1e-9)
+        assert per_mb > 0
