@@ -192,6 +192,10 @@ def test_attention_terms_pair_forward_and_backward_rows() -> None:
     assert attention_terms(table, source="x", peaks={}).attention == {}
 
 
+#: The calibration run the committed CPU profile and its raw CSV come from.
+RUN = "20261121T112920.337Z"
+
+
 def _copy_cpu_profile(tmp_path: Path) -> Path:
     folder = Path(__file__).resolve().parents[2] / "hardware_profiles"
     for name in ("cpu-2core-gloo.yaml", "cpu-2core-gloo.raw.csv"):
@@ -203,20 +207,24 @@ def test_rebuild_from_the_raw_csv_adds_the_attention_curves(tmp_path: Path) -> N
     path = _copy_cpu_profile(tmp_path)
     before = load_profile(str(path))
     result = rebuild(path)
-    assert result.run_id == "20261121T055549.518Z"
+    assert result.run_id == RUN
     profile = result.profile
     assert set(profile.attention_efficiency) == {"bf16", "fp16", "fp32"}
-    # first fp32 size: 67108864 FLOPs, the two ranks' medians 2.881 and 1.819 ms (median
-    # over ranks 2.350 ms), over the fp32 GEMM peak the same run measured
+    # first fp32 size: 67108864 FLOPs, the two ranks' medians 2.129 and 2.090 ms (median
+    # over ranks 2.109 ms), over the fp32 GEMM peak the same run measured
     peak = profile.peak_flops_per_s["fp32"]
-    expected = 67108864 / ((0.00288138616694 + 0.00181881633368) / 2) / peak
+    expected = 67108864 / ((0.00212932699651 + 0.00208963800105) / 2) / peak
     assert profile.attention_efficiency["fp32"].forward.y[0] == pytest.approx(expected)
-    assert profile.host_overhead is None  # the CSV predates the host-op chain
+    assert profile.host_overhead is not None and before.host_overhead is not None
+    assert dataclasses.astuple(profile.host_overhead) == pytest.approx(
+        dataclasses.astuple(before.host_overhead), rel=1e-9
+    )
     assert profile.matmul_efficiency["fp32"].y == pytest.approx(
         before.matmul_efficiency["fp32"].y, rel=1e-9
     )
     cited = profile.provenance["attention_efficiency.fp32"]
-    assert cited.startswith("measured: ") and "run 20261121T055549.518Z" in cited
+    assert cited.startswith("measured: ") and f"run {RUN}" in cited
+    assert "cache-evicting write" in cited
 
 
 def test_rebuild_command_writes_in_place_and_reports_bad_runs(
