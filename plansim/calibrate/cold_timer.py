@@ -10,7 +10,8 @@ timings predicted the CPU validation runs 27-52% too fast.
 So calibration times GEMM and attention calls one at a time, each after a write to a buffer
 at least twice the largest cache (the method of ``triton.testing.do_bench``, which clears the
 L2 cache before each timed call by writing a 256 MB buffer; ``python/triton/testing.py`` in
-triton-lang/triton). The write is outside the timed interval. Imports torch (runs on the calibration ranks only).
+triton-lang/triton). The write is outside the timed interval. Imports torch (runs on the
+calibration ranks only).
 """
 
 from __future__ import annotations

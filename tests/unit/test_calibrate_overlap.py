@@ -11,7 +11,6 @@ both ranks: 12.5 / 10 - 1 = 0.25 (25% longer).
 from __future__ import annotations
 
 import dataclasses
-
 import math
 import shutil
 from pathlib import Path
