@@ -7,17 +7,19 @@ same chain as FSDP2 units (``plansim.calibrate.bench_host``): the profile's
 and redistribution host work together, and ``host_overhead.fsdp_unit_*`` what one FSDP2
 unit adds, its collectives' latencies and its hooks' host work together. The simulator
 already charges each collective's time from the profile's curves, which includes the
-latency, so the extra per collective is the measured figure less what the curves give for
-the calibration's own tiny message (:data:`CHAIN_ALL_REDUCE_BYTES`,
-:data:`CHAIN_UNIT_BYTES`), never below 0. Nothing without the measured figures.
+latency, so the extra per collective is the measured figure less the collective's latency
+(the alpha of its alpha-beta fit, :func:`alpha_s`: what the model gives a message of a few
+hundred bytes, :data:`CHAIN_ALL_REDUCE_BYTES`, :data:`CHAIN_UNIT_BYTES`), never below 0.
+Not the curve's time at that size: gloo's measured times below a few KiB scatter between
+0.3 and 2 ms on the CI VM (TCP on loopback), far more than the alpha the fit gives over all
+sizes. Nothing without the measured figures.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plansim.analytic.comm import collective_time_s
-from plansim.analytic.ranks import layout_groups
+from plansim.analytic.ranks import GroupSpan, layout_groups
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.plan import ParallelPlan
 
@@ -29,6 +31,14 @@ CHAIN_UNIT_BYTES = (8 * 8 + 8) * 4
 #: DTensor all-reduces of one layer's forward (the two row-parallel outputs, Shoeybi et al.
 #: 2019 §3), as Megatron-LM; the backward count is ``simulated.dtensor_backward_all_reduces``.
 FORWARD_ALL_REDUCES = 2
+
+
+def alpha_s(profile: HardwareProfile, collective: str, span: GroupSpan) -> float:
+    """Latency (alpha) of ``collective`` over ``span``: the intra-node curve's inside a
+    node, the NIC's across nodes."""
+    if span.num_nodes > 1:
+        return profile.nic_latency_s
+    return profile.intra_node[collective].latency_s
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,9 +61,7 @@ def tp_all_reduce_extra(
     if plan.tp == 1 or host is None or host.dtensor_all_reduce_forward_s is None:
         return NONE
     groups = layout_groups(plan, gpus_per_node=profile.gpus_per_node)
-    priced = collective_time_s(
-        profile, collective="all_reduce", message_bytes=CHAIN_ALL_REDUCE_BYTES, span=groups.tp
-    )
+    priced = alpha_s(profile, "all_reduce", groups.tp)
     backward = host.dtensor_all_reduce_backward_s or 0.0
     return Extra(
         forward_s=FORWARD_ALL_REDUCES * max(0.0, host.dtensor_all_reduce_forward_s - priced),
@@ -68,10 +76,7 @@ def fsdp_unit_extra(plan: ParallelPlan, profile: HardwareProfile) -> Extra:
     if plan.zero_stage != 3 or plan.dp == 1 or host is None or host.fsdp_unit_forward_s is None:
         return NONE
     span = layout_groups(plan, gpus_per_node=profile.gpus_per_node).dp_cp
-    gather, scatter = (
-        collective_time_s(profile, collective=c, message_bytes=CHAIN_UNIT_BYTES, span=span)
-        for c in ("all_gather", "reduce_scatter")
-    )
+    gather, scatter = (alpha_s(profile, c, span) for c in ("all_gather", "reduce_scatter"))
     backward = host.fsdp_unit_backward_s or 0.0
     return Extra(
         forward_s=max(0.0, host.fsdp_unit_forward_s - gather),

@@ -7,17 +7,11 @@ import dataclasses
 
 import pytest
 
-from plansim.analytic.comm import collective_time_s
 from plansim.analytic.ranks import layout_groups
 from plansim.catalog import resolve_model
 from plansim.specs.compute_terms import HostOverhead
 from plansim.specs.plan import ParallelPlan
-from plansim.validate.framework_overhead import (
-    CHAIN_ALL_REDUCE_BYTES,
-    CHAIN_UNIT_BYTES,
-    fsdp_unit_extra,
-    tp_all_reduce_extra,
-)
+from plansim.validate.framework_overhead import fsdp_unit_extra, tp_all_reduce_extra
 from plansim.validate.simulated import simulate_plan
 from tests.unit.synthetic import round_profile
 
@@ -33,10 +27,8 @@ def _profile(**measured: float):  # type: ignore[no-untyped-def]
 def test_tp_extra_is_the_measured_all_reduce_less_its_priced_time() -> None:
     plan = ParallelPlan(dp=1, tp=2, pp=1, micro_batch_size=1, global_batch_size=2)
     profile = _profile(dtensor_all_reduce_forward_s=1 * MS, dtensor_all_reduce_backward_s=2 * MS)
-    span = layout_groups(plan, gpus_per_node=8).tp
-    priced = collective_time_s(
-        profile, collective="all_reduce", message_bytes=CHAIN_ALL_REDUCE_BYTES, span=span
-    )
+    assert layout_groups(plan, gpus_per_node=8).tp.num_nodes == 1
+    priced = profile.intra_node["all_reduce"].latency_s  # alpha of the fit
     got = tp_all_reduce_extra(plan, profile, backward_all_reduces=4)
     assert got.forward_s == pytest.approx(2 * (1 * MS - priced))
     assert got.backward_s == pytest.approx(4 * (2 * MS - priced))
@@ -48,11 +40,8 @@ def test_tp_extra_is_the_measured_all_reduce_less_its_priced_time() -> None:
 def test_fsdp_extra_is_the_measured_unit_less_its_priced_collectives() -> None:
     plan = ParallelPlan(dp=2, tp=1, pp=1, micro_batch_size=1, global_batch_size=2, zero_stage=3)
     profile = _profile(fsdp_unit_forward_s=1.5 * MS, fsdp_unit_backward_s=4 * MS)
-    span = layout_groups(plan, gpus_per_node=8).dp_cp
-    gather, scatter = (
-        collective_time_s(profile, collective=c, message_bytes=CHAIN_UNIT_BYTES, span=span)
-        for c in ("all_gather", "reduce_scatter")
-    )
+    assert layout_groups(plan, gpus_per_node=8).dp_cp.num_nodes == 1
+    gather, scatter = (profile.intra_node[c].latency_s for c in ("all_gather", "reduce_scatter"))
     got = fsdp_unit_extra(plan, profile)
     assert got.forward_s == pytest.approx(1.5 * MS - gather)
     assert got.backward_s == pytest.approx(4 * MS - gather - scatter)
