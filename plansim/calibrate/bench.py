@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from plansim.calibrate.bench_collective import collective_call
 from plansim.calibrate.bench_elementwise import elementwise_layer
 from plansim.calibrate.bench_host import host_op_chain
 from plansim.calibrate.bench_overlap import overlap_rows
@@ -369,35 +370,9 @@ class _Bench:
         return lambda: host.copy_(dev, non_blocking=True)
 
     def _collective(self, item: Item) -> Fn:
-        group, n = self.groups[item.group_size], item.group_size
-        elements = item.shape[0] // 4
-
-        def make(count: int) -> torch.Tensor:
-            return torch.ones(count, device=self.device)
-
-        if item.op == "all_reduce":
-            buffer = make(elements)
-            return lambda: dist.all_reduce(buffer, group=group)
-        if item.op == "all_gather":
-            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-            part, whole = make(elements // n), make(elements)
-            return lambda: gather(whole, part, group=group)
-        if item.op == "reduce_scatter":
-            scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-            whole, part = make(elements), make(elements // n)
-            return lambda: scatter(part, whole, group=group)
-        send, recv = make(elements), make(elements)
-        nxt, prev = (self.rank + 1) % n, (self.rank - 1) % n
-
-        def sendrecv() -> None:
-            ops = [
-                dist.P2POp(dist.isend, send, nxt, group),
-                dist.P2POp(dist.irecv, recv, prev, group),
-            ]
-            for request in dist.batch_isend_irecv(ops):
-                request.wait()
-
-        return sendrecv
+        return collective_call(
+            item, group=self.groups[item.group_size], rank=self.rank, device=self.device
+        )
 
 
 def _busy(item: Item) -> bool:

@@ -26,8 +26,9 @@ from pathlib import Path
 import pandas as pd
 
 from plansim.calibrate import CalibrationError
-from plansim.calibrate.build import RunInfo, build_update
+from plansim.calibrate.build import build_update
 from plansim.calibrate.raw import raw_path, read_raw
+from plansim.calibrate.run_info import RunInfo
 from plansim.errors import PlansimError
 from plansim.io.profiles import load_profile, merge_profile, profile_to_yaml, write_profile
 from plansim.specs.hardware import HardwareProfile

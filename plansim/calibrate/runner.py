@@ -24,11 +24,12 @@ import torch.distributed as dist
 
 from plansim.calibrate import CalibrationError
 from plansim.calibrate.bench import RankConfig, rank_main
-from plansim.calibrate.build import Built, RunInfo, build_update
+from plansim.calibrate.build import Built, build_update
 from plansim.calibrate.launch import launch
 from plansim.calibrate.plan import Plan, build_plan
 from plansim.calibrate.progress import Progress
 from plansim.calibrate.raw import frame, merge_raw, raw_path, read_raw, write_raw
+from plansim.calibrate.run_info import RunInfo
 from plansim.io.profiles import merge_profile, profile_to_yaml, write_profile
 from plansim.specs.hardware import HardwareProfile
 

@@ -20,11 +20,12 @@ import pandas as pd
 import pytest
 import yaml
 
-from plansim.calibrate.build import RunInfo, build_update
+from plansim.calibrate.build import build_update
 from plansim.calibrate.build_terms import MAX_OVERLAP_FRACTION, Terms, overlap_term
 from plansim.calibrate.plan import build_plan
 from plansim.calibrate.raw import frame, raw_path, read_raw, write_raw
 from plansim.calibrate.rebuild import rebuild
+from plansim.calibrate.run_info import RunInfo
 from plansim.errors import InputFileError
 from plansim.io.profiles import (
     ProfileUpdate,

@@ -16,8 +16,9 @@ import pytest
 import yaml
 
 from plansim.calibrate.aggregate import aggregate
-from plansim.calibrate.build import RunInfo, build_update
+from plansim.calibrate.build import build_update
 from plansim.calibrate.raw import frame, merge_raw, raw_path, read_raw, write_raw
+from plansim.calibrate.run_info import RunInfo
 from plansim.cli import main
 from plansim.errors import InputFileError
 from plansim.io.profiles import (

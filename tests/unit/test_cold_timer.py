@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from plansim.calibrate import aggregate
-from plansim.calibrate.plan import FULL, MAX_COLD_REPS, QUICK
+from plansim.calibrate.timing import FULL, MAX_COLD_REPS, QUICK
 
 torch = pytest.importorskip("torch")
 cold_timer = pytest.importorskip("plansim.calibrate.cold_timer")

@@ -27,8 +27,9 @@ from plansim.analytic.offload import (
     stage_parameters,
 )
 from plansim.analytic.params import count_parameters
-from plansim.calibrate.build import RunInfo, build_update
+from plansim.calibrate.build import build_update
 from plansim.calibrate.raw import read_raw
+from plansim.calibrate.run_info import RunInfo
 from plansim.catalog import resolve_model
 from plansim.errors import InputFileError, SpecError
 from plansim.io.profiles import load_profile, profile_from_dict, profile_to_dict, profiles_dir
