@@ -8,8 +8,9 @@ and redistribution host work together, and ``host_overhead.fsdp_unit_*`` what on
 unit adds, its collectives' latencies and its hooks' host work together. The simulator
 already charges each collective's time from the profile's curves, which includes the
 latency, so the extra per collective is the measured figure less the collective's latency
-(the alpha of its alpha-beta fit, :func:`alpha_s`: what the model gives a message of a few
-hundred bytes, :data:`CHAIN_ALL_REDUCE_BYTES`, :data:`CHAIN_UNIT_BYTES`), never below 0.
+(the alpha of its alpha-beta fit, :func:`alpha_s`: what the model gives the chain's messages,
+64 B all-reduces of 2 x 8 fp32 activations and 288 B units of an 8 x 8 linear with its bias),
+never below 0.
 Not the curve's time at that size: gloo's measured times below a few KiB scatter between
 0.3 and 2 ms on the CI VM (TCP on loopback), far more than the alpha the fit gives over all
 sizes. Nothing without the measured figures.
@@ -22,11 +23,6 @@ from dataclasses import dataclass
 from plansim.analytic.ranks import GroupSpan, layout_groups
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.plan import ParallelPlan
-
-#: The calibration chain's all-reduce message: its 2 x 8 fp32 activations.
-CHAIN_ALL_REDUCE_BYTES = 2 * 8 * 4
-#: The calibration chain's FSDP2 unit: nn.Linear(8, 8) weight and bias in fp32.
-CHAIN_UNIT_BYTES = (8 * 8 + 8) * 4
 
 #: DTensor all-reduces of one layer's forward (the two row-parallel outputs, Shoeybi et al.
 #: 2019 §3), as Megatron-LM; the backward count is ``simulated.dtensor_backward_all_reduces``.
