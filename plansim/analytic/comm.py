@@ -68,8 +68,24 @@ def collective_time_s(
         return ring_collective_time_s(
             collective=collective, message_bytes=message_bytes, span=span, busbw_bytes_per_s=busbw
         )
-    alpha = curve.latency_s + profile.nic_latency_s * math.ceil(math.log2(span.num_nodes))
+    alpha = collective_latency_s(profile, collective=collective, span=span)
     return alpha + bus_factor(collective, span.size) * message_bytes / busbw
+
+
+def collective_latency_s(profile: HardwareProfile, *, collective: str, span: GroupSpan) -> float:
+    """The latency (alpha) :func:`collective_time_s` gives ``collective`` over ``span``: the
+    curve's inside a node; across nodes, all-reduce and send/recv add ``nic_latency_s`` per
+    tree level (module docstring), all-gather and reduce-scatter take the fastest NCCL ring
+    protocol's latency (:func:`ring_latency_s`)."""
+    curve = profile.intra_node[collective]
+    if span.num_nodes == 1:
+        return curve.latency_s
+    if collective in ("all_gather", "reduce_scatter"):
+        return min(
+            ring_latency_s(name, num_ranks=span.size, num_nodes=span.num_nodes)
+            for name in _NCCL_RING_PROTOCOLS
+        )
+    return curve.latency_s + profile.nic_latency_s * math.ceil(math.log2(span.num_nodes))
 
 
 #: NCCL ring tuning constants (``src/graph/tuning.cc``, NCCL 2.18-2.21), per protocol:

@@ -194,28 +194,28 @@ def _world_chain_terms(
         )
 
     pairs, units = ops / 4, ops / 2
-    tp = per("dtensor_world_chain", "dtensor_chain", pairs)
-    if tp is not None:
-        out.values["dtensor_all_reduce_forward_s"] = tp[0]
-        out.values["dtensor_all_reduce_backward_s"] = tp[1]
-        text = (
+    measured = (
+        (
+            "dtensor_all_reduce",
+            per("dtensor_world_chain", "dtensor_chain", pairs),
             f"{source}; {chain} with its linears column/row-parallel over every rank, less "
             f"the same on a one-rank mesh, per all-reduce ({pairs:.0f} pairs of linears: one "
-            "all-reduce each in forward, one in backward)"
-        )
-        out.provenance["host_overhead.dtensor_all_reduce_forward_us"] = text + ", forward"
-        out.provenance["host_overhead.dtensor_all_reduce_backward_us"] = text + ", backward"
-    fsdp = per("fsdp_chain", "chain", units)
-    if fsdp is not None:
-        out.values["fsdp_unit_forward_s"] = fsdp[0]
-        out.values["fsdp_unit_backward_s"] = fsdp[1]
-        text = (
+            "all-reduce each in forward, one in backward)",
+        ),
+        (
+            "fsdp_unit",
+            per("fsdp_chain", "chain", units),
             f"{source}; {chain} with each Linear + GELU pair an FSDP2 fully_shard unit over "
             f"every rank (resharded after forward; forward timed without grad), less the plain "
-            f"chain, per unit ({units:.0f} units)"
-        )
-        out.provenance["host_overhead.fsdp_unit_forward_us"] = text + ", forward"
-        out.provenance["host_overhead.fsdp_unit_backward_us"] = text + ", backward"
+            f"chain, per unit ({units:.0f} units)",
+        ),
+    )
+    for name, seconds, text in measured:
+        if seconds is None:
+            continue
+        for side, value in zip(("forward", "backward"), seconds, strict=True):
+            out.values[f"{name}_{side}_s"] = value
+            out.provenance[f"host_overhead.{name}_{side}_us"] = f"{text}, {side}"
     return out
 
 

@@ -8,9 +8,9 @@ and redistribution host work together, and ``host_overhead.fsdp_unit_*`` what on
 unit adds, its collectives' latencies and its hooks' host work together. The simulator
 already charges each collective's time from the profile's curves, which includes the
 latency, so the extra per collective is the measured figure less the collective's latency
-(the alpha of its alpha-beta fit, :func:`alpha_s`: what the model gives the chain's messages,
-64 B all-reduces of 2 x 8 fp32 activations and 288 B units of an 8 x 8 linear with its bias),
-never below 0.
+(the alpha of its alpha-beta fit, ``comm.collective_latency_s``: what the model gives the
+chain's messages, 64 B all-reduces of 2 x 8 fp32 activations and 288 B units of an 8 x 8
+linear with its bias), never below 0.
 Not the curve's time at that size: gloo's measured times below a few KiB scatter between
 0.3 and 2 ms on the CI VM (TCP on loopback), far more than the alpha the fit gives over all
 sizes. Nothing without the measured figures.
@@ -20,21 +20,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plansim.analytic.ranks import GroupSpan, layout_groups
+from plansim.analytic.comm import collective_latency_s
+from plansim.analytic.ranks import layout_groups
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.plan import ParallelPlan
 
 #: DTensor all-reduces of one layer's forward (the two row-parallel outputs, Shoeybi et al.
 #: 2019 §3), as Megatron-LM; the backward count is ``simulated.dtensor_backward_all_reduces``.
 FORWARD_ALL_REDUCES = 2
-
-
-def alpha_s(profile: HardwareProfile, collective: str, span: GroupSpan) -> float:
-    """Latency (alpha) of ``collective`` over ``span``: the intra-node curve's inside a
-    node, the NIC's across nodes."""
-    if span.num_nodes > 1:
-        return profile.nic_latency_s
-    return profile.intra_node[collective].latency_s
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,7 +50,7 @@ def tp_all_reduce_extra(
     if plan.tp == 1 or host is None or host.dtensor_all_reduce_forward_s is None:
         return NONE
     groups = layout_groups(plan, gpus_per_node=profile.gpus_per_node)
-    priced = alpha_s(profile, "all_reduce", groups.tp)
+    priced = collective_latency_s(profile, collective="all_reduce", span=groups.tp)
     backward = host.dtensor_all_reduce_backward_s or 0.0
     return Extra(
         forward_s=FORWARD_ALL_REDUCES * max(0.0, host.dtensor_all_reduce_forward_s - priced),
@@ -72,7 +65,10 @@ def fsdp_unit_extra(plan: ParallelPlan, profile: HardwareProfile) -> Extra:
     if plan.zero_stage != 3 or plan.dp == 1 or host is None or host.fsdp_unit_forward_s is None:
         return NONE
     span = layout_groups(plan, gpus_per_node=profile.gpus_per_node).dp_cp
-    gather, scatter = (alpha_s(profile, c, span) for c in ("all_gather", "reduce_scatter"))
+    gather, scatter = (
+        collective_latency_s(profile, collective=c, span=span)
+        for c in ("all_gather", "reduce_scatter")
+    )
     backward = host.fsdp_unit_backward_s or 0.0
     return Extra(
         forward_s=max(0.0, host.fsdp_unit_forward_s - gather),
