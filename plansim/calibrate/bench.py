@@ -30,9 +30,10 @@ from plansim.calibrate.bench_collective import collective_call
 from plansim.calibrate.bench_elementwise import elementwise_layer
 from plansim.calibrate.bench_host import host_op_chain
 from plansim.calibrate.bench_overlap import overlap_rows
+from plansim.calibrate.bench_pipeline import pipeline_chain
 from plansim.calibrate.cold_timer import ColdTimer
 from plansim.calibrate.environment import environment, rss_bytes
-from plansim.calibrate.plan import CPU_SHARE_OK, Item, Plan
+from plansim.calibrate.plan import CPU_SHARE_OK, PIPELINE_OPS, Item, Plan
 
 #: Item kinds timed one call at a time with the caches evicted first (:mod:`.cold_timer`).
 COLD_KINDS = ("gemm", "attention")
@@ -351,7 +352,10 @@ class _Bench:
         return lambda: torch.add(x, x)
 
     def _host_op(self, item: Item) -> Fn:
-        """The tiny-op chain of ``item`` (:func:`.bench_host.host_op_chain`)."""
+        """The tiny-op chain of ``item`` (:func:`.bench_host.host_op_chain`), or its pipeline
+        (:func:`.bench_pipeline.pipeline_chain`)."""
+        if item.op in PIPELINE_OPS:
+            return pipeline_chain(item, device=self.device, world=self.world)
         return host_op_chain(item, device=self.device, world=self.world, meshes=self.meshes)
 
     def _adam(self, item: Item) -> Fn:
@@ -376,8 +380,9 @@ class _Bench:
 
 
 def _busy(item: Item) -> bool:
-    """Items that keep their core busy all the time (collectives wait in the transport)."""
-    return item.kind != "collective"
+    """Items that keep their core busy all the time (collectives wait in the transport, a
+    pipeline's ranks for each other)."""
+    return item.kind != "collective" and item.op not in PIPELINE_OPS
 
 
 def _item_columns(item: Item) -> dict[str, Any]:

@@ -8,7 +8,9 @@
   tiny ops (``kind == "host_op"``, ``chain_fwd`` / ``chain_fwd_bwd``, work = ops; see
   ``plansim.calibrate.plan``), and when its tensor-parallel twin was measured
   (``dtensor_chain_*``) the extra per DTensor linear: (DTensor chain - plain chain) / linears,
-  the linears being half the chain's ops. ``serial`` is true on a CPU device.
+  the linears being half the chain's ops. ``serial`` is true on a CPU device. With more
+  than one rank also the chains over every rank: per DTensor all-reduce, per FSDP2 unit
+  (:func:`_world_chain_terms`) and per pipeline action (:func:`_pipeline_terms`).
 * ``overlap_compute_slowdown_fraction``: how much longer a GEMM loop takes beside a chain of
   asynchronous all_reduces than alone (``kind == "overlap"``, ops ``gemm_alone`` and
   ``gemm_beside_all_reduce``, seconds per GEMM call; ``plansim.calibrate.bench_overlap``):
@@ -28,7 +30,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from plansim.calibrate.fit import FitError, fit_attention, fit_host_ops
+from plansim.calibrate.fit import FitError, HostOpFit, fit_attention, fit_host_ops
+from plansim.calibrate.plan import PIPELINE_OPS
 from plansim.specs.compute_terms import AttentionEfficiency, HostOverhead
 
 #: The largest overlap slowdown written (a profile needs it below 1).
@@ -144,6 +147,9 @@ def host_overhead_term(table: pd.DataFrame, *, source: str, serial: bool) -> Ter
     world = _world_chain_terms(rows, ops=ops, chain=chain, source=source)
     extra.update(world.values)
     provenance.update(world.provenance)
+    pipeline = _pipeline_terms(table, plain=plain, source=source)
+    extra.update(pipeline.values)
+    provenance.update(pipeline.provenance)
     host = HostOverhead(
         serial=serial,
         forward_op_s=plain.forward_op_s,
@@ -156,6 +162,7 @@ def host_overhead_term(table: pd.DataFrame, *, source: str, serial: bool) -> Ter
         ("DTensor linear extra", "dtensor_{}_op_s"),
         ("DTensor TP all-reduce", "dtensor_all_reduce_{}_s"),
         ("FSDP2 unit", "fsdp_unit_{}_s"),
+        ("pipeline action", "pipeline_action_{}_s"),
     ):
         if key.format("forward") in extra:
             f_us = 1e6 * extra[key.format("forward")]
@@ -216,6 +223,41 @@ def _world_chain_terms(
         for side, value in zip(("forward", "backward"), seconds, strict=True):
             out.values[f"{name}_{side}_s"] = value
             out.provenance[f"host_overhead.{name}_{side}_us"] = f"{text}, {side}"
+    return out
+
+
+def _pipeline_terms(table: pd.DataFrame, *, plain: HostOpFit, source: str) -> _World:
+    """Seconds per pipeline action beyond its stage's ops, from the pipeline chains
+    (``plansim.calibrate.bench_pipeline``; shape ``<ops per stage>x<micro-batches>``, work =
+    the m + p - 1 actions of a GPipe pass's critical path):
+    forward = forward step / actions - ops x ``forward_op_s``; backward = (forward +
+    backward step - forward step) / actions - ops x ``backward_op_s``, each at least 0.
+    No values when the rows are missing."""
+    out = _World(values={}, provenance={})
+    rows = table[(table["kind"] == "host_op") & table["op"].isin(PIPELINE_OPS)]
+    found = {str(op): group.iloc[0] for op, group in rows.groupby("op", sort=True)}
+    if set(found) != set(PIPELINE_OPS):
+        return out
+    fwd, both = (found[op] for op in PIPELINE_OPS)
+    ops, microbatches = (int(v) for v in str(fwd["shape"]).split("x"))
+    actions = float(fwd["work"])
+    forward_s = float(fwd["time_s"]) / actions
+    backward_s = (float(both["time_s"]) - float(fwd["time_s"])) / actions
+    values = (
+        max(0.0, forward_s - ops * plain.forward_op_s),
+        max(0.0, backward_s - ops * plain.backward_op_s),
+    )
+    text = (
+        f"{source}; torch.distributed.pipelining over every rank, one stage of {ops} tiny ops "
+        f"(nn.Linear(8, 8) and GELU pairs) per rank, {microbatches} micro-batches of 2 x 8, "
+        f"GPipe order (forward: ScheduleGPipe without a loss; forward + backward: "
+        f"_PipelineScheduleRuntime on plansim's action lists): step seconds / {actions:.0f} "
+        "actions on the critical path, less the stage's ops at the plain chain's per-op "
+        "seconds"
+    )
+    for side, value in zip(("forward", "backward"), values, strict=True):
+        out.values[f"pipeline_action_{side}_s"] = value
+        out.provenance[f"host_overhead.pipeline_action_{side}_us"] = f"{text}, {side}"
     return out
 
 

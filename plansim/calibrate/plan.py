@@ -60,6 +60,12 @@ WORLD_HOST_OP_OPS = (
     "fsdp_chain_fwd",
     "fsdp_chain_fwd_bwd",
 )
+#: Pipeline chains over every rank (nproc > 1): the tiny-op chain as one pipeline stage of
+#: PIPELINE_STAGE_OPS ops per rank under torch.distributed.pipelining, PIPELINE_MICROBATCHES
+#: micro-batches, forward only and forward + backward (``plansim.calibrate.bench_pipeline``).
+PIPELINE_OPS = ("pipeline_chain_fwd", "pipeline_chain_fwd_bwd")
+PIPELINE_STAGE_OPS = 8
+PIPELINE_MICROBATCHES = 8
 #: Elementwise items: a GELU layer's non-GEMM kernels, forward and forward + backward.
 ELEMENTWISE_OPS = ("layer_fwd", "layer_fwd_bwd")
 #: Their (tokens, hidden) shapes and dtype per device: training's activation dtype.
@@ -92,13 +98,15 @@ class Item:
             ``gemm_beside_all_reduce``, ...).
         dtype: element type (``fp32``, ``bf16``, ...); ``fp32`` for streams and Adam.
         shape: gemm (m, n, k); attention (batch, heads, seq, head_dim); stream (elements,);
-            launch (1,); host_op (ops in the chain,); adam (parameters,); copy (bytes,);
+            launch (1,); host_op (ops in the chain,), or for a pipeline chain (ops per
+            stage, micro-batches); adam (parameters,); copy (bytes,);
             collective (message bytes,); overlap (m, n, k, all_reduce message bytes).
         group_size: ranks taking part (1 for compute: every rank runs its own copy; overlap:
             the ranks of the all_reduce).
         work: per call: FLOPs (gemm, attention, overlap: one GEMM), bytes (stream, copy,
-            collective), parameters (adam), 1 (launch), ops in the chain (host_op).
-        work_unit: ``flop``, ``byte``, ``param``, ``call`` or ``op``.
+            collective), parameters (adam), 1 (launch), ops in the chain (host_op), actions
+            on a GPipe pipeline's critical path, micro-batches + ranks - 1 (pipeline chain).
+        work_unit: ``flop``, ``byte``, ``param``, ``call``, ``op`` or ``action``.
         sweep: which pass over the GEMMs and collectives (0, 1, ...); see :func:`build_plan`.
     """
 
@@ -216,8 +224,21 @@ def _memory_items(
 
 def _host_op_items(nproc: int) -> list[Item]:
     """The host-overhead chains (:data:`HOST_OP_OPS`, and :data:`WORLD_HOST_OP_OPS` over
-    ``nproc`` > 1 ranks), :data:`CHAIN_OPS` ops each."""
+    ``nproc`` > 1 ranks), :data:`CHAIN_OPS` ops each, and over ``nproc`` > 1 ranks the
+    pipeline chains (:data:`PIPELINE_OPS`)."""
     ops = HOST_OP_OPS + (WORLD_HOST_OP_OPS if nproc > 1 else ())
+    pipeline = [
+        Item(
+            kind="host_op",
+            op=op,
+            dtype="fp32",
+            shape=(PIPELINE_STAGE_OPS, PIPELINE_MICROBATCHES),
+            group_size=nproc,
+            work=float(PIPELINE_MICROBATCHES + nproc - 1),
+            work_unit="action",
+        )
+        for op in (PIPELINE_OPS if nproc > 1 else ())
+    ]
     return [
         Item(
             kind="host_op",
@@ -229,7 +250,7 @@ def _host_op_items(nproc: int) -> list[Item]:
             work_unit="op",
         )
         for op in ops
-    ]
+    ] + pipeline
 
 
 def _elementwise_items(dtype: str, configs: tuple[tuple[int, int], ...]) -> list[Item]:

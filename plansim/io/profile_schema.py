@@ -147,6 +147,8 @@ HOST_OVERHEAD_SCALARS = (
     _Scalar("dtensor_all_reduce_backward_us", "dtensor_all_reduce_backward_s", us_to_s, s_to_us),
     _Scalar("fsdp_unit_forward_us", "fsdp_unit_forward_s", us_to_s, s_to_us),
     _Scalar("fsdp_unit_backward_us", "fsdp_unit_backward_s", us_to_s, s_to_us),
+    _Scalar("pipeline_action_forward_us", "pipeline_action_forward_s", us_to_s, s_to_us),
+    _Scalar("pipeline_action_backward_us", "pipeline_action_backward_s", us_to_s, s_to_us),
 )
 COLLECTIVE_KEYS = ("latency_us", "message_bytes", "busbw_gb_per_s")
 

@@ -61,11 +61,12 @@ class AttentionEfficiency:
             )
 
 
-#: Optional HostOverhead fields that are measured, and given, together.
-_PAIRS = (
+#: Optional HostOverhead fields (forward, backward) that are measured, and given, together.
+EXTRA_PAIRS = (
     ("dtensor_forward_op_s", "dtensor_backward_op_s"),
     ("dtensor_all_reduce_forward_s", "dtensor_all_reduce_backward_s"),
     ("fsdp_unit_forward_s", "fsdp_unit_backward_s"),
+    ("pipeline_action_forward_s", "pipeline_action_backward_s"),
 )
 
 
@@ -96,6 +97,11 @@ class HostOverhead:
             ranks: forward (its all-gather's latency and the hooks' host work) and backward
             (all-gather and reduce-scatter latencies and host work); or None when not
             measured.
+        pipeline_action_forward_s, pipeline_action_backward_s: seconds one forward / one
+            backward action of a ``torch.distributed.pipelining`` schedule over all the
+            calibration's ranks costs beyond its stage's ops: the schedule's per-action
+            host work, posting and waiting for the action's tiny send/recv, and that
+            transfer's latency; or None when not measured.
 
     Raises:
         SpecError: a time is negative or not a number, or ``serial`` is not a bool.
@@ -110,17 +116,19 @@ class HostOverhead:
     dtensor_all_reduce_backward_s: float | None = None
     fsdp_unit_forward_s: float | None = None
     fsdp_unit_backward_s: float | None = None
+    pipeline_action_forward_s: float | None = None
+    pipeline_action_backward_s: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.serial, bool):
             raise SpecError(f"host_overhead.serial must be true or false, got {self.serial!r}")
-        for name in ("forward_op_s", "backward_op_s", *(n for pair in _PAIRS for n in pair)):
+        for name in ("forward_op_s", "backward_op_s", *(n for pair in EXTRA_PAIRS for n in pair)):
             value = getattr(self, name)
             if value is None and name not in ("forward_op_s", "backward_op_s"):
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
                 raise SpecError(f"host_overhead.{name} must be a number >= 0, got {value!r}")
-        for forward, backward in _PAIRS:
+        for forward, backward in EXTRA_PAIRS:
             if (getattr(self, forward) is None) != (getattr(self, backward) is None):
                 raise SpecError(f"host_overhead.{forward} and {backward} go together")
 

@@ -10,7 +10,10 @@ already charges each collective's time from the profile's curves, which includes
 latency, so the extra per collective is the measured figure less the collective's latency
 (the alpha of its alpha-beta fit, ``comm.collective_latency_s``: what the model gives the
 chain's messages, 64 B all-reduces of 2 x 8 fp32 activations and 288 B units of an 8 x 8
-linear with its bias), never below 0.
+linear with its bias), never below 0. Likewise ``host_overhead.pipeline_action_*``
+(``plansim.calibrate.bench_pipeline``): one ``torch.distributed.pipelining`` action's
+seconds beyond its stage's ops, less the latency of the send/recv the simulator already
+prices for each action's transfer.
 Not the curve's time at that size: gloo's measured times below a few KiB scatter between
 0.3 and 2 ms on the CI VM (TCP on loopback), far more than the alpha the fit gives over all
 sizes. Nothing without the measured figures.
@@ -73,4 +76,20 @@ def fsdp_unit_extra(plan: ParallelPlan, profile: HardwareProfile) -> Extra:
     return Extra(
         forward_s=max(0.0, host.fsdp_unit_forward_s - gather),
         backward_s=max(0.0, backward - gather - scatter),
+    )
+
+
+def pipeline_action_extra(plan: ParallelPlan, profile: HardwareProfile) -> Extra:
+    """Extra seconds of one forward and one backward action of a pipeline (pp > 1; else
+    nothing): the measured per-action figures less the latency ``comm.p2p_time_s`` gives one
+    pipeline send/recv (the send/recv curve's alpha in a node, ``nic_latency_s`` across)."""
+    host = profile.host_overhead
+    if plan.pp == 1 or host is None or host.pipeline_action_forward_s is None:
+        return NONE
+    across = layout_groups(plan, gpus_per_node=profile.gpus_per_node).pp.num_nodes > 1
+    priced = profile.nic_latency_s if across else profile.intra_node["sendrecv"].latency_s
+    backward = host.pipeline_action_backward_s or 0.0
+    return Extra(
+        forward_s=max(0.0, host.pipeline_action_forward_s - priced),
+        backward_s=max(0.0, backward - priced),
     )

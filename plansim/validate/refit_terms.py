@@ -29,11 +29,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
 from plansim.sim import timeline as tl
-from plansim.specs.compute_terms import HostOverhead
+from plansim.specs.compute_terms import EXTRA_PAIRS
 from plansim.specs.hardware import HardwareProfile
 from plansim.validate.compare import CATEGORY_KINDS, Comparison
 
@@ -113,9 +114,10 @@ def scale_host(
 ) -> HardwareProfile:
     """``profile`` with its host seconds per pass scaled by ``forward`` / ``backward``.
 
-    ``dtensor_only``: scale only the DTensor extras (plain per-op figures kept). Otherwise the
+    ``dtensor_only``: scale only the tensor-parallel extras (the ``dtensor_`` per-linear and
+    per-all-reduce figures; plain per-op figures and the other extras kept). Otherwise the
     plain figures are scaled over the bare dispatch (serial) or as a whole (asynchronous),
-    and the DTensor extras by the same factors.
+    and every measured extra (DTensor, FSDP2 unit, pipeline action) by the same factors.
     """
     host = profile.host_overhead
     if host is None:
@@ -127,21 +129,24 @@ def scale_host(
             return value
         return max(0.0, dispatch + factor * (value - dispatch)) if value > dispatch else value
 
-    def extra(value: float | None, factor: float) -> float | None:
-        return None if value is None else max(0.0, value * factor)
-
-    scaled = HostOverhead(
-        serial=host.serial,
+    changes: dict[str, Any] = {}
+    for fwd, bwd in EXTRA_PAIRS:
+        if dtensor_only and not fwd.startswith("dtensor_"):
+            continue
+        for name, factor in ((fwd, forward), (bwd, backward)):
+            value = getattr(host, name)
+            changes[name] = None if value is None else max(0.0, value * factor)
+    scaled = dataclasses.replace(
+        host,
         forward_op_s=plain(host.forward_op_s, forward),
         backward_op_s=plain(host.backward_op_s, backward),
-        dtensor_forward_op_s=extra(host.dtensor_forward_op_s, forward),
-        dtensor_backward_op_s=extra(host.dtensor_backward_op_s, backward),
+        **changes,
     )
     return dataclasses.replace(profile, host_overhead=scaled)
 
 
 def without_host(profile: HardwareProfile, *, dtensor_only: bool = False) -> HardwareProfile:
-    """``profile`` with no host term (or with zero DTensor extras only)."""
+    """``profile`` with no host term (or with zero tensor-parallel extras only)."""
     if profile.host_overhead is None:
         return profile
     if dtensor_only:

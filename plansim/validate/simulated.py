@@ -28,7 +28,12 @@ from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan, Precision, Recompute, Zero3ParamFetch
 from plansim.specs.work import PipelineWork, Segment
 from plansim.validate.eager_layer import LayerExtra, eager_layer_extra
-from plansim.validate.framework_overhead import Extra, fsdp_unit_extra, tp_all_reduce_extra
+from plansim.validate.framework_overhead import (
+    Extra,
+    fsdp_unit_extra,
+    pipeline_action_extra,
+    tp_all_reduce_extra,
+)
 from plansim.validate.result import ValidateError
 
 
@@ -114,6 +119,7 @@ def simulate_plan(
         layer=eager_layer_extra(model, executed, profile),
         tp=tp_all_reduce_extra(executed, profile, backward_all_reduces=backward_all_reduces),
         fsdp=fsdp_unit_extra(executed, profile),
+        pipeline=pipeline_action_extra(executed, profile),
     )
     sends = outcome.result.timeline[tl.STREAM].eq("pp_send").any()
     if not sends and extra == 0 and added.is_empty():
@@ -123,18 +129,21 @@ def simulate_plan(
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Added:
-    """Per-layer seconds the executed run adds to plansim's stage work: the eager layer
+    """Seconds the executed run adds to plansim's stage work: per layer the eager layer
     (``eager_layer``, on compute), DTensor's all-reduces (on the TP segments) and FSDP2's
     units (``framework_overhead``, per layer and for the stage root, on the ZeRO-3
-    segments)."""
+    segments); per pipeline action torch.distributed.pipelining's own cost
+    (``framework_overhead.pipeline_action_extra``, on compute)."""
 
     layer: LayerExtra
     tp: Extra
     fsdp: Extra
+    pipeline: Extra
 
     def is_empty(self) -> bool:
         return not any(
-            (e.forward_s, e.backward_s) != (0.0, 0.0) for e in (self.layer, self.tp, self.fsdp)
+            (e.forward_s, e.backward_s) != (0.0, 0.0)
+            for e in (self.layer, self.tp, self.fsdp, self.pipeline)
         )
 
 
@@ -214,8 +223,10 @@ def _with_added(
 ) -> PipelineWork:
     """``work`` with ``added`` for ``layers`` layers per stage: on the first compute, TP and
     ZeRO-3 (``dp_comm``) segment of each stage's forward and backward (and input-gradient
-    backward); FSDP2's for ``layers`` + 1 units (the stage root is one more). Under full
-    recomputation the layer's and the all-reduces' forward figures count again in backward."""
+    backward); FSDP2's for ``layers`` + 1 units (the stage root is one more); the pipeline
+    action's once per stage forward and backward (each is one action of the schedule). Under
+    full recomputation the layer's and the all-reduces' forward figures count again in
+    backward."""
     full = plan.recompute is Recompute.FULL
 
     def kind_of(stream: str, kind: str = "") -> Callable[[Segment], bool]:
@@ -223,6 +234,7 @@ def _with_added(
 
     parts = (  # (segments, how many, seconds, repeated by a full-recompute forward)
         (kind_of("compute"), layers, added.layer, full),
+        (kind_of("compute"), 1, added.pipeline, False),  # per action, not per layer
         (kind_of("tp", "tp_comm"), layers, added.tp, full),
         (kind_of("dp", "dp_comm"), layers + 1, added.fsdp, False),  # one unshard serves both
     )

@@ -116,6 +116,9 @@ def test_calibrate_quick_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixtur
     host = profile.host_overhead
     assert host is not None and host.serial
     assert host.dtensor_all_reduce_forward_s is not None and host.fsdp_unit_forward_s is not None
+    assert host.pipeline_action_forward_s is not None  # torch.distributed.pipelining ran
+    pipeline = raw[(raw["kind"] == "host_op") & raw["op"].str.startswith("pipeline_")]
+    assert set(pipeline["rank"]) == {0, 1} and (pipeline["status"] == "ok").all()
     # every pass times GEMMs: a size over the time limit skips only the larger ones, in each pass
     gemm = raw[(raw["kind"] == "gemm") & (raw["status"] == "ok")]
     assert set(gemm["sweep"]) == {0, 1, 2}

@@ -22,6 +22,13 @@ from plansim.analytic.op_overheads import PassOps, edge_ops, layer_ops, with_hos
 from plansim.analytic.ranks import layout_groups
 from plansim.calibrate.build_terms import host_overhead_term
 from plansim.calibrate.fit import FitError, fit_host_ops
+from plansim.calibrate.plan import (
+    PIPELINE_MICROBATCHES,
+    PIPELINE_OPS,
+    PIPELINE_STAGE_OPS,
+    Item,
+    build_plan,
+)
 from plansim.errors import InputFileError, SpecError
 from plansim.io.profile_extras import HOST_OVERHEAD_KEYS
 from plansim.io.profiles import load_profile, profile_from_dict, profile_to_dict, write_profile
@@ -198,6 +205,16 @@ def test_schema_errors(section: Mapping[str, object], message: str) -> None:
         profile_from_dict(_yaml(section), source="t.yaml")
 
 
+def _chain_table(times: Mapping[str, float]) -> pd.DataFrame:
+    """Aggregated host_op rows: 64-op chains, and 8-op x 8 micro-batch pipelines on 2 ranks."""
+    rows = []
+    for op, t in times.items():
+        pipeline = op.startswith("pipeline_")
+        shape, work = ("8x8", 9.0) if pipeline else ("64", 64.0)
+        rows.append({"kind": "host_op", "op": op, "shape": shape, "work": work, "time_s": t})
+    return pd.DataFrame(rows)
+
+
 def test_chain_fit_and_terms() -> None:
     fit = fit_host_ops(64, forward_s=1.28e-3, forward_backward_s=3.84e-3)
     assert (fit.forward_op_s, fit.backward_op_s) == pytest.approx((20 * US, 40 * US))
@@ -209,9 +226,7 @@ def test_chain_fit_and_terms() -> None:
         "dtensor_chain_fwd": 6.4e-3,  # 100 us per op: (100 - 20) x 2 = 160 us per linear
         "dtensor_chain_fwd_bwd": 25.6e-3,  # backward 300 us per op: (300 - 40) x 2 = 520
     }
-    table = pd.DataFrame(
-        [{"kind": "host_op", "op": op, "work": 64.0, "time_s": t} for op, t in times.items()]
-    )
+    table = _chain_table(times)
     terms = host_overhead_term(table, source="measured: test", serial=True)
     assert terms.host_overhead is not None
     got = terms.host_overhead
@@ -219,21 +234,24 @@ def test_chain_fit_and_terms() -> None:
     assert (got.forward_op_s, got.backward_op_s) == pytest.approx((20 * US, 40 * US))
     assert got.dtensor_forward_op_s == pytest.approx(160 * US)
     assert got.dtensor_backward_op_s == pytest.approx(520 * US)
-    world = ("dtensor_all_reduce", "fsdp_unit")
+    world = ("dtensor_all_reduce", "fsdp_unit", "pipeline_action")
     assert set(terms.provenance) == {
         f"host_overhead.{k}" for k in HOST_OVERHEAD_KEYS if not k.startswith(world)
     }
     assert got.dtensor_all_reduce_forward_s is None and got.fsdp_unit_forward_s is None
+    assert got.pipeline_action_forward_s is None
     # the chains over every rank: 16 column/row pairs (one all-reduce each way), 32 FSDP units
     times |= {
         "dtensor_world_chain_fwd": 6.4e-3 + 16 * 1e-3,  # 1 ms per forward all-reduce
         "dtensor_world_chain_fwd_bwd": 25.6e-3 + 16 * 1e-3 + 16 * 2e-3,  # 2 ms backward
         "fsdp_chain_fwd": 1.28e-3 + 32 * 1.5e-3,
         "fsdp_chain_fwd_bwd": 3.84e-3 + 32 * (1.5e-3 + 4e-3),
+        # 8 ops per stage, 8 micro-batches on 2 ranks: 9 actions on the GPipe critical path,
+        # each the stage's ops (20 / 40 us each) plus 0.7 ms forward, 0.9 ms backward
+        "pipeline_chain_fwd": 9 * (8 * 20 * US + 0.7e-3),
+        "pipeline_chain_fwd_bwd": 9 * (8 * 60 * US + 1.6e-3),
     }
-    table = pd.DataFrame(
-        [{"kind": "host_op", "op": op, "work": 64.0, "time_s": t} for op, t in times.items()]
-    )
+    table = _chain_table(times)
     terms = host_overhead_term(table, source="measured: test", serial=True)
     got = terms.host_overhead
     assert got is not None
@@ -245,8 +263,17 @@ def test_chain_fit_and_terms() -> None:
         pytest.approx(1.5e-3),
         pytest.approx(4e-3),
     )
+    assert (got.pipeline_action_forward_s, got.pipeline_action_backward_s) == (
+        pytest.approx(0.7e-3),
+        pytest.approx(0.9e-3),
+    )
+    assert (
+        "9 actions on the critical path"
+        in terms.provenance["host_overhead.pipeline_action_forward_us"]
+    )
     assert set(terms.provenance) == {f"host_overhead.{k}" for k in HOST_OVERHEAD_KEYS}
     assert ("FSDP2 unit", "forward 1500 us, backward 4000 us") in terms.summary
+    assert ("pipeline action", "forward 700 us, backward 900 us") in terms.summary
     plain = host_overhead_term(table.iloc[:2], source="m", serial=False).host_overhead
     assert plain is not None and not plain.serial and plain.dtensor_forward_op_s is None
     assert host_overhead_term(table.iloc[:1], source="m", serial=True).host_overhead is None
@@ -336,3 +363,45 @@ def test_refit_keeps_an_undetermined_host_term() -> None:
     # either the host term was solved for, or it was kept and the GEMM term took the error
     assert "host_overhead" in fitted.factors or any("host_overhead" in n for n in fitted.notes)
     assert abs(fitted.after.step_time_error_pct) < 5.0
+
+
+def test_scaling_the_host_term_scales_every_measured_extra() -> None:
+    """A refit's host factor applies to the framework extras too (they were in the host time
+    it fitted), and the tensor-parallel-only scaling leaves the others alone."""
+    extras = {
+        "dtensor_forward_op_s": 1e-4,
+        "dtensor_backward_op_s": 2e-4,
+        "dtensor_all_reduce_forward_s": 1e-3,
+        "dtensor_all_reduce_backward_s": 2e-3,
+        "fsdp_unit_forward_s": 3e-3,
+        "fsdp_unit_backward_s": 4e-3,
+        "pipeline_action_forward_s": 5e-4,
+        "pipeline_action_backward_s": 6e-4,
+    }
+    host = HostOverhead(serial=False, forward_op_s=1e-5, backward_op_s=2e-5, **extras)
+    profile = dataclasses.replace(round_profile(), host_overhead=host)
+    both = scale_host(profile, forward=2.0, backward=3.0).host_overhead
+    assert both is not None
+    for name, value in extras.items():
+        assert getattr(both, name) == pytest.approx(value * (2.0 if "forward" in name else 3.0))
+    assert (both.forward_op_s, both.backward_op_s) == pytest.approx((2e-5, 6e-5))
+    tp_only = scale_host(profile, forward=0.0, backward=0.0, dtensor_only=True).host_overhead
+    assert tp_only is not None
+    for name, value in extras.items():
+        assert getattr(tp_only, name) == (0.0 if name.startswith("dtensor_") else value)
+    assert (tp_only.forward_op_s, tp_only.backward_op_s) == (1e-5, 2e-5)
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_the_pipeline_chains_run_over_every_rank(quick: bool) -> None:
+    def pipeline_items(nproc: int) -> list[Item]:
+        items = build_plan(nproc=nproc, device="cpu", quick=quick).items
+        return [i for i in items if i.op in PIPELINE_OPS]
+
+    assert pipeline_items(1) == []
+    four = pipeline_items(4)
+    assert [i.op for i in four] == list(PIPELINE_OPS)
+    for item in four:
+        assert item.group_size == 4 and item.kind == "host_op"
+        assert item.shape == (PIPELINE_STAGE_OPS, PIPELINE_MICROBATCHES)
+        assert item.work == PIPELINE_MICROBATCHES + 4 - 1 and item.work_unit == "action"

@@ -10,8 +10,12 @@ import pytest
 from plansim.analytic.ranks import layout_groups
 from plansim.catalog import resolve_model
 from plansim.specs.compute_terms import HostOverhead
-from plansim.specs.plan import ParallelPlan
-from plansim.validate.framework_overhead import fsdp_unit_extra, tp_all_reduce_extra
+from plansim.specs.plan import ParallelPlan, Schedule
+from plansim.validate.framework_overhead import (
+    fsdp_unit_extra,
+    pipeline_action_extra,
+    tp_all_reduce_extra,
+)
 from plansim.validate.simulated import simulate_plan
 from tests.unit.synthetic import round_profile
 
@@ -66,3 +70,38 @@ def test_the_simulated_step_pays_them_on_the_critical_path() -> None:
         per_mb = (GPT.num_layers + units) * (extra.forward_s + extra.backward_s)
         assert after - before == pytest.approx(plan.num_microbatches * per_mb, rel=1e-9)
         assert per_mb > 0
+
+
+def test_pipeline_extra_is_the_measured_action_less_the_p2p_latency() -> None:
+    plan = ParallelPlan(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=8)
+    profile = _profile(pipeline_action_forward_s=0.9 * MS, pipeline_action_backward_s=1.1 * MS)
+    priced = profile.intra_node["sendrecv"].latency_s
+    got = pipeline_action_extra(plan, profile)
+    assert (got.forward_s, got.backward_s) == (
+        pytest.approx(0.9 * MS - priced),
+        pytest.approx(1.1 * MS - priced),
+    )
+    assert pipeline_action_extra(dataclasses.replace(plan, pp=1, dp=2), profile).forward_s == 0
+    assert pipeline_action_extra(plan, round_profile()).forward_s == 0
+    # across nodes the priced latency is the NIC's
+    wide = dataclasses.replace(profile, gpus_per_node=1)
+    assert pipeline_action_extra(plan, wide).forward_s == pytest.approx(
+        max(0.0, 0.9 * MS - wide.nic_latency_s)
+    )
+
+
+def test_pipeline_actions_lengthen_the_simulated_step() -> None:
+    """GPipe, pp 2, m 4: each rank runs its 4 forwards and 4 backwards in series, and the
+    critical path holds m + p - 1 = 5 of each, so the step grows by between 4 and 5 times
+    (forward + backward extra)."""
+    m = 4
+    plan = ParallelPlan(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=m,
+                        schedule=Schedule.GPIPE)  # fmt: skip
+    measured = {"pipeline_action_forward_s": 5 * MS, "pipeline_action_backward_s": 7 * MS}
+    with_extra = _profile(**measured)
+    extra = pipeline_action_extra(plan, with_extra)
+    per_pair = extra.forward_s + extra.backward_s
+    before = simulate_plan(GPT, plan, _profile(), dtype="bf16").step_time_s
+    after = simulate_plan(GPT, plan, with_extra, dtype="bf16").step_time_s
+    assert per_pair > 10 * MS
+    assert m * per_pair - 1e-9 <= after - before <= (m + 1) * per_pair + 1e-9

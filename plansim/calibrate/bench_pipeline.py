@@ -1,0 +1,73 @@
+"""The pipeline chain items of ``plansim calibrate`` (imports torch; run by ``bench``).
+
+What one action of a ``torch.distributed.pipelining`` schedule costs beyond its stage's ops:
+every rank holds one stage, a chain of ``ops`` tiny ops (pairs of ``nn.Linear(8, 8)`` and
+GELU, as the host-overhead chains of ``bench_host``), and the schedule runs ``m``
+micro-batches of a 2 x 8 input through the ranks in GPipe order. The stages are so small
+that the step's time is the chain's ops plus, per action, the schedule's own host work,
+posting and waiting for the action's tiny send/recv (64 B of activation or gradient), and
+that transfer's latency. ``pipeline_chain_fwd`` runs forward only (torch's
+``ScheduleGPipe`` without a loss); ``pipeline_chain_fwd_bwd`` forward and backward through
+``_PipelineScheduleRuntime`` on plansim's GPipe action lists, the runtime
+``plansim validate`` drives (``plansim.validate.pipeline``). With uniform actions a GPipe
+pass over p ranks takes m + p - 1 actions on its critical path, the item's ``work``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from plansim.calibrate.plan import Item
+from plansim.schedule.builders import build_actions
+from plansim.specs.plan import Schedule
+
+#: Rows and width of one micro-batch of the chain's input.
+MICROBATCH_ROWS, WIDTH = 2, 8
+
+
+def _loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return ((output - target) ** 2).mean()
+
+
+def pipeline_chain(item: Item, *, device: torch.device, world: int) -> Callable[[], object]:
+    """The call to time for a pipeline chain item: one schedule step on this rank (every
+    rank of the world calls it together).
+
+    Raises:
+        RuntimeError: the torch build has no ``torch.distributed.pipelining`` (the item is
+            then recorded as unsupported).
+    """
+    try:
+        from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+        from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
+    except ImportError as exc:
+        raise RuntimeError(f"no torch.distributed.pipelining in this torch: {exc}") from None
+    ops, m = item.shape
+    rank = dist.get_rank()
+    chain = torch.nn.Sequential(
+        *(
+            torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.GELU())
+            for _ in range(ops // 2)
+        )
+    )
+    stage = PipelineStage(chain.to(device), rank, world, device)
+    backward = item.op.endswith("_fwd_bwd")
+    schedule: ScheduleGPipe | _PipelineScheduleRuntime
+    if backward:
+        schedule = _PipelineScheduleRuntime(  # type: ignore[no-untyped-call]
+            [stage], n_microbatches=m, loss_fn=_loss, scale_grads=True
+        )
+        lists = build_actions(Schedule.GPIPE, num_ranks=world, num_microbatches=m, vpp=1)
+        order = {r: [_Action.from_str(str(a)) for a in acts] for r, acts in enumerate(lists)}
+        schedule.pipeline_order = dict(order)
+        schedule._prepare_schedule_with_comms(order)
+    else:
+        schedule = ScheduleGPipe(stage, n_microbatches=m, loss_fn=None)
+    x = torch.randn(MICROBATCH_ROWS * m, WIDTH, device=device)
+    target = torch.zeros(MICROBATCH_ROWS * m, WIDTH, device=device)
+    args = (x,) if rank == 0 else ()
+    kwargs = {"target": target} if backward and rank == world - 1 else {}
+    return lambda: schedule.step(*args, **kwargs)
