@@ -4,8 +4,10 @@ Three differences from ``plansim.planner.evaluate.evaluate``'s Megatron-LM defau
 simulate what the runner executes: the plan's precision is the run's dtype
 (:func:`run_plan`; fp32 on the CPU: fp32 GEMM curve, 4-byte weights, gradients,
 activations and messages, torch AdamW's 28 B/param step; ``plansim.specs.plan.Precision``),
-pipeline sends are asynchronous (:func:`_resimulated`), and tensor parallelism is
-DTensor's over the validate model's separate projections (:func:`dtensor_backward_all_reduces`).
+pipeline sends are asynchronous (:func:`_resimulated`), tensor parallelism is
+DTensor's over the validate model's separate projections (:func:`dtensor_backward_all_reduces`),
+and ZeRO-0/1 gradients and parameters move as the runner moves them (one flat all-reduce,
+ZeroRedundancyOptimizer's broadcasts: ``plansim.validate.executed_dp``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan, Precision, Recompute, Zero3ParamFetch
 from plansim.specs.work import PipelineWork, Segment
 from plansim.validate.eager_layer import LayerExtra, eager_layer_extra
+from plansim.validate.executed_dp import executes_flat_all_reduce, with_executed_dp
 from plansim.validate.framework_overhead import (
     Extra,
     fsdp_unit_extra,
@@ -45,7 +48,8 @@ def run_plan(plan: ParallelPlan, profile: HardwareProfile, *, dtype: str) -> Par
     has no side stream there, so each unit's all-gather and reduce-scatter is waited for
     where it is issued (measured with torch.profiler on a dp2 ZeRO-3 gloo run: every
     ``FSDP::all_gather`` and ``FSDP::post_backward_reduce`` spends about one collective's
-    time in the main thread).
+    time in the main thread). The runner's ZeRO-0/1 gradient all-reduce runs after the last
+    backward (``overlap_grad_reduce`` off; ``executed_dp``).
 
     Raises:
         ValidateError: ``dtype`` is not a precision plansim models, or ``profile`` has no
@@ -64,7 +68,11 @@ def run_plan(plan: ParallelPlan, profile: HardwareProfile, *, dtype: str) -> Par
     serial = profile.host_overhead is not None and profile.host_overhead.serial
     fetch = Zero3ParamFetch.LAYER_SYNC if serial else plan.zero3_param_fetch
     return dataclasses.replace(
-        plan, precision=precision, gradient_accumulation_fusion=False, zero3_param_fetch=fetch
+        plan,
+        precision=precision,
+        gradient_accumulation_fusion=False,
+        zero3_param_fetch=fetch,
+        overlap_grad_reduce=plan.overlap_grad_reduce and not executes_flat_all_reduce(plan),
     )
 
 
@@ -122,7 +130,7 @@ def simulate_plan(
         pipeline=pipeline_action_extra(executed, profile),
     )
     sends = outcome.result.timeline[tl.STREAM].eq("pp_send").any()
-    if not sends and extra == 0 and added.is_empty():
+    if not sends and extra == 0 and added.is_empty() and not executes_flat_all_reduce(executed):
         return outcome
     return _resimulated(outcome, model, profile, extra_all_reduces=extra, added=added)
 
@@ -200,6 +208,7 @@ def _resimulated(
     if extra_all_reduces:
         work = _with_tp_all_reduces(work, model, plan, profile, extra_all_reduces)
     work = _with_added(work, plan, added, layers=model.num_layers // plan.num_stages)
+    work = with_executed_dp(work, model, plan, profile)
     actions = build_actions(
         plan.schedule, num_ranks=plan.pp, num_microbatches=plan.num_microbatches, vpp=plan.vpp
     )

@@ -1,0 +1,138 @@
+"""ZeRO-0/1 traffic as the validate run executes it (validate/executed_dp)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from plansim.analytic.comm import collective_time_s, p2p_time_s
+from plansim.analytic.memory import state_bytes_per_param
+from plansim.analytic.ranks import layout_groups
+from plansim.catalog import resolve_model
+from plansim.planner.evaluate import Evaluation, evaluate
+from plansim.specs.model import ModelSpec
+from plansim.specs.plan import ParallelPlan, Precision, Schedule
+from plansim.validate.executed_dp import (
+    FLAT_COPY_ACCESSES,
+    broadcasts_s,
+    executes_flat_all_reduce,
+    layer_tensors,
+    rank_tensors,
+    stage_tensors,
+)
+from plansim.validate.simulated import run_plan, simulate_plan
+from tests.unit.synthetic import round_profile
+
+#: The validate bench's GPT (tied embeddings, learned positions, LayerNorm, biases) and a
+#: Llama-style model (RMSNorm, RoPE, SwiGLU, GQA, no biases, untied), both small.
+GPT = dataclasses.replace(
+    resolve_model("gpt3-175b"),
+    num_layers=4,
+    hidden_size=64,
+    num_attention_heads=4,
+    num_query_groups=4,
+    ffn_hidden_size=256,
+    seq_length=32,
+    vocab_size=128,
+)
+LLAMA = dataclasses.replace(
+    resolve_model("llama3-8b"),
+    num_layers=4,
+    hidden_size=64,
+    num_attention_heads=4,
+    num_query_groups=2,
+    ffn_hidden_size=160,
+    seq_length=32,
+    vocab_size=128,
+)
+
+
+def _plan(**fields: object) -> ParallelPlan:
+    base: dict[str, object] = {"tp": 1, "pp": 1, "dp": 2, "micro_batch_size": 1}
+    base.update(fields)
+    base.setdefault("global_batch_size", 4 * int(base["dp"]))  # type: ignore[call-overload]
+    return ParallelPlan(**base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("model", [GPT, LLAMA], ids=["gpt", "llama"])
+@pytest.mark.parametrize("pp", [1, 2])
+def test_the_tensor_list_is_the_validate_models(model: ModelSpec, pp: int) -> None:
+    torch = pytest.importorskip("torch")
+    from plansim.validate.model import build_model, split_stage
+
+    plan = _plan(pp=pp)
+    full = build_model(model, seed=0)
+    for stage in range(plan.num_stages):
+        module = split_stage(full, model, plan, stage)
+        assert isinstance(module, torch.nn.Module)
+        got = tuple(p.numel() for p in module.parameters())
+        assert stage_tensors(model, plan, stage) == got
+
+
+def test_tensor_parallel_shards() -> None:
+    h, f = GPT.hidden_size, GPT.ffn_hidden_size
+    one = layer_tensors(GPT, _plan(tp=1))
+    two = layer_tensors(GPT, _plan(tp=2))
+    assert len(one) == len(two) == 16
+    # column-parallel q/k/v/up weights and biases halve; row-parallel o/down biases and norms
+    # stay whole
+    assert sum(one) - sum(two) == (4 * h * h + 2 * h * f) / 2 + (3 * h + f) / 2
+    interleaved = _plan(pp=2, vpp=2, schedule=Schedule.INTERLEAVED_1F1B)
+    assert rank_tensors(GPT, interleaved, pp_rank=1) == (
+        stage_tensors(GPT, interleaved, 1) + stage_tensors(GPT, interleaved, 3)
+    )
+    assert stage_tensors(GPT, interleaved, 1) == one  # one layer, no embedding or head
+
+
+def _dp_segments(ev: Evaluation) -> list[float]:
+    tl = ev.result.timeline
+    rows = tl[(tl["rank"] == 0) & (tl["kind"] == "dp_comm")].sort_values("start_s")
+    return list(rows["end_s"] - rows["start_s"])
+
+
+def test_zero1_is_a_flat_all_reduce_and_per_tensor_broadcasts() -> None:
+    profile = round_profile()
+    plan = _plan(zero_stage=1)
+    executed = run_plan(plan, profile, dtype="bf16")
+    span = layout_groups(executed, gpus_per_node=profile.gpus_per_node).dp_cp
+    tensors = rank_tensors(GPT, executed, pp_rank=0)
+    per_param = state_bytes_per_param(Precision.BF16)
+    grad_bytes = per_param.grad * sum(tensors)
+    reduce_s = collective_time_s(
+        profile, collective="all_reduce", message_bytes=grad_bytes, span=span
+    )
+    copies_s = FLAT_COPY_ACCESSES * grad_bytes / profile.streaming_bytes_per_s()
+    bcast = sum(
+        p2p_time_s(profile, message_bytes=per_param.param * n, inter_node=False) for n in tensors
+    )
+    assert broadcasts_s(GPT, executed, profile, pp_rank=0)[0] == pytest.approx(bcast)
+    assert bcast > len(tensors) * profile.intra_node["sendrecv"].latency_s
+    ev = simulate_plan(GPT, plan, profile, dtype="bf16")
+    assert _dp_segments(ev) == pytest.approx([reduce_s + copies_s, bcast])
+    # Megatron's reduce-scatter + all-gather, as the planner prices ZeRO-1, is shorter
+    megatron = evaluate(GPT, executed, profile)
+    assert isinstance(megatron, Evaluation)
+    assert sum(_dp_segments(megatron)) < sum(_dp_segments(ev))
+    assert ev.step_time_s - megatron.step_time_s == pytest.approx(
+        sum(_dp_segments(ev)) - sum(_dp_segments(megatron)), rel=1e-2
+    )
+
+
+def test_zero0_pays_the_copies_and_zero2_is_left_alone() -> None:
+    profile = round_profile()
+    zero0 = simulate_plan(GPT, _plan(zero_stage=0), profile, dtype="bf16")
+    grad_bytes = state_bytes_per_param(Precision.BF16).grad * sum(
+        rank_tensors(GPT, _plan(), pp_rank=0)
+    )
+    span = layout_groups(_plan(), gpus_per_node=profile.gpus_per_node).dp_cp
+    reduce_s = collective_time_s(
+        profile, collective="all_reduce", message_bytes=grad_bytes, span=span
+    )
+    copies_s = FLAT_COPY_ACCESSES * grad_bytes / profile.streaming_bytes_per_s()
+    assert _dp_segments(zero0) == pytest.approx([reduce_s + copies_s])
+    assert not executes_flat_all_reduce(_plan(zero_stage=2))
+    assert not executes_flat_all_reduce(_plan(dp=1, zero_stage=1))
+    # the runner reduces after the last backward, whatever the plan asked for
+    overlapped = run_plan(_plan(zero_stage=1, overlap_grad_reduce=True), profile, dtype="bf16")
+    assert not overlapped.overlap_grad_reduce
