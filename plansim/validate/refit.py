@@ -27,7 +27,9 @@ events that term prices, never by the step time. In order:
 5. **Collectives** (``intra_node.<collective>``: latency and bus bandwidth): per collective,
    ``r = measured / simulated`` total seconds of the observed communication kinds it prices.
    ``tp_comm`` prices ``all_reduce`` (``all_gather`` and ``reduce_scatter`` with SP);
-   ``dp_comm`` ``all_reduce`` (ZeRO 0) or ``reduce_scatter`` and ``all_gather`` (ZeRO 1-3);
+   ``dp_comm`` ``all_reduce`` (ZeRO 0), ``all_reduce`` and ``sendrecv`` (ZeRO 1: the
+   runner's flat all-reduce and ZeroRedundancyOptimizer's broadcasts, ``executed_dp``) or
+   ``reduce_scatter`` and ``all_gather`` (ZeRO 2-3);
    ``embedding_grad_comm`` (tied embeddings, pp > 1) ``all_reduce``.
 
 For 4 and 5 the latency is multiplied and the bus bandwidth divided by r, which scales that
@@ -53,6 +55,7 @@ from plansim.io.profiles import merge_profile, profiles_dir
 from plansim.sim import timeline as tl
 from plansim.specs.hardware import CollectiveCurve, Curve, HardwareProfile
 from plansim.validate.compare import CATEGORY_KINDS, Comparison, compare, simulate_plan
+from plansim.validate.executed_dp import executes_flat_all_reduce
 from plansim.validate.refit_terms import (
     PassTotals,
     fit_dtensor,
@@ -226,7 +229,9 @@ def _collectives_by_kind(run: MeasuredRun) -> dict[str, tuple[str, ...]]:
     pricing several kinds is refitted once, from their totals together."""
     plan = run.plan
     tp = ("all_gather", "reduce_scatter") if plan.sequence_parallel else ("all_reduce",)
-    dp = ("all_reduce",) if plan.zero_stage == 0 else ("reduce_scatter", "all_gather")
+    dp: tuple[str, ...] = ("reduce_scatter", "all_gather")
+    if executes_flat_all_reduce(plan):  # ZeroRedundancyOptimizer broadcasts: send/recv
+        dp = ("all_reduce",) if plan.zero_stage == 0 else ("all_reduce", "sendrecv")
     kinds: dict[str, list[str]] = {}
     for kind, names in (("tp_comm", tp), ("dp_comm", dp), ("embedding_grad_comm", ("all_reduce",))):
         for name in names:

@@ -34,7 +34,6 @@ from typing import Any
 import pandas as pd
 
 from plansim.sim import timeline as tl
-from plansim.specs.compute_terms import EXTRA_PAIRS
 from plansim.specs.hardware import HardwareProfile
 from plansim.validate.compare import CATEGORY_KINDS, Comparison
 
@@ -109,15 +108,28 @@ def pass_totals(c: Comparison, sim: pd.DataFrame) -> PassTotals:
     )
 
 
+#: The HostOverhead extras on compute segments that a host factor scales: all of them, or
+#: (``dtensor_only``) the DTensor per-linear pair alone.
+COMPUTE_EXTRAS = {
+    False: (
+        ("dtensor_forward_op_s", "dtensor_backward_op_s"),
+        ("pipeline_action_forward_s", "pipeline_action_backward_s"),
+    ),
+    True: (("dtensor_forward_op_s", "dtensor_backward_op_s"),),
+}
+
+
 def scale_host(
     profile: HardwareProfile, *, forward: float, backward: float, dtensor_only: bool = False
 ) -> HardwareProfile:
     """``profile`` with its host seconds per pass scaled by ``forward`` / ``backward``.
 
-    ``dtensor_only``: scale only the tensor-parallel extras (the ``dtensor_`` per-linear and
-    per-all-reduce figures; plain per-op figures and the other extras kept). Otherwise the
-    plain figures are scaled over the bare dispatch (serial) or as a whole (asynchronous),
-    and every measured extra (DTensor, FSDP2 unit, pipeline action) by the same factors.
+    ``dtensor_only``: scale only the DTensor per-linear extras (everything else kept).
+    Otherwise the plain figures are scaled over the bare dispatch (serial) or as a whole
+    (asynchronous), and the extras that lengthen compute (DTensor per linear, pipeline
+    action) by the same factors. The DTensor all-reduce and FSDP2 unit extras lengthen
+    communication segments, which the run cannot time apart from its passes (the X of the
+    module docstring, not H), so they are kept as measured.
     """
     host = profile.host_overhead
     if host is None:
@@ -130,9 +142,7 @@ def scale_host(
         return max(0.0, dispatch + factor * (value - dispatch)) if value > dispatch else value
 
     changes: dict[str, Any] = {}
-    for fwd, bwd in EXTRA_PAIRS:
-        if dtensor_only and not fwd.startswith("dtensor_"):
-            continue
+    for fwd, bwd in COMPUTE_EXTRAS[dtensor_only]:
         for name, factor in ((fwd, forward), (bwd, backward)):
             value = getattr(host, name)
             changes[name] = None if value is None else max(0.0, value * factor)

@@ -330,3 +330,32 @@ def test_disturbed_steps_follow_the_calibration_cpu_share_rule() -> None:
     assert waits.disturbed_steps == (1,)  # 10% is quiet: the calibration keeps >= 90%
     with pytest.raises(ValidateError, match="3 measured steps"):
         dataclasses.replace(run, run_queue_fractions=(0.03,))
+
+
+def test_refit_of_zero1_fits_the_collectives_the_runner_uses() -> None:
+    """dp2 ZeRO-1 runs a flat all-reduce and per-tensor broadcasts (``executed_dp``): a
+    machine whose all-reduce and send/recv are 2x slower is recovered on those two curves,
+    and the reduce-scatter / all-gather curves the runner never uses are kept."""
+    profile = profile_with_fp32()
+    plan = ParallelPlan(dp=2, tp=1, pp=1, micro_batch_size=1, global_batch_size=4, zero_stage=1)
+
+    def twice(curve: CollectiveCurve) -> CollectiveCurve:
+        bw = curve.busbw_bytes_per_s
+        return dataclasses.replace(
+            curve,
+            latency_s=2 * curve.latency_s,
+            busbw_bytes_per_s=Curve(x=bw.x, y=tuple(y / 2 for y in bw.y)),
+        )
+
+    slow = {c: twice(profile.intra_node[c]) for c in ("all_reduce", "sendrecv")}
+    truth_profile = dataclasses.replace(profile, intra_node={**profile.intra_node, **slow})
+    truth = simulate_plan(MODEL, plan, truth_profile, dtype="fp32")
+    run = measured_run(
+        truth.result.timeline, step_times_s=(truth.step_time_s,) * 2, plan=plan, memory=(1000,)
+    )
+    fitted = refit(run, profile, dtype="fp32", source="test run")
+    assert abs(fitted.after.step_time_error_pct) < 0.5 < abs(fitted.before.step_time_error_pct)
+    assert fitted.factors["intra_node.all_reduce"] == pytest.approx(2.0, rel=0.05)
+    assert fitted.factors["intra_node.sendrecv"] == pytest.approx(2.0, rel=0.05)
+    for kept in ("all_gather", "reduce_scatter"):
+        assert fitted.profile.intra_node[kept] == profile.intra_node[kept]
