@@ -15,13 +15,20 @@ no file is written). Columns:
   not see), the honest figure of what calibration buys;
 - ``fwd_pct`` / ``bwd_pct`` / ``opt_pct`` / ``comm_pct``: per-kind total errors before the
   refit (which kind dominates the step-time error);
-- ``repeat_spread_pct`` (with ``--repeats R``): the plan is run R times and the run with the
-  median step time is the one compared; (slowest - fastest) / median of the R runs' step
-  times says how far this machine's own run-to-run variation reaches;
+- ``repeat_spread_pct`` (with ``--repeats R``): the plan is run R times (round-robin over
+  the plans, so a slow phase of the machine reaches one repeat of several plans rather than
+  every repeat of one) and the run with the median step time is the one compared; (slowest
+  - fastest) / median of the R runs' step times says how far this machine's own run-to-run
+  variation reaches;
 - ``run_queue``: the largest fraction of a measured step any rank spent runnable but waiting
   for a CPU behind other work (Linux schedstat), and ``disturbed``: measured steps where that
   exceeds 10% (``MeasuredRun.disturbed_steps``, the calibration's 90%-of-a-core rule): those
   step times measure other load on the machine as much as the plan.
+
+- ``probe_gflops``: a 512^3 fp32 GEMM looped for a quarter second in one process just before
+  the compared run, GFLOP/s: the machine's speed at that moment (the same plan measures
+  slower when this is lower; the profile's GEMMs were timed cold, so compare probes with
+  each other, not with the profile).
 
 Run:
     .venv/bin/python benchmarks/bench_validate.py [--profile P] [--steps S] [--layers L]
@@ -97,6 +104,24 @@ def _err(c: Comparison, category: str) -> float | None:
     return None if m == 0 else round(100 * (s - m) / m, 1)
 
 
+def probe_gflops(seconds: float = 0.25) -> float:
+    """GFLOP/s of a 512^3 fp32 GEMM looped for ``seconds`` on one thread (this process)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a, b = torch.randn(512, 512), torch.randn(512, 512)
+        torch.mm(a, b)
+        calls, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            torch.mm(a, b)
+            calls += 1
+        return calls * 2 * 512**3 / (time.perf_counter() - start) / 1e9
+    finally:
+        torch.set_num_threads(threads)
+
+
 def row(
     name: str, run: MeasuredRun, profile: HardwareProfile, previous: HardwareProfile | None
 ) -> tuple[dict[str, object], HardwareProfile]:
@@ -133,8 +158,8 @@ def main() -> None:
         "--repeats",
         type=int,
         default=1,
-        help="runs per plan; the run with the median step time is compared and the spread "
-        "(max - min) / median of the runs' step times is printed",
+        help="runs per plan, round-robin over the plans; the run with the median step time "
+        "is compared and the spread (max - min) / median of the runs' step times is printed",
     )
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--layers", type=int, default=4)
@@ -150,23 +175,35 @@ def main() -> None:
     model = model_for(args)
     rows = []
     previous: HardwareProfile | None = None
-    for name in args.plans.split(","):
-        plan = ParallelPlan(micro_batch_size=args.mbs, global_batch_size=args.gbs, **PLANS[name])  # type: ignore[arg-type]
-        start = time.perf_counter()
-        runs = sorted(
-            (run_one(model, plan, args) for _ in range(args.repeats)),
-            key=lambda r: r.median_step_time_s,
-        )
-        run = runs[len(runs) // 2]  # the run whose median step time is the median run's
+    names = args.plans.split(",")
+    plans = {
+        name: ParallelPlan(micro_batch_size=args.mbs, global_batch_size=args.gbs, **PLANS[name])  # type: ignore[arg-type]
+        for name in names
+    }
+    # Round-robin over the plans: this VM's speed drifts over seconds to minutes, so a slow
+    # phase lands on one repeat of several plans rather than on every repeat of one plan.
+    runs: dict[str, list[tuple[MeasuredRun, float]]] = {name: [] for name in names}
+    walls = dict.fromkeys(names, 0.0)
+    for _ in range(args.repeats):
+        for name in names:
+            start = time.perf_counter()
+            probe = probe_gflops()
+            runs[name].append((run_one(model, plans[name], args), probe))
+            walls[name] += time.perf_counter() - start
+    for name in names:
+        pairs = sorted(runs[name], key=lambda pair: pair[0].median_step_time_s)
+        ordered = [r for r, _ in pairs]
+        run, probe = pairs[len(pairs) // 2]  # the run whose median step time is the median's
         if args.save:
             Path(args.save).mkdir(parents=True, exist_ok=True)
             Path(args.save, f"{name}.pkl").write_bytes(pickle.dumps(run))
         result, previous = row(name, run, profile, previous)
-        medians = [r.median_step_time_s for r in runs]
+        medians = [r.median_step_time_s for r in ordered]
         result["repeat_spread_pct"] = round(
             100 * (medians[-1] - medians[0]) / run.median_step_time_s, 1
         )
-        result["wall_s"] = round(time.perf_counter() - start, 1)
+        result["probe_gflops"] = round(probe, 1)
+        result["wall_s"] = round(walls[name], 1)
         rows.append(result)
         print(pd.DataFrame([result]).to_string(index=False), flush=True)
     load = os.getloadavg()[0]
