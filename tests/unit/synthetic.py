@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+from plansim.catalog import resolve_model
 from plansim.specs.hardware import CollectiveCurve, Curve, HardwareProfile
 from plansim.specs.model import Activation, ModelSpec
 
@@ -17,6 +20,30 @@ TINY_MODEL = ModelSpec(
     seq_length=32,
     vocab_size=128,
     tied_embeddings=False,
+)
+
+#: Small models of the validate model's two families, for tests that build or count them:
+#: GPT-3's shape (GELU, MHA, learned positions, biases, tied embeddings) and Llama 3's
+#: (SwiGLU, RoPE, GQA, RMSNorm, no biases, untied), 4 layers of width 64.
+SMALL_GPT = dataclasses.replace(
+    resolve_model("gpt3-175b"),
+    num_layers=4,
+    hidden_size=64,
+    num_attention_heads=4,
+    num_query_groups=4,
+    ffn_hidden_size=256,
+    seq_length=16,
+    vocab_size=128,
+)
+SMALL_LLAMA = dataclasses.replace(
+    resolve_model("llama3-8b"),
+    num_layers=4,
+    hidden_size=64,
+    num_attention_heads=4,
+    num_query_groups=2,
+    ffn_hidden_size=128,
+    seq_length=16,
+    vocab_size=128,
 )
 
 

@@ -7,37 +7,17 @@ import dataclasses
 import pytest
 
 from plansim.analytic.layer_cost import gemm_time_s, layer_gemms
-from plansim.catalog import resolve_model
 from plansim.specs.compute_terms import HostOverhead
 from plansim.specs.hardware import Curve
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan
 from plansim.validate.eager_layer import eager_layer_extra, eager_layer_ops
-from tests.unit.synthetic import round_profile
+from tests.unit.synthetic import SMALL_GPT, SMALL_LLAMA, round_profile
 
 #: torch functions that launch no kernel (views, shape reads, dtype moves of constants).
 NO_KERNEL = {"__get__", "view", "transpose", "reshape", "__getitem__", "to"}
 
-GPT = dataclasses.replace(
-    resolve_model("gpt3-175b"),
-    num_layers=2,
-    hidden_size=64,
-    num_attention_heads=4,
-    num_query_groups=4,
-    ffn_hidden_size=256,
-    seq_length=16,
-    vocab_size=128,
-)
-LLAMA = dataclasses.replace(
-    resolve_model("llama3-8b"),
-    num_layers=2,
-    hidden_size=64,
-    num_attention_heads=4,
-    num_query_groups=2,
-    ffn_hidden_size=128,
-    seq_length=16,
-    vocab_size=128,
-)
+GPT, LLAMA = SMALL_GPT, SMALL_LLAMA
 
 
 def _counted(model: ModelSpec) -> tuple[int, int]:

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from plansim.analytic.comm import collective_time_s, p2p_time_s
 from plansim.analytic.memory import state_bytes_per_param
 from plansim.analytic.ranks import layout_groups
-from plansim.catalog import resolve_model
 from plansim.planner.evaluate import Evaluation, evaluate
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan, Precision, Schedule
@@ -22,30 +19,9 @@ from plansim.validate.executed_dp import (
     stage_tensors,
 )
 from plansim.validate.simulated import run_plan, simulate_plan
-from tests.unit.synthetic import round_profile
+from tests.unit.synthetic import SMALL_GPT, SMALL_LLAMA, round_profile
 
-#: The validate bench's GPT (tied embeddings, learned positions, LayerNorm, biases) and a
-#: Llama-style model (RMSNorm, RoPE, SwiGLU, GQA, no biases, untied), both small.
-GPT = dataclasses.replace(
-    resolve_model("gpt3-175b"),
-    num_layers=4,
-    hidden_size=64,
-    num_attention_heads=4,
-    num_query_groups=4,
-    ffn_hidden_size=256,
-    seq_length=32,
-    vocab_size=128,
-)
-LLAMA = dataclasses.replace(
-    resolve_model("llama3-8b"),
-    num_layers=4,
-    hidden_size=64,
-    num_attention_heads=4,
-    num_query_groups=2,
-    ffn_hidden_size=160,
-    seq_length=32,
-    vocab_size=128,
-)
+GPT, LLAMA = SMALL_GPT, SMALL_LLAMA
 
 
 def _plan(**fields: object) -> ParallelPlan:
