@@ -132,6 +132,12 @@ def ring_collective_time_s(
     )
 
 
+def p2p_latency_s(profile: HardwareProfile, *, inter_node: bool) -> float:
+    """The latency (alpha) :func:`p2p_time_s` gives a send/recv: ``nic_latency_s`` across
+    nodes, the send/recv curve's inside a node."""
+    return profile.nic_latency_s if inter_node else profile.intra_node["sendrecv"].latency_s
+
+
 def p2p_time_s(profile: HardwareProfile, *, message_bytes: float, inter_node: bool) -> float:
     """Seconds for one send/recv of ``message_bytes`` between two GPUs.
 

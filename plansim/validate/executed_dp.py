@@ -25,7 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from plansim.analytic.comm import collective_latency_s, collective_time_s, p2p_time_s
+from plansim.analytic.comm import (
+    collective_latency_s,
+    collective_time_s,
+    p2p_latency_s,
+    p2p_time_s,
+)
 from plansim.analytic.memory import state_bytes_per_param
 from plansim.analytic.ranks import layout_groups
 from plansim.specs.hardware import HardwareProfile
@@ -129,7 +134,7 @@ def broadcasts_s(
     param_bytes = state_bytes_per_param(plan.precision).param
     sizes = [n * param_bytes for n in rank_tensors(model, plan, pp_rank=pp_rank)]
     seconds = sum(p2p_time_s(profile, message_bytes=b, inter_node=across) for b in sizes)
-    alpha = profile.nic_latency_s if across else profile.intra_node["sendrecv"].latency_s
+    alpha = p2p_latency_s(profile, inter_node=across)
     return seconds, float(sum(sizes)), len(sizes) * alpha
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plansim.analytic.comm import collective_latency_s
+from plansim.analytic.comm import collective_latency_s, p2p_latency_s
 from plansim.analytic.ranks import layout_groups
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.plan import ParallelPlan
@@ -81,13 +81,13 @@ def fsdp_unit_extra(plan: ParallelPlan, profile: HardwareProfile) -> Extra:
 
 def pipeline_action_extra(plan: ParallelPlan, profile: HardwareProfile) -> Extra:
     """Extra seconds of one forward and one backward action of a pipeline (pp > 1; else
-    nothing): the measured per-action figures less the latency ``comm.p2p_time_s`` gives one
-    pipeline send/recv (the send/recv curve's alpha in a node, ``nic_latency_s`` across)."""
+    nothing): the measured per-action figures less the latency of one pipeline send/recv
+    (``comm.p2p_latency_s``)."""
     host = profile.host_overhead
     if plan.pp == 1 or host is None or host.pipeline_action_forward_s is None:
         return NONE
     across = layout_groups(plan, gpus_per_node=profile.gpus_per_node).pp.num_nodes > 1
-    priced = profile.nic_latency_s if across else profile.intra_node["sendrecv"].latency_s
+    priced = p2p_latency_s(profile, inter_node=across)
     backward = host.pipeline_action_backward_s or 0.0
     return Extra(
         forward_s=max(0.0, host.pipeline_action_forward_s - priced),

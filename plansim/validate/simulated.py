@@ -1,6 +1,6 @@
 """The simulated side of a validation: the plan simulated as torch executes it (pure).
 
-Three differences from ``plansim.planner.evaluate.evaluate``'s Megatron-LM defaults, all to
+Where it differs from ``plansim.planner.evaluate.evaluate``'s Megatron-LM defaults, it is to
 simulate what the runner executes: the plan's precision is the run's dtype
 (:func:`run_plan`; fp32 on the CPU: fp32 GEMM curve, 4-byte weights, gradients,
 activations and messages, torch AdamW's 28 B/param step; ``plansim.specs.plan.Precision``),
