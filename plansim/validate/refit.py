@@ -1,7 +1,8 @@
 """Refit a hardware profile from one measured run (``plansim validate --update-profile``; pure).
 
 Mechanistic: each profile term is scaled by the ratio of measured to simulated time of the
-events that term prices, never by the step time. In order:
+events that term prices; the step time is used only by the last step, for the time between
+a pipeline's actions, which no event isolates. In order:
 
 1. **Streaming bandwidth** (``hbm_efficiency_fraction``, or ``hbm_bandwidth_gb_per_s`` when
    the fraction would pass 1): the optimizer is a pure streaming kernel
@@ -31,6 +32,9 @@ events that term prices, never by the step time. In order:
    runner's flat all-reduce and ZeroRedundancyOptimizer's broadcasts, ``executed_dp``) or
    ``reduce_scatter`` and ``all_gather`` (ZeRO 2-3);
    ``embedding_grad_comm`` (tied embeddings, pp > 1) ``all_reduce``.
+6. **Pipeline actions** (``host_overhead.pipeline_action_*``, pp > 1, when the profile has
+   them; :mod:`plansim.validate.refit_pipeline`): one factor on both per-action figures
+   makes the simulated step time equal the measured one.
 
 For 4 and 5 the latency is multiplied and the bus bandwidth divided by r, which scales that
 collective's time by r at every message size (one message size cannot separate alpha from
@@ -56,6 +60,7 @@ from plansim.sim import timeline as tl
 from plansim.specs.hardware import CollectiveCurve, Curve, HardwareProfile
 from plansim.validate.compare import CATEGORY_KINDS, Comparison, compare, simulate_plan
 from plansim.validate.executed_dp import executes_flat_all_reduce
+from plansim.validate.refit_pipeline import refit_pipeline
 from plansim.validate.refit_terms import (
     PassTotals,
     fit_dtensor,
@@ -66,6 +71,7 @@ from plansim.validate.refit_terms import (
 )
 from plansim.validate.refit_update import profile_update
 from plansim.validate.result import MeasuredRun
+from plansim.validate.simulated import PIPELINE_ACTION_KIND
 
 #: Relative tolerance of the GEMM fixed-point iteration, and its round limit.
 _TOLERANCE = 1e-3
@@ -214,7 +220,8 @@ def _kind_totals(c: Comparison, kinds: tuple[str, ...]) -> tuple[float, float]:
 def _unobserved_in_action_s(c: Comparison) -> float:
     """Simulated seconds of in-action communication (rows tied to a micro-batch: TP, CP,
     ZeRO-3 gathers) of kinds the run did not record."""
-    rows = c.kinds[~c.kinds.index.isin(_PASS_KINDS + _P2P_KINDS) & (c.kinds["measured_count"] == 0)]
+    known = _PASS_KINDS + _P2P_KINDS + (PIPELINE_ACTION_KIND,)
+    rows = c.kinds[~c.kinds.index.isin(known) & (c.kinds["measured_count"] == 0)]
     return float(rows["simulated_tied_total_s"].sum())
 
 
@@ -349,6 +356,8 @@ def refit_profile(
             continue
         profile = _scale_collective(profile, name, r)
         factors[f"intra_node.{name}"] = r
+    if run.plan.pp > 1:
+        profile = refit_pipeline(run, profile, dtype=dtype, factors=factors, notes=notes)
     return profile, factors, tuple(notes)
 
 

@@ -36,6 +36,7 @@ import pandas as pd
 from plansim.sim import timeline as tl
 from plansim.specs.hardware import HardwareProfile
 from plansim.validate.compare import CATEGORY_KINDS, Comparison
+from plansim.validate.simulated import PIPELINE_ACTION_KIND
 
 #: Least |sin| of the angle between the device and host columns for the 2 x 2 solve.
 MIN_SEPARATION = 0.1
@@ -70,7 +71,7 @@ def unobserved_split(c: Comparison, sim: pd.DataFrame) -> tuple[float, float]:
     hidden = set(
         kinds.index[(kinds["measured_count"] == 0) & (kinds["simulated_tied_total_s"] > 0)]
     )
-    hidden -= set(_FORWARD + _BACKWARD)
+    hidden -= {*_FORWARD, *_BACKWARD, PIPELINE_ACTION_KIND}  # between actions, not inside
     rows = sim[sim[tl.KIND].isin(hidden) & (sim[tl.MICROBATCH] >= 0)]
     compute = sim[(sim[tl.STREAM] == tl.COMPUTE) & sim[tl.KIND].isin(_FORWARD + _BACKWARD)]
     by_key = {key: group for key, group in compute.groupby([tl.RANK, tl.STAGE, tl.MICROBATCH])}
@@ -108,15 +109,11 @@ def pass_totals(c: Comparison, sim: pd.DataFrame) -> PassTotals:
     )
 
 
-#: The HostOverhead extras on compute segments that a host factor scales: all of them, or
-#: (``dtensor_only``) the DTensor per-linear pair alone.
-COMPUTE_EXTRAS = {
-    False: (
-        ("dtensor_forward_op_s", "dtensor_backward_op_s"),
-        ("pipeline_action_forward_s", "pipeline_action_backward_s"),
-    ),
-    True: (("dtensor_forward_op_s", "dtensor_backward_op_s"),),
-}
+#: The HostOverhead extras a host factor scales: the DTensor per-linear pair, which lengthens
+#: the passes' compute. The DTensor all-reduce and FSDP2 unit figures lengthen communication
+#: segments (the X of the module docstring) and the pipeline-action figures the time between
+#: actions (refitted by ``refit_pipeline``), so neither is in the passes' host time.
+HOST_SCALED_EXTRAS = (("dtensor_forward_op_s", "dtensor_backward_op_s"),)
 
 
 def scale_host(
@@ -126,10 +123,8 @@ def scale_host(
 
     ``dtensor_only``: scale only the DTensor per-linear extras (everything else kept).
     Otherwise the plain figures are scaled over the bare dispatch (serial) or as a whole
-    (asynchronous), and the extras that lengthen compute (DTensor per linear, pipeline
-    action) by the same factors. The DTensor all-reduce and FSDP2 unit extras lengthen
-    communication segments, which the run cannot time apart from its passes (the X of the
-    module docstring, not H), so they are kept as measured.
+    (asynchronous), and the DTensor per-linear extras by the same factors; the other extras
+    are kept (:data:`HOST_SCALED_EXTRAS`).
     """
     host = profile.host_overhead
     if host is None:
@@ -142,7 +137,7 @@ def scale_host(
         return max(0.0, dispatch + factor * (value - dispatch)) if value > dispatch else value
 
     changes: dict[str, Any] = {}
-    for fwd, bwd in COMPUTE_EXTRAS[dtensor_only]:
+    for fwd, bwd in HOST_SCALED_EXTRAS:
         for name, factor in ((fwd, forward), (bwd, backward)):
             value = getattr(host, name)
             changes[name] = None if value is None else max(0.0, value * factor)
@@ -156,12 +151,11 @@ def scale_host(
 
 
 def without_host(profile: HardwareProfile, *, dtensor_only: bool = False) -> HardwareProfile:
-    """``profile`` with no host term (or with zero tensor-parallel extras only)."""
-    if profile.host_overhead is None:
-        return profile
-    if dtensor_only:
-        return scale_host(profile, forward=0.0, backward=0.0, dtensor_only=True)
-    return dataclasses.replace(profile, host_overhead=None)
+    """``profile`` without the host time :func:`scale_host` scales: per-op figures down to
+    the bare dispatch and zero DTensor per-linear extras (``dtensor_only``: those extras
+    alone), the other extras kept, so the difference of two simulations is the host term H
+    of the module docstring and nothing else."""
+    return scale_host(profile, forward=0.0, backward=0.0, dtensor_only=dtensor_only)
 
 
 def fit_host_scale(with_host: PassTotals, device_only: PassTotals) -> float | None:

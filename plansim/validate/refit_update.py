@@ -13,6 +13,8 @@ _HOST_FACTORS = {
     "backward_op_us": "host_overhead",
     "dtensor_forward_op_us": "host_overhead.dtensor_forward",
     "dtensor_backward_op_us": "host_overhead.dtensor_backward",
+    "pipeline_action_forward_us": "host_overhead.pipeline_action",
+    "pipeline_action_backward_us": "host_overhead.pipeline_action",
 }
 
 

@@ -232,10 +232,11 @@ def _with_added(
 ) -> PipelineWork:
     """``work`` with ``added`` for ``layers`` layers per stage: on the first compute, TP and
     ZeRO-3 (``dp_comm``) segment of each stage's forward and backward (and input-gradient
-    backward); FSDP2's for ``layers`` + 1 units (the stage root is one more); the pipeline
-    action's once per stage forward and backward (each is one action of the schedule). Under
-    full recomputation the layer's and the all-reduces' forward figures count again in
-    backward."""
+    backward); FSDP2's for ``layers`` + 1 units (the stage root is one more). Under full
+    recomputation the layer's and the all-reduces' forward figures count again in backward.
+    The pipeline action's figures go into a compute segment of their own
+    (:data:`PIPELINE_ACTION_KIND`) before each stage forward and backward: the schedule's
+    work between actions, which the run's forward/backward intervals do not contain."""
     full = plan.recompute is Recompute.FULL
 
     def kind_of(stream: str, kind: str = "") -> Callable[[Segment], bool]:
@@ -243,7 +244,6 @@ def _with_added(
 
     parts = (  # (segments, how many, seconds, repeated by a full-recompute forward)
         (kind_of("compute"), layers, added.layer, full),
-        (kind_of("compute"), 1, added.pipeline, False),  # per action, not per layer
         (kind_of("tp", "tp_comm"), layers, added.tp, full),
         (kind_of("dp", "dp_comm"), layers + 1, added.fsdp, False),  # one unshard serves both
     )
@@ -256,6 +256,9 @@ def _with_added(
             forward = _lengthen_first(forward, fwd_s, match)
             backward = _lengthen_first(backward, bwd_s, match)
             backward_input = _lengthen_first(backward_input, bwd_s, match)
+        forward = _action_first(forward, added.pipeline.forward_s)
+        backward = _action_first(backward, added.pipeline.backward_s)
+        backward_input = _action_first(backward_input, added.pipeline.backward_s)
         stages.append(
             dataclasses.replace(
                 st, forward=forward, backward=backward, backward_input=backward_input
@@ -289,6 +292,19 @@ def _with_tp_all_reduces(
         for st in work.stages
     )
     return dataclasses.replace(work, stages=stages)
+
+
+#: Timeline kind of a pipeline action's own work (torch.distributed.pipelining's per-action
+#: cost, ``framework_overhead.pipeline_action_extra``); the run records no such interval.
+PIPELINE_ACTION_KIND = "pipeline_action"
+
+
+def _action_first(segments: tuple[Segment, ...], seconds: float) -> tuple[Segment, ...]:
+    """``segments`` behind a :data:`PIPELINE_ACTION_KIND` compute segment of ``seconds``
+    (unchanged when ``seconds`` is 0 or there are no segments)."""
+    if seconds <= 0 or not segments:
+        return segments
+    return (Segment(kind=PIPELINE_ACTION_KIND, stream="compute", duration_s=seconds), *segments)
 
 
 def _lengthen_first(

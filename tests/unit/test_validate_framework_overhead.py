@@ -16,7 +16,7 @@ from plansim.validate.framework_overhead import (
     pipeline_action_extra,
     tp_all_reduce_extra,
 )
-from plansim.validate.simulated import simulate_plan
+from plansim.validate.simulated import PIPELINE_ACTION_KIND, simulate_plan
 from tests.unit.synthetic import round_profile
 
 GPT = resolve_model("megatron-1.7b")
@@ -105,3 +105,26 @@ def test_pipeline_actions_lengthen_the_simulated_step() -> None:
     after = simulate_plan(GPT, plan, with_extra, dtype="bf16").step_time_s
     assert per_pair > 10 * MS
     assert m * per_pair - 1e-9 <= after - before <= (m + 1) * per_pair + 1e-9
+
+
+def test_pipeline_actions_are_their_own_compute_rows() -> None:
+    """The per-action cost sits before each stage forward and backward as a
+    ``pipeline_action`` compute row (the run's forward/backward intervals do not hold it):
+    one per action, each of the extra's length, and the forward rows keep their length."""
+    plan = ParallelPlan(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=4)
+    with_extra = _profile(pipeline_action_forward_s=5 * MS, pipeline_action_backward_s=7 * MS)
+    extra = pipeline_action_extra(plan, with_extra)
+    tl = simulate_plan(GPT, plan, with_extra, dtype="bf16").result.timeline
+    plain = simulate_plan(GPT, plan, _profile(), dtype="bf16").result.timeline
+    rows = tl[tl["kind"] == PIPELINE_ACTION_KIND]
+    actions = 2 * plan.pp * plan.num_microbatches  # F and B of every stage and micro-batch
+    assert len(rows) == actions and (rows["stream"] == "compute").all()
+    durations = sorted((rows["end_s"] - rows["start_s"]).round(12))
+    half = actions // 2
+    assert durations == pytest.approx([extra.forward_s] * half + [extra.backward_s] * half)
+
+    def forward_s(df):  # type: ignore[no-untyped-def]
+        f = df[df["kind"] == "forward"]
+        return float((f["end_s"] - f["start_s"]).sum())
+
+    assert forward_s(tl) == pytest.approx(forward_s(plain))
