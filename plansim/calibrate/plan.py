@@ -339,9 +339,11 @@ def group_sizes_for(nproc: int, *, quick: bool) -> tuple[int, ...]:
 def build_plan(*, nproc: int, device: str, quick: bool, fp8: bool = False) -> Plan:
     """The items for ``nproc`` ranks on ``device`` (``cpu`` or ``cuda``).
 
-    GEMMs and collectives are measured in ``passes`` sweeps (3 with ``quick``, else 5) spread
-    over the run, so that a machine whose speed drifts (a VM's host, clocks) is sampled at
-    several times; the profile takes the median over passes.
+    GEMMs, collectives and the host-overhead chains are measured in ``passes`` sweeps (3
+    with ``quick``, else 5) spread over the run, so that a machine whose speed drifts (a
+    VM's host, clocks) is sampled at several times; the profile takes the median over
+    passes. (The chains over every rank are differences of two chains: one pass caught in a
+    slow phase moved the CPU profile's DTensor all-reduce figure by 80% between two runs.)
     """
     groups = group_sizes_for(nproc, quick=quick)
     dtypes = GEMM_DTYPES + (("fp8",) if fp8 else ())
@@ -355,7 +357,6 @@ def build_plan(*, nproc: int, device: str, quick: bool, fp8: bool = False) -> Pl
             configs = ((512, 512), (2048, 2048), (4096, 4096), (8192, 8192))
         others = _attention_items(("fp32", "bf16"), (256, 1024), heads=4)
         others += _memory_items(("copy", "add"), (1 << 24,), (1 << 20,))
-        others += _host_op_items(nproc)
         others += _elementwise_items(ew_dtype, ew_configs[:1])
         messages = (64, 1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22, 1 << 23, 1 << 24, 1 << 25)
     else:
@@ -367,7 +368,6 @@ def build_plan(*, nproc: int, device: str, quick: bool, fp8: bool = False) -> Pl
         others += _memory_items(
             tuple(STREAM_ACCESSES), (1 << 22, 1 << 24, 1 << 26), (1 << 20, 1 << 23)
         )
-        others += _host_op_items(nproc)
         others += _elementwise_items(ew_dtype, ew_configs)
         messages = tuple(1 << e for e in range(6, 28, 1))
     if nproc > 1:
@@ -376,11 +376,13 @@ def build_plan(*, nproc: int, device: str, quick: bool, fp8: bool = False) -> Pl
         others += _copy_items(tuple(1 << e for e in (20, 24, 28, 30)))
         messages = messages + ((1 << 28, 1 << 30) if not quick else ())
     gemms, collectives = _gemm_items(dtypes, configs), _collective_items(groups, messages)
+    hosts = _host_op_items(nproc)
     passes = 3 if quick else 5
     items: list[Item] = []
     for index in range(passes):
         items += [dataclasses.replace(i, sweep=index) for i in gemms]
         items += others if index == 0 else []
+        items += [dataclasses.replace(i, sweep=index) for i in hosts]
         items += [dataclasses.replace(i, sweep=index) for i in collectives]
     return Plan(
         items=tuple(items), timing=QUICK if quick else FULL, group_sizes=groups, quick=quick
