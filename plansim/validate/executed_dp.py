@@ -50,7 +50,7 @@ def layer_tensors(model: ModelSpec, plan: ParallelPlan) -> tuple[int, ...]:
     model has them. q, k, v, up and gate are column-parallel (weights and biases split over
     tp), o and down row-parallel (weights split, biases whole); norms are whole."""
     h, f, kv, tp = model.hidden_size, model.ffn_hidden_size, model.kv_size, plan.tp
-    norm = (h, h) if model.normalization is Normalization.LAYERNORM else (h,)
+    norm = _norm_tensors(model)
     bias = model.add_bias_linear
 
     def linear(n_in: int, n_out: int, *, column: bool) -> tuple[int, ...]:
@@ -73,6 +73,12 @@ def layer_tensors(model: ModelSpec, plan: ParallelPlan) -> tuple[int, ...]:
     )
 
 
+def _norm_tensors(model: ModelSpec) -> tuple[int, ...]:
+    """A norm's tensors: LayerNorm weight and bias, RMSNorm weight."""
+    h = model.hidden_size
+    return (h, h) if model.normalization is Normalization.LAYERNORM else (h,)
+
+
 def stage_tensors(model: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[int, ...]:
     """Elements of each parameter tensor of validate pipeline ``stage`` on one TP rank: the
     embedding (tokens, learned positions) on stage 0, its layers, and the final norm and
@@ -88,7 +94,7 @@ def stage_tensors(model: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[int
             out += (model.seq_length * h,)
     out += layer_tensors(model, plan) * (model.num_layers // plan.num_stages)
     if stage == last:
-        out += (h, h) if model.normalization is Normalization.LAYERNORM else (h,)
+        out += _norm_tensors(model)
         if not (model.tied_embeddings and plan.num_stages == 1):
             out += (v * h,)
     return out
