@@ -16,6 +16,7 @@ pass over p ranks takes m + p - 1 actions on its critical path, the item's ``wor
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -32,6 +33,31 @@ def _loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return ((output - target) ** 2).mean()
 
 
+def plansim_runtime(
+    stages: list[Any],
+    *,
+    schedule: Schedule,
+    num_ranks: int,
+    num_microbatches: int,
+    vpp: int,
+    loss_fn: Callable[..., torch.Tensor],
+) -> tuple[Any, dict[int, list[Any]]]:
+    """torch's ``_PipelineScheduleRuntime`` over ``stages`` running plansim's action lists
+    (``plansim.schedule.builders.build_actions``, in torch's ``"0F1"`` alphabet) with
+    send/recv lowered by torch, gradients scaled by 1 / m; and those lists per rank as
+    torch ``_Action`` s. The runtime ``plansim validate`` drives and this item times."""
+    from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
+
+    lists = build_actions(schedule, num_ranks=num_ranks, num_microbatches=num_microbatches, vpp=vpp)
+    order = {r: [_Action.from_str(str(a)) for a in acts] for r, acts in enumerate(lists)}
+    runtime = _PipelineScheduleRuntime(  # type: ignore[no-untyped-call]
+        stages, n_microbatches=num_microbatches, loss_fn=loss_fn, scale_grads=True
+    )
+    runtime.pipeline_order = dict(order)
+    runtime._prepare_schedule_with_comms(order)
+    return runtime, order
+
+
 def pipeline_chain(item: Item, *, device: torch.device, world: int) -> Callable[[], object]:
     """The call to time for a pipeline chain item: one schedule step on this rank (every
     rank of the world calls it together).
@@ -42,7 +68,7 @@ def pipeline_chain(item: Item, *, device: torch.device, world: int) -> Callable[
     """
     try:
         from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
-        from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
+        from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
     except ImportError as exc:
         raise RuntimeError(f"no torch.distributed.pipelining in this torch: {exc}") from None
     ops, m = item.shape
@@ -57,13 +83,10 @@ def pipeline_chain(item: Item, *, device: torch.device, world: int) -> Callable[
     backward = item.op.endswith("_fwd_bwd")
     schedule: ScheduleGPipe | _PipelineScheduleRuntime
     if backward:
-        schedule = _PipelineScheduleRuntime(  # type: ignore[no-untyped-call]
-            [stage], n_microbatches=m, loss_fn=_loss, scale_grads=True
-        )
-        lists = build_actions(Schedule.GPIPE, num_ranks=world, num_microbatches=m, vpp=1)
-        order = {r: [_Action.from_str(str(a)) for a in acts] for r, acts in enumerate(lists)}
-        schedule.pipeline_order = dict(order)
-        schedule._prepare_schedule_with_comms(order)
+        schedule, _ = plansim_runtime(
+            [stage], schedule=Schedule.GPIPE, num_ranks=world, num_microbatches=m, vpp=1,
+            loss_fn=_loss,
+        )  # fmt: skip
     else:
         schedule = ScheduleGPipe(stage, n_microbatches=m, loss_fn=None)
     x = torch.randn(MICROBATCH_ROWS * m, WIDTH, device=device)

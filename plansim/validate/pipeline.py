@@ -31,8 +31,8 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
+from plansim.calibrate.bench_pipeline import plansim_runtime
 from plansim.schedule.actions import ActionKind
-from plansim.schedule.builders import build_actions
 from plansim.specs.plan import ParallelPlan, Schedule
 from plansim.validate.measure import Recorder, wrap_method
 from plansim.validate.model import loss_fn
@@ -110,7 +110,6 @@ class PipelineExecutor:
         activation_bytes: float,
     ) -> None:
         from torch.distributed.pipelining import PipelineStage
-        from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
 
         self.plan = plan
         self.recorder = recorder
@@ -119,15 +118,15 @@ class PipelineExecutor:
             PipelineStage(mod, idx, plan.num_stages, device, group=pp_group)
             for idx, mod in sorted(modules.items())
         ]
-        m = plan.num_microbatches
-        ours = build_actions(plan.schedule, num_ranks=plan.pp, num_microbatches=m, vpp=plan.vpp)
-        order = {r: [_Action.from_str(str(a)) for a in acts] for r, acts in enumerate(ours)}
-        self.torch_order = self._compare_with_torch(order, pp_rank=pp_rank)
-        self.schedule = _PipelineScheduleRuntime(  # type: ignore[no-untyped-call]
-            self.stages, n_microbatches=m, loss_fn=loss_fn, scale_grads=True
+        self.schedule, order = plansim_runtime(
+            self.stages,
+            schedule=plan.schedule,
+            num_ranks=plan.pp,
+            num_microbatches=plan.num_microbatches,
+            vpp=plan.vpp,
+            loss_fn=loss_fn,
         )
-        self.schedule.pipeline_order = dict(order)
-        self.schedule._prepare_schedule_with_comms(order)
+        self.torch_order = self._compare_with_torch(order, pp_rank=pp_rank)
         self.has_first = any(s.is_first for s in self.stages)
         self.has_last = any(s.is_last for s in self.stages)
         self._pending_wait: tuple[Any, Any] | None = None
