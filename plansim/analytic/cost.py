@@ -73,7 +73,7 @@ from plansim.analytic.zero3 import (
 )
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan, Recompute, Zero3ParamFetch
+from plansim.specs.plan import ParallelPlan, Recompute, Zero3ParamFetch, stage_num_layers
 from plansim.specs.work import P2P, GradBucket, PipelineWork, RankWork, Segment, StageWork
 
 T = TypeVar("T")
@@ -145,8 +145,9 @@ def _stage_work(
     buckets: tuple[GradBucket, ...],
     overlap_slowdown: float,
 ) -> StageWork:
-    """StageWork of pipeline stage ``stage`` (a chunk of L / (pp * vpp) layers)."""
-    n = model.num_layers // plan.num_stages
+    """StageWork of pipeline stage ``stage`` (a chunk of its rank's layers / vpp:
+    ``plansim.specs.plan.stage_num_layers``)."""
+    n = stage_num_layers(model.num_layers, plan, stage)
     first, last = stage == 0, stage == plan.num_stages - 1
     fwd = n * layer.forward_s + (edges.first_forward_s if first else 0.0)
     fwd += edges.last_forward_s if last else 0.0
@@ -332,13 +333,15 @@ def _build(
         ),
     )
     p2p = pipeline_send(model, plan, profile, groups)
-    # A stage's work depends on its index only through first/last and whether it sits on
-    # rank 0 (embedding activations); a rank's only through first/last. Each kind is costed
-    # once: O(1) costings per plan instead of O(pp * vpp), with bit-identical results.
-    stage_kinds: dict[tuple[bool, bool, bool], StageWork] = {}
+    # A stage's work depends on its index only through first/last, whether it sits on
+    # rank 0 (embedding activations) and its layer count (uneven splits); a rank's only
+    # through first/last. Each kind is costed once: O(1) costings per plan instead of
+    # O(pp * vpp), with bit-identical results.
+    stage_kinds: dict[tuple[bool, bool, bool, int], StageWork] = {}
     stages = []
     for s in range(plan.num_stages):
-        key = (s == 0, s == plan.num_stages - 1, s % plan.pp == 0)
+        layers = stage_num_layers(model.num_layers, plan, s)
+        key = (s == 0, s == plan.num_stages - 1, s % plan.pp == 0, layers)
         if key not in stage_kinds:
             rank_bytes = microbatch_activation_bytes(model, plan, rank=s % plan.pp)
             stage_kinds[key] = _stage_work(
@@ -362,7 +365,7 @@ def _build(
                 activation_bytes=rank_bytes / plan.vpp,
                 buckets=_memoised(
                     memo,
-                    ("buckets", key[0], key[1], *bucket_key),
+                    ("buckets", *key, *bucket_key),
                     lambda s=s: grad_buckets(model, plan, profile, groups, stage=s),  # type: ignore[misc]
                 )
                 if plan.overlap_grad_reduce

@@ -19,7 +19,7 @@ from plansim.analytic.params import count_parameters
 from plansim.analytic.ranks import LayoutGroups, dp_cp_size
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan
+from plansim.specs.plan import ParallelPlan, stage_num_layers
 from plansim.specs.work import GradBucket, Segment
 
 #: Megatron-LM's default DDP bucket: max(40M, 1M x data-parallel size) parameters
@@ -37,7 +37,7 @@ class StageParams:
         head: produced first by backward: final norm and output layer (or its tied copy of
             the word embedding when pp > 1) on the last stage; 0 elsewhere.
         per_layer: one transformer layer (linear weights / tp + replicated norms).
-        num_layers: layers in the stage, L / (pp * vpp).
+        num_layers: layers in the stage (``plansim.specs.plan.stage_num_layers``).
         tail: produced last: word embedding / tp + position embedding on the first stage.
     """
 
@@ -70,7 +70,7 @@ def stage_parameters(model: ModelSpec, plan: ParallelPlan, *, stage: int) -> Sta
     return StageParams(
         head=head,
         per_layer=per_layer + counts.norms_per_layer,
-        num_layers=model.num_layers // plan.num_stages,
+        num_layers=stage_num_layers(model.num_layers, plan, stage),
         tail=tail,
     )
 

@@ -42,6 +42,7 @@ from plansim.specs.plan import (
     ParallelPlan,
     Precision,
     Schedule,
+    pipeline_layer_counts,
 )
 from plansim.units import bytes_to_gib
 
@@ -126,7 +127,7 @@ def rank_parameters(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float
     the word embedding when tied and pp > 1, as Megatron keeps one for the tied gradient).
     """
     counts = count_parameters(model)
-    layers = model.num_layers // plan.pp
+    layers = pipeline_layer_counts(model.num_layers, plan)[rank]
     sharded = layers * (counts.attention_per_layer + counts.mlp_per_layer)
     replicated = layers * counts.norms_per_layer
     if rank == 0:
@@ -259,7 +260,7 @@ def microbatch_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: i
         flash=plan.attention is AttentionKernel.FLASH,
         cp=plan.cp,
     )
-    per_mb = act.stored_bytes * (model.num_layers // plan.pp)
+    per_mb = act.stored_bytes * pipeline_layer_counts(model.num_layers, plan)[rank]
     if rank == 0:  # embedding output (dropout mask), Korthikanti §4.3
         sbh = model.seq_length / plan.cp * plan.micro_batch_size * model.hidden_size
         per_mb += sbh / (plan.tp if plan.sequence_parallel else 1)
@@ -310,7 +311,12 @@ def transient_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float
 def worst_rank_memory(
     model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
 ) -> MemoryBreakdown:
-    """The pipeline rank with the highest peak (ties: the lowest rank)."""
+    """The pipeline rank with the highest peak (ties: the lowest rank). Only the edge ranks
+    can peak with an even split (rank 0 keeps the most micro-batches in flight, the last
+    rank holds the logits); with an uneven one rank 1 too, the middle rank with the most
+    micro-batches in flight."""
     candidates = {0, plan.pp - 1}
+    if plan.uneven_pipeline and plan.pp > 2:
+        candidates.add(1)
     per_rank = [rank_memory(model, plan, profile, rank=r) for r in sorted(candidates)]
     return max(per_rank, key=lambda m: (m.total_bytes, -m.rank))

@@ -26,8 +26,11 @@ pipeline sends (``--overlap-p2p-communication``) and gradient reduction overlapp
 backward (``--overlap-grad-reduce``; Korthikanti et al. 2022 §6.3 state that their runs did
 not overlap it). The zero-bubble schedule
 ZB-H1 (split backward, Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024,
-arXiv:2401.10241, January 2024) is offered to runs dated 2024 or later. An undated row is
-searched over everything.
+arXiv:2401.10241, January 2024) is offered to runs dated 2024 or later. When pp does not
+divide the layers, the search splits them unevenly (lighter first and last ranks,
+``plansim.specs.plan.uneven_pipeline_split``) for a row that states such a pp, and for a
+searched pp only where the framework had uneven splits (DeepSpeed; Megatron-LM from 2024).
+An undated row is searched over everything.
 
 Context parallelism (cp; Megatron-LM, Llama 3 §3.3.2): a stated cp is modelled as given
 (cp > 1 with FlashAttention whatever the date: Megatron-LM runs cp only through Transformer
@@ -60,6 +63,11 @@ GRAD_ACC_FUSION_YEAR = 2022
 INTERLEAVED_YEAR = 2021
 SCATTER_GATHER_P2P_YEAR = 2021
 ZERO_BUBBLE_YEAR = 2024
+#: Megatron-LM's uneven pipeline split (``--decoder-first/last-pipeline-num-layers``) came
+#: after mid-2024 (NVIDIA/Megatron-LM issue #857, June 2024, asks how to set per-stage layer
+#: counts); DeepSpeed's ``PipelineModule`` partitions layers unevenly since its pipeline
+#: engine appeared (2020).
+UNEVEN_PIPELINE_YEAR = 2024
 #: DeepSpeed ZeRO-3 fetched parameters per tensor, synchronously, in its 2021 releases (v0.3.x
 #: ``partition_parameters.py``); bucketed, coalesced prefetch replaced it from 2022.
 DEEPSPEED_PREFETCH_YEAR = 2022
@@ -210,6 +218,20 @@ def _space(row: RunRow, notes: list[str]) -> SearchSpace:
         gradient_accumulation_fusion=year is None or year >= GRAD_ACC_FUSION_YEAR,
         scatter_gather_p2p=year is None or year >= SCATTER_GATHER_P2P_YEAR,
         zero3_param_fetch=_zero3_fetch(row, year, notes),
+        uneven_pipeline=_uneven_pipeline(row, year),
+    )
+
+
+def _uneven_pipeline(row: RunRow, year: int | None) -> bool:
+    """Whether the search may split layers unevenly over the pipeline ranks: always when
+    the row states a pp that does not divide its layers (the run did), else for undated
+    rows, DeepSpeed runs and runs dated UNEVEN_PIPELINE_YEAR or later."""
+    framework = (row.text("framework") or "").lower()
+    return (
+        row.integer("pp") is not None
+        or year is None
+        or year >= UNEVEN_PIPELINE_YEAR
+        or "deepspeed" in framework
     )
 
 

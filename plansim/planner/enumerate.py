@@ -28,6 +28,7 @@ from plansim.specs.plan import (
     Schedule,
     Zero3ParamFetch,
     offload_devices,
+    uneven_pipeline_split,
 )
 
 
@@ -60,6 +61,10 @@ class SearchSpace:
         precision, attention, gradient_accumulation_fusion, scatter_gather_p2p,
             zero3_param_fetch: fixed for the whole search (implementation facts of the
             framework, not layout choices).
+        uneven_pipeline: when the layers do not split evenly over pp * vpp stages, offer
+            the uneven split of ``plansim.specs.plan.uneven_pipeline_split`` (Megatron-LM
+            ``--decoder-first/last-pipeline-num-layers``: lighter first and last ranks);
+            False drops such (pp, vpp) pairs, as frameworks without uneven splits must.
         dp_syncs: DP synchronisations tried (default ring only, as before parameter
             servers existed); parameter-server plans are generated with ZeRO 0 only (the
             servers hold the optimizer: ``ParallelPlan``) and, with colocated servers, only
@@ -101,6 +106,7 @@ class SearchSpace:
         (OffloadDevice.NONE, OffloadDevice.NONE),
     )
     zero3_param_fetch: Zero3ParamFetch = Zero3ParamFetch.LAYER_PREFETCH
+    uneven_pipeline: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,13 +148,19 @@ def vpp_values(pp: int, *, num_layers: int | None, space: SearchSpace) -> tuple[
 
     ``space.vpps`` when given (values > 1 dropped when pp == 1, since interleaving needs
     several ranks); otherwise 1 plus every divisor v in 2..max_vpp of num_layers / pp
-    (a chunk must hold whole layers), or 1 alone when pp == 1 or num_layers is unknown
-    or not a multiple of pp.
+    (a chunk must hold whole layers), or 1 alone when pp == 1 or num_layers is unknown.
+    When pp does not divide the layers: 1 plus every v in 2..max_vpp that an uneven split
+    allows (``space.uneven_pipeline``; :func:`uneven_pipeline_split`).
     """
     if space.vpps is not None:
         return tuple(sorted({v for v in space.vpps if v == 1 or pp > 1}))
-    if pp == 1 or num_layers is None or num_layers % pp:
+    if pp == 1 or num_layers is None:
         return (1,)
+    if num_layers % pp:
+        if not space.uneven_pipeline:
+            return (1,)
+        fits = range(2, space.max_vpp + 1)
+        return (1, *(v for v in fits if uneven_pipeline_split(num_layers, pp=pp, vpp=v)))
     per_rank = num_layers // pp
     return (1, *(v for v in divisors(per_rank) if 1 < v <= space.max_vpp))
 
@@ -190,7 +202,12 @@ def enumerate_plan_groups(
             if global_batch_size % (mbs * dp):
                 continue
             for vpp in vpps:
-                yield from _knobs(layout, mbs, vpp, global_batch_size, space)
+                split = (
+                    uneven_pipeline_split(num_layers, pp=layout.pp, vpp=vpp)
+                    if num_layers is not None and space.uneven_pipeline
+                    else None
+                )
+                yield from _knobs(layout, mbs, vpp, global_batch_size, space, split=split)
 
 
 def _schedules(pp: int, vpp: int, num_microbatches: int, space: SearchSpace) -> list[Schedule]:
@@ -207,9 +224,18 @@ def _schedules(pp: int, vpp: int, num_microbatches: int, space: SearchSpace) -> 
 
 
 def _knobs(
-    layout: Layout, mbs: int, vpp: int, gbs: int, space: SearchSpace
+    layout: Layout,
+    mbs: int,
+    vpp: int,
+    gbs: int,
+    space: SearchSpace,
+    *,
+    split: tuple[int, int] | None,
 ) -> Iterator[tuple[ParallelPlan, ...]]:
+    """Plans of one (layout, mbs, vpp) grouped by overlap flags; ``split`` = (first, last)
+    rank layer counts of an uneven pipeline split, or None for an even one."""
     tp, pp, dp = layout.tp, layout.pp, layout.dp
+    first, last = split if split is not None else (None, None)
     dp_cp = dp * layout.cp  # ranks that reduce gradients and shard ZeRO states together
     schedules = _schedules(pp, vpp, gbs // (mbs * dp), space)
     for zero, dp_sync, opt_dev, param_dev in _zero_modes(space, dp_cp=dp_cp):
@@ -245,6 +271,8 @@ def _knobs(
                             offload_optimizer=opt_dev,
                             offload_param=param_dev,
                             zero3_param_fetch=space.zero3_param_fetch,
+                            decoder_first_pipeline_num_layers=first,
+                            decoder_last_pipeline_num_layers=last,
                         )
                         for overlap, grad in modes
                     )

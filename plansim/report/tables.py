@@ -91,6 +91,14 @@ def evaluation_dict(ev: Evaluation) -> dict[str, Any]:
             "scatter_gather_p2p": p.scatter_gather_p2p,
             "num_gpus": p.num_gpus,
             **(
+                {
+                    "decoder_first_pipeline_num_layers": p.decoder_first_pipeline_num_layers,
+                    "decoder_last_pipeline_num_layers": p.decoder_last_pipeline_num_layers,
+                }
+                if p.uneven_pipeline
+                else {}
+            ),
+            **(
                 {"dp_sync": p.dp_sync.value, "ps_servers": p.ps_servers}
                 if p.dp_sync is DpSync.PARAMETER_SERVER
                 else {}

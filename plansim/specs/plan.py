@@ -28,6 +28,9 @@ __all__ = [
     "check_plan_divides_model",
     "offload_devices",
     "parse_enum",
+    "pipeline_layer_counts",
+    "stage_num_layers",
+    "uneven_pipeline_split",
 ]
 
 
@@ -112,6 +115,14 @@ class ParallelPlan:
             bottleneck). Must be 0 with ring.
         zero3_param_fetch: with zero_stage 3, how parameters are gathered and gradients
             reduce-scattered (:class:`Zero3ParamFetch`); ignored otherwise.
+        decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers: transformer
+            layers on the first / last pipeline rank (Megatron-LM
+            ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``,
+            uneven pipeline split); None = an even share. The other ranks split the
+            remaining layers evenly; every rank's count must divide by vpp (its model
+            chunks hold equal whole layers; Megatron-LM's rule). Needs pp > 1. Llama 3 405B
+            trains 126 layers on pp 16 this way, one layer fewer on the first and the last
+            stage (Dubey et al. 2024, arXiv:2407.21783, §3.3.2).
 
     Raises:
         SpecError: a degree is not a positive integer, the global batch does not split into
@@ -144,6 +155,8 @@ class ParallelPlan:
     offload_optimizer: OffloadDevice = OffloadDevice.NONE
     offload_param: OffloadDevice = OffloadDevice.NONE
     zero3_param_fetch: Zero3ParamFetch = Zero3ParamFetch.LAYER_PREFETCH
+    decoder_first_pipeline_num_layers: int | None = None
+    decoder_last_pipeline_num_layers: int | None = None
 
     def __post_init__(self) -> None:
         for field in ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "global_batch_size"):
@@ -179,6 +192,7 @@ class ParallelPlan:
                 f"(got {self.schedule.value}), as in Megatron-LM"
             )
         self._check_schedule()
+        self._check_uneven_split()
         self._check_dp_sync()
         self._check_offload()
         if self.cp > 1 and self.attention is not AttentionKernel.FLASH:
@@ -187,6 +201,28 @@ class ParallelPlan:
                 f"{self.attention.value}): Megatron-LM runs context parallelism only through "
                 f"Transformer Engine's fused attention (TEDotProductAttention)"
             )
+
+    def _check_uneven_split(self) -> None:
+        """decoder_first/last_pipeline_num_layers: None or a positive integer, only with pp > 1."""
+        for edge in ("first", "last"):
+            field = f"decoder_{edge}_pipeline_num_layers"
+            value = getattr(self, field)
+            if value is None:
+                continue
+            require_positive_int(f"plan.{field}", value)
+            if self.pp == 1:
+                raise SpecError(
+                    f"plan.{field}({value}) needs pp > 1 (got pp=1): one pipeline rank holds "
+                    f"every layer; leave it unset"
+                )
+
+    @property
+    def uneven_pipeline(self) -> bool:
+        """The first or the last pipeline rank has its own layer count."""
+        return (
+            self.decoder_first_pipeline_num_layers is not None
+            or self.decoder_last_pipeline_num_layers is not None
+        )
 
     def _check_dp_sync(self) -> None:
         """dp_sync and ps_servers (see the attributes); a parameter server replaces ZeRO."""
@@ -299,6 +335,10 @@ class ParallelPlan:
             parts.append(f"offload-param-{self.offload_param.value}")
         if self.zero_stage == 3 and self.zero3_param_fetch is not Zero3ParamFetch.LAYER_PREFETCH:
             parts.append(f"zero3-{self.zero3_param_fetch.value}")
+        if self.decoder_first_pipeline_num_layers is not None:
+            parts.append(f"first-stage-{self.decoder_first_pipeline_num_layers}")
+        if self.decoder_last_pipeline_num_layers is not None:
+            parts.append(f"last-stage-{self.decoder_last_pipeline_num_layers}")
         return " ".join(parts)
 
 
@@ -322,13 +362,46 @@ def check_plan_divides_model(
 ) -> str | None:
     """Return why ``plan`` cannot split the model, or None when it can.
 
-    Checks: layers split evenly over pp * vpp stages (each model chunk holds whole layers);
+    Checks: layers split over pp * vpp stages (:func:`pipeline_layer_counts`);
     heads and query groups over tp; with cp > 1, the sequence into 2 * cp chunks (Megatron-LM
     context parallelism gives each cp rank chunks i and 2cp - 1 - i, balancing the causal
     mask; ``get_batch_on_this_cp_rank``). For a vpp that does not divide the layers per rank,
     the reason lists the vpp values that do. ``seq_length`` None skips the cp check.
     """
-    if num_layers % plan.num_stages:
+    try:
+        pipeline_layer_counts(num_layers, plan)
+    except SpecError as exc:
+        return str(exc)
+    if num_attention_heads % plan.tp:
+        return f"num_attention_heads({num_attention_heads}) is not divisible by tp({plan.tp})"
+    if num_query_groups % plan.tp and plan.tp % num_query_groups:
+        return f"num_query_groups({num_query_groups}) and tp({plan.tp}) do not divide one another"
+    if seq_length is not None and plan.cp > 1 and seq_length % (2 * plan.cp):
+        return (
+            f"seq_length({seq_length}) is not divisible by 2 * cp({plan.cp}) = {2 * plan.cp}: "
+            f"context parallelism splits each sequence into 2 * cp load-balanced chunks"
+        )
+    return None
+
+
+def pipeline_layer_counts(num_layers: int, plan: ParallelPlan) -> tuple[int, ...]:
+    """Transformer layers on each of the ``plan.pp`` pipeline ranks, first rank first.
+
+    Even split L / pp unless the plan sets ``decoder_first_pipeline_num_layers`` or
+    ``decoder_last_pipeline_num_layers`` (Megatron-LM's uneven split): those ranks hold that
+    many, the other ranks share the rest evenly. Each rank's layers form vpp model chunks of
+    equal whole layers, so every count must be a multiple of vpp (Megatron-LM requires the
+    same of uneven splits).
+
+    Raises:
+        SpecError: the layers do not split that way; the message names the counts that would
+            (the vpp values that divide the layers per rank, or an uneven split).
+    """
+    require_positive_int("num_layers", num_layers)
+    first, last = plan.decoder_first_pipeline_num_layers, plan.decoder_last_pipeline_num_layers
+    if not plan.uneven_pipeline:
+        if num_layers % plan.num_stages == 0:
+            return (num_layers // plan.pp,) * plan.pp
         reason = (
             f"num_layers({num_layers}) is not divisible by pp({plan.pp}) * vpp({plan.vpp})"
             f" = {plan.num_stages}"
@@ -340,14 +413,68 @@ def check_plan_divides_model(
                 f": vpp must divide the {per_rank} layers per pipeline rank"
                 f" ({', '.join(fits) or 'none above 1'})"
             )
-        return reason
-    if num_attention_heads % plan.tp:
-        return f"num_attention_heads({num_attention_heads}) is not divisible by tp({plan.tp})"
-    if num_query_groups % plan.tp and plan.tp % num_query_groups:
-        return f"num_query_groups({num_query_groups}) and tp({plan.tp}) do not divide one another"
-    if seq_length is not None and plan.cp > 1 and seq_length % (2 * plan.cp):
-        return (
-            f"seq_length({seq_length}) is not divisible by 2 * cp({plan.cp}) = {2 * plan.cp}: "
-            f"context parallelism splits each sequence into 2 * cp load-balanced chunks"
+        split = uneven_pipeline_split(num_layers, pp=plan.pp, vpp=plan.vpp)
+        if split is not None:
+            reason += (
+                f"; an uneven split fits: decoder_first_pipeline_num_layers={split[0]}, "
+                f"decoder_last_pipeline_num_layers={split[1]}"
+            )
+        raise SpecError(reason)
+    middle_ranks = plan.pp - (first is not None) - (last is not None)
+    middle_layers = num_layers - (first or 0) - (last or 0)
+    label = (
+        f"num_layers({num_layers}) with decoder_first_pipeline_num_layers({first}) and "
+        f"decoder_last_pipeline_num_layers({last}) on pp({plan.pp})"
+    )
+    if middle_layers < middle_ranks or (middle_ranks == 0 and middle_layers != 0):
+        raise SpecError(f"{label}: {middle_layers} layers left for {middle_ranks} other ranks")
+    middle = middle_layers // middle_ranks if middle_ranks else 0
+    if middle_ranks and middle_layers % middle_ranks:
+        raise SpecError(
+            f"{label}: the other {middle_ranks} ranks cannot share {middle_layers} layers evenly"
         )
-    return None
+    counts = (
+        first if first is not None else middle,
+        *([middle] * (plan.pp - 2)),
+        last if last is not None else middle,
+    )
+    bad = sorted({c for c in counts if c % plan.vpp})
+    if bad:
+        raise SpecError(
+            f"{label}: rank layer counts {', '.join(map(str, bad))} are not multiples of "
+            f"vpp({plan.vpp}) (each rank's model chunks hold equal whole layers)"
+        )
+    return counts
+
+
+def stage_num_layers(num_layers: int, plan: ParallelPlan, stage: int) -> int:
+    """Layers in pipeline stage (model chunk) ``stage`` of the pp * vpp stages: its rank's
+    count (:func:`pipeline_layer_counts`; stage s sits on rank s mod pp) over vpp.
+
+    Raises:
+        SpecError: as :func:`pipeline_layer_counts`.
+    """
+    return pipeline_layer_counts(num_layers, plan)[stage % plan.pp] // plan.vpp
+
+
+def uneven_pipeline_split(num_layers: int, *, pp: int, vpp: int) -> tuple[int, int] | None:
+    """(first, last) rank layer counts of the uneven split the planner offers when the
+    layers do not split evenly over pp * vpp stages; None when they do, or when no such
+    split exists.
+
+    Every middle rank holds c layers, the smallest multiple of vpp with pp * c >= L; the
+    d = pp * c - L missing layers come off the edge ranks in multiples of vpp, the larger
+    half off the last rank (it also runs the output layer and the loss, the first rank only
+    the embedding lookup). For Llama 3 405B (L = 126, pp = 16) this gives 7, 8 x 14, 7:
+    Meta's own split (Dubey et al. 2024, §3.3.2: one layer fewer on the first and the last
+    stage). Needs pp > 1, L a multiple of vpp and at least vpp layers left on each edge rank.
+    """
+    if pp < 2 or num_layers % (pp * vpp) == 0 or num_layers % vpp:
+        return None
+    per_rank = vpp * -(-num_layers // (pp * vpp))
+    missing = pp * per_rank - num_layers
+    off_first = vpp * ((missing // vpp) // 2)
+    first, last = per_rank - off_first, per_rank - (missing - off_first)
+    if first < vpp or last < vpp:
+        return None
+    return first, last

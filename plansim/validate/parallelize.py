@@ -75,6 +75,11 @@ def check_supported(model: ModelSpec, plan: ParallelPlan) -> None:
     """Raise ValidateError for what the runner cannot execute, naming the field."""
     if plan.cp > 1:
         raise ValidateError(f"plan.cp({plan.cp}) > 1 is not supported by the validator")
+    if plan.uneven_pipeline:
+        raise ValidateError(
+            "plan.decoder_first_pipeline_num_layers / decoder_last_pipeline_num_layers "
+            "(an uneven pipeline split) is not supported by the validator: use an even split"
+        )
     if model.num_layers % plan.num_stages:
         raise ValidateError(
             f"model.num_layers({model.num_layers}) is not divisible by pp({plan.pp}) * "

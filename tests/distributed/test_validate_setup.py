@@ -81,6 +81,18 @@ def test_run_config_names_the_bad_field(changes: dict[str, object], message: str
             "zero_stage 1 with tp > 1 is not supported",
         ),
         (
+            ParallelPlan(
+                dp=1,
+                tp=1,
+                pp=3,
+                micro_batch_size=1,
+                global_batch_size=3,
+                decoder_first_pipeline_num_layers=1,
+                decoder_last_pipeline_num_layers=1,
+            ),
+            "uneven pipeline split.* is not supported by the validator",
+        ),
+        (
             ParallelPlan(dp=1, tp=1, pp=3, micro_batch_size=1, global_batch_size=3),
             r"num_layers\(4\) is not divisible by pp\(3\) \* vpp\(1\) = 3",
         ),

@@ -136,7 +136,10 @@ def test_vpp_values_divide_layers_per_rank() -> None:
     assert vpp_values(2, num_layers=24, space=space) == (1, 2, 3, 4, 6)  # 12 > max_vpp 8
     assert vpp_values(8, num_layers=24, space=space) == (1, 3)
     assert vpp_values(1, num_layers=24, space=space) == (1,)  # interleaving needs pp > 1
-    assert vpp_values(5, num_layers=24, space=space) == (1,)  # pp does not split the layers
+    # pp 5 does not split 24 layers: uneven splits (first, last) = (5, 4), (4, 2), (3, 3)
+    # with 5, 6, 3 layers on the middle ranks fit vpp 1, 2, 3 (chunks of equal whole layers)
+    assert vpp_values(5, num_layers=24, space=space) == (1, 2, 3)
+    assert vpp_values(5, num_layers=24, space=SearchSpace(uneven_pipeline=False)) == (1,)
     assert vpp_values(2, num_layers=None, space=space) == (1,)
     assert vpp_values(1, num_layers=24, space=SearchSpace(vpps=(1, 3))) == (1,)
     assert vpp_values(4, num_layers=24, space=SearchSpace(vpps=(3, 1))) == (1, 3)
