@@ -92,14 +92,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "default), one synchronous collective per parameter tensor (DeepSpeed 2021), or one "
         "synchronous collective per layer (FSDP without prefetch, e.g. on a CPU device)",
     )
-    for edge in ("first", "last"):
-        p.add_argument(
-            f"--decoder-{edge}-pipeline-num-layers",
-            type=int,
-            metavar="N",
-            help=f"layers on the {edge} pipeline rank (uneven split, Megatron-LM flag); the "
-            "other ranks share the rest evenly",
-        )
+    add_pipeline_split_args(p)
     p.add_argument("--format", choices=["table", "json"], default="table")
     out = p.add_argument_group("outputs (written only when the plan fits)")
     out.add_argument(
@@ -110,6 +103,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     out.add_argument("--plot", metavar="OUT.png", help="pipeline Gantt chart (PNG)")
     out.add_argument("--memory-plot", metavar="OUT.png", help="memory over time per rank (PNG)")
     p.set_defaults(func=run)
+
+
+def add_pipeline_split_args(p: argparse.ArgumentParser) -> None:
+    """--decoder-first-pipeline-num-layers and --decoder-last-pipeline-num-layers
+    (Megatron-LM's uneven pipeline split)."""
+    for edge in ("first", "last"):
+        p.add_argument(
+            f"--decoder-{edge}-pipeline-num-layers",
+            type=int,
+            metavar="N",
+            help=f"layers on the {edge} pipeline rank (uneven split, Megatron-LM flag); the "
+            "other ranks share the rest evenly",
+        )
 
 
 def add_offload_args(p: argparse.ArgumentParser) -> None:
@@ -171,8 +177,8 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
         offload_optimizer=OffloadDevice(args.offload_optimizer),
         offload_param=OffloadDevice(args.offload_param),
         zero3_param_fetch=Zero3ParamFetch(args.zero3_param_fetch),
-        decoder_first_pipeline_num_layers=getattr(args, "decoder_first_pipeline_num_layers", None),
-        decoder_last_pipeline_num_layers=getattr(args, "decoder_last_pipeline_num_layers", None),
+        decoder_first_pipeline_num_layers=args.decoder_first_pipeline_num_layers,
+        decoder_last_pipeline_num_layers=args.decoder_last_pipeline_num_layers,
     )
 
 

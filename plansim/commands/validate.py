@@ -25,6 +25,7 @@ from typing import Any
 import pandas as pd
 
 from plansim.catalog import resolve_model
+from plansim.commands.simulate import add_pipeline_split_args
 from plansim.errors import SpecError, require_positive, require_positive_int
 from plansim.io.outputs import check_writable, write_json_atomic, write_text_atomic
 from plansim.io.profiles import load_profile, write_profile
@@ -76,6 +77,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--recompute", choices=[r.value for r in Recompute], default="none")
     p.add_argument("--sequence-parallel", action="store_true", help="Megatron SP (tp > 1)")
     p.add_argument("--schedule", choices=[s.value for s in Schedule], default="1f1b")
+    add_pipeline_split_args(p)
     p.add_argument("--backend", choices=list(BACKENDS), required=True, help="gloo (CPU), nccl")
     p.add_argument("--nproc", type=int, required=True, help="processes = tp * pp * dp")
     p.add_argument("--profile", required=True, help="hardware profile name or YAML path")
@@ -163,6 +165,8 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
         sequence_parallel=args.sequence_parallel,
         schedule=Schedule(args.schedule),
         precision=Precision(args.dtype),
+        decoder_first_pipeline_num_layers=args.decoder_first_pipeline_num_layers,
+        decoder_last_pipeline_num_layers=args.decoder_last_pipeline_num_layers,
     )
 
 

@@ -35,7 +35,7 @@ from plansim.analytic.memory import state_bytes_per_param
 from plansim.analytic.ranks import layout_groups
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec, Normalization, PositionEmbedding
-from plansim.specs.plan import ParallelPlan
+from plansim.specs.plan import ParallelPlan, stage_num_layers
 from plansim.specs.work import PipelineWork, Segment
 
 #: Reads and writes of the gradient bytes around the flat all-reduce: the cat into the flat
@@ -92,7 +92,7 @@ def stage_tensors(model: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[int
         out += (v * h,)
         if model.position_embedding is PositionEmbedding.LEARNED:
             out += (model.seq_length * h,)
-    out += layer_tensors(model, plan) * (model.num_layers // plan.num_stages)
+    out += layer_tensors(model, plan) * stage_num_layers(model.num_layers, plan, stage)
     if stage == last:
         out += _norm_tensors(model)
         if not (model.tied_embeddings and plan.num_stages == 1):

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from plansim.specs.model import Activation, ModelSpec, Normalization, PositionEmbedding
-from plansim.specs.plan import ParallelPlan
+from plansim.specs.plan import ParallelPlan, stage_num_layers
 from plansim.validate.result import ValidateError
 
 #: Standard deviation of the weight initialisation (GPT-2, Radford et al. 2019).
@@ -221,9 +221,11 @@ def build_model(spec: ModelSpec, *, seed: int) -> StageModule:
 
 
 def stage_layers(spec: ModelSpec, plan: ParallelPlan, stage: int) -> range:
-    """Block indices of pipeline ``stage`` (layers split evenly over pp * vpp stages)."""
-    per_stage = spec.num_layers // plan.num_stages
-    return range(stage * per_stage, (stage + 1) * per_stage)
+    """Block indices of pipeline ``stage``: the stages hold consecutive layers in stage
+    order, each as many as ``plansim.specs.plan.stage_num_layers`` gives it (an even split
+    over pp * vpp stages, or the plan's uneven one)."""
+    start = sum(stage_num_layers(spec.num_layers, plan, s) for s in range(stage))
+    return range(start, start + stage_num_layers(spec.num_layers, plan, stage))
 
 
 def split_stage(model: StageModule, spec: ModelSpec, plan: ParallelPlan, stage: int) -> StageModule:
@@ -303,6 +305,11 @@ def scale_model(
     changes: dict[str, int] = {}
     stages = plan.num_stages
     if max_layers is not None and spec.num_layers > max_layers:
+        if plan.uneven_pipeline:
+            raise ValidateError(
+                f"max_layers({max_layers}) would change the depth of an uneven pipeline split "
+                f"(decoder_first/last_pipeline_num_layers): give the depth to run instead"
+            )
         if max_layers < stages:
             raise ValidateError(
                 f"max_layers({max_layers}) is below pp({plan.pp}) * vpp({plan.vpp}) = {stages}"

@@ -34,8 +34,9 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from plansim.errors import SpecError
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan, Recompute, Schedule
+from plansim.specs.plan import ParallelPlan, Recompute, Schedule, pipeline_layer_counts
 from plansim.validate.model import Block, StageModule
 from plansim.validate.result import ValidateError
 
@@ -75,16 +76,10 @@ def check_supported(model: ModelSpec, plan: ParallelPlan) -> None:
     """Raise ValidateError for what the runner cannot execute, naming the field."""
     if plan.cp > 1:
         raise ValidateError(f"plan.cp({plan.cp}) > 1 is not supported by the validator")
-    if plan.uneven_pipeline:
-        raise ValidateError(
-            "plan.decoder_first_pipeline_num_layers / decoder_last_pipeline_num_layers "
-            "(an uneven pipeline split) is not supported by the validator: use an even split"
-        )
-    if model.num_layers % plan.num_stages:
-        raise ValidateError(
-            f"model.num_layers({model.num_layers}) is not divisible by pp({plan.pp}) * "
-            f"vpp({plan.vpp}) = {plan.num_stages}"
-        )
+    try:
+        pipeline_layer_counts(model.num_layers, plan)
+    except SpecError as exc:
+        raise ValidateError(f"model.{exc}") from None
     for field in ("num_attention_heads", "num_query_groups", "ffn_hidden_size"):
         if getattr(model, field) % plan.tp:
             raise ValidateError(

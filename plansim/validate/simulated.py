@@ -27,7 +27,13 @@ from plansim.sim import timeline as tl
 from plansim.sim.engine import simulate
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan, Precision, Recompute, Zero3ParamFetch
+from plansim.specs.plan import (
+    ParallelPlan,
+    Precision,
+    Recompute,
+    Zero3ParamFetch,
+    stage_num_layers,
+)
 from plansim.specs.work import PipelineWork, Segment
 from plansim.validate.eager_layer import LayerExtra, eager_layer_extra
 from plansim.validate.executed_dp import executes_flat_all_reduce, with_executed_dp
@@ -207,7 +213,8 @@ def _resimulated(
     work = dataclasses.replace(build_pipeline_work(model, plan, profile), blocking_p2p=False)
     if extra_all_reduces:
         work = _with_tp_all_reduces(work, model, plan, profile, extra_all_reduces)
-    work = _with_added(work, plan, added, layers=model.num_layers // plan.num_stages)
+    layers = tuple(stage_num_layers(model.num_layers, plan, s) for s in range(plan.num_stages))
+    work = _with_added(work, plan, added, layers=layers)
     work = with_executed_dp(work, model, plan, profile)
     actions = build_actions(
         plan.schedule, num_ranks=plan.pp, num_microbatches=plan.num_microbatches, vpp=plan.vpp
@@ -228,9 +235,9 @@ def _resimulated(
 
 
 def _with_added(
-    work: PipelineWork, plan: ParallelPlan, added: Added, *, layers: int
+    work: PipelineWork, plan: ParallelPlan, added: Added, *, layers: tuple[int, ...]
 ) -> PipelineWork:
-    """``work`` with ``added`` for ``layers`` layers per stage: on the first compute, TP and
+    """``work`` with ``added`` for ``layers[s]`` layers on stage s: on the first compute, TP and
     ZeRO-3 (``dp_comm``) segment of each stage's forward and backward (and input-gradient
     backward); FSDP2's for ``layers`` + 1 units (the stage root is one more). Under full
     recomputation the layer's and the all-reduces' forward figures count again in backward.
@@ -242,13 +249,13 @@ def _with_added(
     def kind_of(stream: str, kind: str = "") -> Callable[[Segment], bool]:
         return lambda seg: seg.stream == stream and (not kind or seg.kind == kind)
 
-    parts = (  # (segments, how many, seconds, repeated by a full-recompute forward)
-        (kind_of("compute"), layers, added.layer, full),
-        (kind_of("tp", "tp_comm"), layers, added.tp, full),
-        (kind_of("dp", "dp_comm"), layers + 1, added.fsdp, False),  # one unshard serves both
-    )
     stages = []
-    for st in work.stages:
+    for st, n in zip(work.stages, layers, strict=True):
+        parts = (  # (segments, how many, seconds, repeated by a full-recompute forward)
+            (kind_of("compute"), n, added.layer, full),
+            (kind_of("tp", "tp_comm"), n, added.tp, full),
+            (kind_of("dp", "dp_comm"), n + 1, added.fsdp, False),  # one unshard serves both
+        )
         forward, backward, backward_input = st.forward, st.backward, st.backward_input
         for match, count, extra, again in parts:
             fwd_s = count * extra.forward_s
@@ -278,7 +285,7 @@ def _with_tp_all_reduces(
     groups = layout_groups(plan, gpus_per_node=profile.gpus_per_node)
     message = hidden_message_bytes(model, plan)
     one = collective_time_s(profile, collective="all_reduce", message_bytes=message, span=groups.tp)
-    added_s = extra * one * (model.num_layers // plan.num_stages)
+    per_layer_s = extra * one
 
     def tp(seg: Segment) -> bool:
         return seg.kind == "tp_comm"
@@ -286,10 +293,11 @@ def _with_tp_all_reduces(
     stages = tuple(
         dataclasses.replace(
             st,
-            backward=_lengthen_first(st.backward, added_s, tp),
-            backward_input=_lengthen_first(st.backward_input, added_s, tp),
+            backward=_lengthen_first(st.backward, n * per_layer_s, tp),
+            backward_input=_lengthen_first(st.backward_input, n * per_layer_s, tp),
         )
-        for st in work.stages
+        for s, st in enumerate(work.stages)
+        for n in (stage_num_layers(model.num_layers, plan, s),)
     )
     return dataclasses.replace(work, stages=stages)
 

@@ -75,6 +75,18 @@ PLANS = {
         ),
     ),
     "pp2-1f1b": (LLAMA, ParallelPlan(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=4)),
+    # uneven split (Megatron-LM --decoder-first-pipeline-num-layers): layers 1 and 3
+    "pp2-uneven": (
+        LLAMA,
+        ParallelPlan(
+            dp=1,
+            tp=1,
+            pp=2,
+            micro_batch_size=1,
+            global_batch_size=4,
+            decoder_first_pipeline_num_layers=1,
+        ),
+    ),
     "pp2-interleaved": (
         GPT,
         ParallelPlan(

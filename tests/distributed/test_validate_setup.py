@@ -87,10 +87,10 @@ def test_run_config_names_the_bad_field(changes: dict[str, object], message: str
                 pp=3,
                 micro_batch_size=1,
                 global_batch_size=3,
-                decoder_first_pipeline_num_layers=1,
-                decoder_last_pipeline_num_layers=1,
+                decoder_first_pipeline_num_layers=3,
+                decoder_last_pipeline_num_layers=3,
             ),
-            "uneven pipeline split.* is not supported by the validator",
+            r"model.num_layers\(4\) with decoder_first_pipeline_num_layers\(3\) .* -2 layers left",
         ),
         (
             ParallelPlan(dp=1, tp=1, pp=3, micro_batch_size=1, global_batch_size=3),

@@ -32,12 +32,14 @@ def _plan(**fields: object) -> ParallelPlan:
 
 
 @pytest.mark.parametrize("model", [GPT, LLAMA], ids=["gpt", "llama"])
-@pytest.mark.parametrize("pp", [1, 2])
-def test_the_tensor_list_is_the_validate_models(model: ModelSpec, pp: int) -> None:
+@pytest.mark.parametrize(("pp", "first"), [(1, None), (2, None), (2, 1)])
+def test_the_tensor_list_is_the_validate_models(
+    model: ModelSpec, pp: int, first: int | None
+) -> None:
     torch = pytest.importorskip("torch")
     from plansim.validate.model import build_model, split_stage
 
-    plan = _plan(pp=pp)
+    plan = _plan(pp=pp, decoder_first_pipeline_num_layers=first)  # first: an uneven split
     full = build_model(model, seed=0)
     for stage in range(plan.num_stages):
         module = split_stage(full, model, plan, stage)
