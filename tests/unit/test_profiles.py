@@ -37,6 +37,7 @@ SHIPPED = (
     "gb200-nvl72",
     "h100-sxm5-80gb",
     "h200-sxm-141gb",
+    "mi300x-192gb",
 )
 #: Profiles measured by ``plansim calibrate`` on a machine of CI's kind (raw CSV beside them).
 MEASURED = ("cpu-2core-gloo",)
@@ -50,6 +51,7 @@ MAMF_TFLOPS = {
     "h200-sxm-141gb": {"bf16": 794.5, "fp8": 1453.4},
     "b200-sxm-180gb": {"bf16": 1745.0, "fp8": 3432.5},
     "gb200-nvl72": {"bf16": 1822.0, "fp8": 3615.6},
+    "mi300x-192gb": {"bf16": 668.4},
 }
 
 #: N01 (8x H100, nccl-tests all_reduce_perf, float32): size, oop time us, oop busbw, ip time us,
