@@ -53,9 +53,9 @@ from plansim.analytic.grad_buckets import grad_buckets
 from plansim.analytic.layer_cost import EdgeTimes, PassTimes, edge_times, layer_pass_times
 from plansim.analytic.link_tags import Memo, with_links
 from plansim.analytic.memory import (
-    microbatch_activation_bytes,
     rank_memory,
     rank_parameters,
+    stage_activation_bytes,
     state_bytes_per_param,
 )
 from plansim.analytic.offload import with_offload, with_param_fetch
@@ -343,7 +343,6 @@ def _build(
         layers = stage_num_layers(model.num_layers, plan, s)
         key = (s == 0, s == plan.num_stages - 1, s % plan.pp == 0, layers)
         if key not in stage_kinds:
-            rank_bytes = microbatch_activation_bytes(model, plan, rank=s % plan.pp)
             stage_kinds[key] = _stage_work(
                 s,
                 model=model,
@@ -362,7 +361,7 @@ def _build(
                 ),
                 p2p=p2p,
                 overlap_slowdown=profile.overlap_compute_slowdown_fraction,
-                activation_bytes=rank_bytes / plan.vpp,
+                activation_bytes=stage_activation_bytes(model, plan, stage=s),
                 buckets=_memoised(
                     memo,
                     ("buckets", *key, *bucket_key),

@@ -78,8 +78,12 @@ def stage_parameters(model: ModelSpec, plan: ParallelPlan, *, stage: int) -> Sta
 def _ready_fraction(params: StageParams, done: float) -> float:
     """Fraction of the stage's last backward after which its first ``done`` parameters (in
     backward order) have gradients: the backward split evenly over the stage's layers, the
-    head counted with the first layer it meets and the tail with the last."""
+    head counted with the first layer it meets and the tail with the last. A stage without
+    layers (the embedding or the loss alone, ``account_for_*_in_pipeline_split``) has all
+    its gradients at the end of its backward."""
     n = params.num_layers
+    if n == 0:
+        return 1.0
     layers = math.ceil((done - params.head) / params.per_layer - 1e-9)
     return min(n, max(1, layers)) / n
 

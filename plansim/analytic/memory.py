@@ -32,7 +32,8 @@ from dataclasses import dataclass, replace
 from plansim.analytic.activations import layer_activations, ring_kv_chunk_bytes
 from plansim.analytic.params import count_parameters
 from plansim.analytic.ranks import dp_cp_size
-from plansim.schedule.builders import interleaved_warmup
+from plansim.schedule.actions import ActionKind
+from plansim.schedule.builders import build_actions, interleaved_warmup
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import (
@@ -43,6 +44,7 @@ from plansim.specs.plan import (
     Precision,
     Schedule,
     pipeline_layer_counts,
+    stage_layer_counts,
 )
 from plansim.units import bytes_to_gib
 
@@ -268,10 +270,44 @@ def microbatch_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: i
     return per_mb * plan.precision.activation_bytes / 2
 
 
-def stored_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float:
-    """Activations stored at the rank's peak: per micro-batch bytes x micro-batches in flight."""
+def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, stage: int) -> float:
+    """Bytes one micro-batch's forward through ``stage`` (a model chunk) leaves stored until
+    its backward: the rank's :func:`microbatch_activation_bytes` over its vpp chunks, or,
+    when the rank's chunks hold different layer counts (``account_for_*_in_pipeline_split``),
+    in proportion to the chunk's layers."""
+    rank = stage % plan.pp
     per_mb = microbatch_activation_bytes(model, plan, rank=rank)
-    return per_mb * microbatches_in_flight(plan, rank=rank)
+    counts = stage_layer_counts(model.num_layers, plan)[rank :: plan.pp]
+    if len(set(counts)) == 1:
+        return per_mb / plan.vpp
+    return per_mb * counts[stage // plan.pp] / sum(counts)
+
+
+def stored_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float:
+    """Activations stored at the rank's peak: per micro-batch bytes x micro-batches in flight
+    (:func:`microbatches_in_flight`). When the rank's chunks hold different layer counts the
+    chunks held at the peak matter, so the rank's action list is replayed instead: each
+    forward stores its chunk's bytes (:func:`stage_activation_bytes`), each full backward
+    (or weight-gradient action) frees them, as the event engine does."""
+    counts = stage_layer_counts(model.num_layers, plan)[rank :: plan.pp]
+    if len(set(counts)) == 1:
+        per_mb = microbatch_activation_bytes(model, plan, rank=rank)
+        return per_mb * microbatches_in_flight(plan, rank=rank)
+    actions = build_actions(
+        plan.schedule, num_ranks=plan.pp, num_microbatches=plan.num_microbatches, vpp=plan.vpp
+    )[rank]
+    stored = {
+        s: stage_activation_bytes(model, plan, stage=s)
+        for s in range(rank, plan.num_stages, plan.pp)
+    }
+    live = peak = 0.0
+    for action in actions:
+        if action.kind is ActionKind.FORWARD:
+            live += stored[action.stage]
+            peak = max(peak, live)
+        elif action.kind in (ActionKind.FULL_BACKWARD, ActionKind.BACKWARD_WEIGHT):
+            live -= stored[action.stage]
+    return peak
 
 
 def transient_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float:

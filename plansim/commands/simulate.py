@@ -106,8 +106,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def add_pipeline_split_args(p: argparse.ArgumentParser) -> None:
-    """--decoder-first-pipeline-num-layers and --decoder-last-pipeline-num-layers
-    (Megatron-LM's uneven pipeline split)."""
+    """--decoder-first/last-pipeline-num-layers and --account-for-embedding/loss-in-pipeline-
+    split (Megatron-LM's uneven pipeline splits)."""
     for edge in ("first", "last"):
         p.add_argument(
             f"--decoder-{edge}-pipeline-num-layers",
@@ -115,6 +115,13 @@ def add_pipeline_split_args(p: argparse.ArgumentParser) -> None:
             metavar="N",
             help=f"layers on the {edge} pipeline rank (uneven split, Megatron-LM flag); the "
             "other ranks share the rest evenly",
+        )
+    for part, what in (("embedding", "the input embedding"), ("loss", "the output layer + loss")):
+        p.add_argument(
+            f"--account-for-{part}-in-pipeline-split",
+            action="store_true",
+            help=f"{what} takes one layer's place in the pipeline split (Megatron-LM flag): "
+            "the layers plus these slots split evenly over pp * vpp stages",
         )
 
 
@@ -179,6 +186,8 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
         zero3_param_fetch=Zero3ParamFetch(args.zero3_param_fetch),
         decoder_first_pipeline_num_layers=args.decoder_first_pipeline_num_layers,
         decoder_last_pipeline_num_layers=args.decoder_last_pipeline_num_layers,
+        account_for_embedding_in_pipeline_split=args.account_for_embedding_in_pipeline_split,
+        account_for_loss_in_pipeline_split=args.account_for_loss_in_pipeline_split,
     )
 
 

@@ -167,6 +167,8 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
         precision=Precision(args.dtype),
         decoder_first_pipeline_num_layers=args.decoder_first_pipeline_num_layers,
         decoder_last_pipeline_num_layers=args.decoder_last_pipeline_num_layers,
+        account_for_embedding_in_pipeline_split=args.account_for_embedding_in_pipeline_split,
+        account_for_loss_in_pipeline_split=args.account_for_loss_in_pipeline_split,
     )
 
 

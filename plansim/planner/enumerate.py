@@ -28,7 +28,7 @@ from plansim.specs.plan import (
     Schedule,
     Zero3ParamFetch,
     offload_devices,
-    uneven_pipeline_split,
+    uneven_split_fields,
 )
 
 
@@ -62,8 +62,9 @@ class SearchSpace:
             zero3_param_fetch: fixed for the whole search (implementation facts of the
             framework, not layout choices).
         uneven_pipeline: when the layers do not split evenly over pp * vpp stages, offer
-            the uneven split of ``plansim.specs.plan.uneven_pipeline_split`` (Megatron-LM
-            ``--decoder-first/last-pipeline-num-layers``: lighter first and last ranks);
+            the uneven split of ``plansim.specs.plan.uneven_split_fields`` (Megatron-LM
+            ``--account-for-embedding/loss-in-pipeline-split`` or
+            ``--decoder-first/last-pipeline-num-layers``: lighter first and last stages);
             False drops such (pp, vpp) pairs, as frameworks without uneven splits must.
         dp_syncs: DP synchronisations tried (default ring only, as before parameter
             servers existed); parameter-server plans are generated with ZeRO 0 only (the
@@ -150,7 +151,7 @@ def vpp_values(pp: int, *, num_layers: int | None, space: SearchSpace) -> tuple[
     several ranks); otherwise 1 plus every divisor v in 2..max_vpp of num_layers / pp
     (a chunk must hold whole layers), or 1 alone when pp == 1 or num_layers is unknown.
     When pp does not divide the layers: 1 plus every v in 2..max_vpp that an uneven split
-    allows (``space.uneven_pipeline``; :func:`uneven_pipeline_split`).
+    allows (``space.uneven_pipeline``; ``plansim.specs.plan.uneven_split_fields``).
     """
     if space.vpps is not None:
         return tuple(sorted({v for v in space.vpps if v == 1 or pp > 1}))
@@ -160,7 +161,7 @@ def vpp_values(pp: int, *, num_layers: int | None, space: SearchSpace) -> tuple[
         if not space.uneven_pipeline:
             return (1,)
         fits = range(2, space.max_vpp + 1)
-        return (1, *(v for v in fits if uneven_pipeline_split(num_layers, pp=pp, vpp=v)))
+        return (1, *(v for v in fits if uneven_split_fields(num_layers, pp=pp, vpp=v)))
     per_rank = num_layers // pp
     return (1, *(v for v in divisors(per_rank) if 1 < v <= space.max_vpp))
 
@@ -203,11 +204,11 @@ def enumerate_plan_groups(
                 continue
             for vpp in vpps:
                 split = (
-                    uneven_pipeline_split(num_layers, pp=layout.pp, vpp=vpp)
+                    uneven_split_fields(num_layers, pp=layout.pp, vpp=vpp)
                     if num_layers is not None and space.uneven_pipeline
                     else None
                 )
-                yield from _knobs(layout, mbs, vpp, global_batch_size, space, split=split)
+                yield from _knobs(layout, mbs, vpp, global_batch_size, space, split=split or {})
 
 
 def _schedules(pp: int, vpp: int, num_microbatches: int, space: SearchSpace) -> list[Schedule]:
@@ -230,12 +231,11 @@ def _knobs(
     gbs: int,
     space: SearchSpace,
     *,
-    split: tuple[int, int] | None,
+    split: dict[str, object],
 ) -> Iterator[tuple[ParallelPlan, ...]]:
-    """Plans of one (layout, mbs, vpp) grouped by overlap flags; ``split`` = (first, last)
-    rank layer counts of an uneven pipeline split, or None for an even one."""
+    """Plans of one (layout, mbs, vpp) grouped by overlap flags; ``split``: the plan fields
+    of an uneven pipeline split (``uneven_split_fields``), empty for an even one."""
     tp, pp, dp = layout.tp, layout.pp, layout.dp
-    first, last = split if split is not None else (None, None)
     dp_cp = dp * layout.cp  # ranks that reduce gradients and shard ZeRO states together
     schedules = _schedules(pp, vpp, gbs // (mbs * dp), space)
     for zero, dp_sync, opt_dev, param_dev in _zero_modes(space, dp_cp=dp_cp):
@@ -271,8 +271,7 @@ def _knobs(
                             offload_optimizer=opt_dev,
                             offload_param=param_dev,
                             zero3_param_fetch=space.zero3_param_fetch,
-                            decoder_first_pipeline_num_layers=first,
-                            decoder_last_pipeline_num_layers=last,
+                            **split,  # type: ignore[arg-type]
                         )
                         for overlap, grad in modes
                     )

@@ -94,6 +94,10 @@ def evaluation_dict(ev: Evaluation) -> dict[str, Any]:
                 {
                     "decoder_first_pipeline_num_layers": p.decoder_first_pipeline_num_layers,
                     "decoder_last_pipeline_num_layers": p.decoder_last_pipeline_num_layers,
+                    "account_for_embedding_in_pipeline_split": (
+                        p.account_for_embedding_in_pipeline_split
+                    ),
+                    "account_for_loss_in_pipeline_split": p.account_for_loss_in_pipeline_split,
                 }
                 if p.uneven_pipeline
                 else {}

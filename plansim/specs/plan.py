@@ -29,8 +29,10 @@ __all__ = [
     "offload_devices",
     "parse_enum",
     "pipeline_layer_counts",
+    "stage_layer_counts",
     "stage_num_layers",
     "uneven_pipeline_split",
+    "uneven_split_fields",
 ]
 
 
@@ -123,6 +125,14 @@ class ParallelPlan:
             chunks hold equal whole layers; Megatron-LM's rule). Needs pp > 1. Llama 3 405B
             trains 126 layers on pp 16 this way, one layer fewer on the first and the last
             stage (Dubey et al. 2024, arXiv:2407.21783, §3.3.2).
+        account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split: the
+            input embedding (loss: output layer and loss) takes the place of one layer in the
+            split (Megatron-LM ``--account-for-embedding-in-pipeline-split`` /
+            ``--account-for-loss-in-pipeline-split``): L + 1 (or L + 2) slots split evenly
+            over the pp * vpp stages, and the first (last) stage holds one layer fewer. With
+            both, Llama 3 405B's 126 layers fill 16 ranks x 8 chunks of one slot, the first
+            chunk holding only the embedding and the last only the output and loss (Dubey et
+            al. 2024 §3.3.2). Needs pp > 1; not with decoder_first/last_pipeline_num_layers.
 
     Raises:
         SpecError: a degree is not a positive integer, the global batch does not split into
@@ -157,6 +167,8 @@ class ParallelPlan:
     zero3_param_fetch: Zero3ParamFetch = Zero3ParamFetch.LAYER_PREFETCH
     decoder_first_pipeline_num_layers: int | None = None
     decoder_last_pipeline_num_layers: int | None = None
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
 
     def __post_init__(self) -> None:
         for field in ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "global_batch_size"):
@@ -203,7 +215,23 @@ class ParallelPlan:
             )
 
     def _check_uneven_split(self) -> None:
-        """decoder_first/last_pipeline_num_layers: None or a positive integer, only with pp > 1."""
+        """decoder_first/last_pipeline_num_layers: None or a positive integer, only with pp > 1;
+        the account_for_* flags: booleans, only with pp > 1 and without the layer counts."""
+        for edge in ("embedding", "loss"):
+            field = f"account_for_{edge}_in_pipeline_split"
+            value = getattr(self, field)
+            if not isinstance(value, bool):
+                raise choice_error(f"plan.{field}", value, [True, False])
+            if value and self.pp == 1:
+                raise SpecError(f"plan.{field} needs pp > 1 (got pp=1)")
+            if value and (
+                self.decoder_first_pipeline_num_layers is not None
+                or self.decoder_last_pipeline_num_layers is not None
+            ):
+                raise SpecError(
+                    f"plan.{field} does not combine with decoder_first/last_pipeline_num_layers "
+                    f"(Megatron-LM takes one way of splitting unevenly): choose one"
+                )
         for edge in ("first", "last"):
             field = f"decoder_{edge}_pipeline_num_layers"
             value = getattr(self, field)
@@ -218,10 +246,13 @@ class ParallelPlan:
 
     @property
     def uneven_pipeline(self) -> bool:
-        """The first or the last pipeline rank has its own layer count."""
+        """The layers do not split evenly: the first or the last pipeline rank (or stage)
+        has its own layer count."""
         return (
             self.decoder_first_pipeline_num_layers is not None
             or self.decoder_last_pipeline_num_layers is not None
+            or self.account_for_embedding_in_pipeline_split
+            or self.account_for_loss_in_pipeline_split
         )
 
     def _check_dp_sync(self) -> None:
@@ -339,6 +370,10 @@ class ParallelPlan:
             parts.append(f"first-stage-{self.decoder_first_pipeline_num_layers}")
         if self.decoder_last_pipeline_num_layers is not None:
             parts.append(f"last-stage-{self.decoder_last_pipeline_num_layers}")
+        if self.account_for_embedding_in_pipeline_split:
+            parts.append("embedding-in-split")
+        if self.account_for_loss_in_pipeline_split:
+            parts.append("loss-in-split")
         return " ".join(parts)
 
 
@@ -398,6 +433,9 @@ def pipeline_layer_counts(num_layers: int, plan: ParallelPlan) -> tuple[int, ...
             (the vpp values that divide the layers per rank, or an uneven split).
     """
     require_positive_int("num_layers", num_layers)
+    if plan.account_for_embedding_in_pipeline_split or plan.account_for_loss_in_pipeline_split:
+        stages = stage_layer_counts(num_layers, plan)
+        return tuple(sum(stages[r :: plan.pp]) for r in range(plan.pp))
     first, last = plan.decoder_first_pipeline_num_layers, plan.decoder_last_pipeline_num_layers
     if not plan.uneven_pipeline:
         if num_layers % plan.num_stages == 0:
@@ -413,12 +451,9 @@ def pipeline_layer_counts(num_layers: int, plan: ParallelPlan) -> tuple[int, ...
                 f": vpp must divide the {per_rank} layers per pipeline rank"
                 f" ({', '.join(fits) or 'none above 1'})"
             )
-        split = uneven_pipeline_split(num_layers, pp=plan.pp, vpp=plan.vpp)
-        if split is not None:
-            reason += (
-                f"; an uneven split fits: decoder_first_pipeline_num_layers={split[0]}, "
-                f"decoder_last_pipeline_num_layers={split[1]}"
-            )
+        fields = uneven_split_fields(num_layers, pp=plan.pp, vpp=plan.vpp)
+        if fields is not None:
+            reason += "; an uneven split fits: " + ", ".join(f"{k}={v}" for k, v in fields.items())
         raise SpecError(reason)
     middle_ranks = plan.pp - (first is not None) - (last is not None)
     middle_layers = num_layers - (first or 0) - (last or 0)
@@ -447,14 +482,53 @@ def pipeline_layer_counts(num_layers: int, plan: ParallelPlan) -> tuple[int, ...
     return counts
 
 
-def stage_num_layers(num_layers: int, plan: ParallelPlan, stage: int) -> int:
-    """Layers in pipeline stage (model chunk) ``stage`` of the pp * vpp stages: its rank's
-    count (:func:`pipeline_layer_counts`; stage s sits on rank s mod pp) over vpp.
+def stage_layer_counts(num_layers: int, plan: ParallelPlan) -> tuple[int, ...]:
+    """Layers in each of the pp * vpp pipeline stages (model chunks), stage 0 first; stage s
+    sits on rank s mod pp.
+
+    With ``account_for_embedding_in_pipeline_split`` / ``account_for_loss_in_pipeline_split``
+    the embedding / the output layer and loss count as one slot each: L + e + l slots split
+    evenly over the stages, stage 0 and the last stage one layer fewer (a stage may be left
+    with the embedding or the loss alone). Otherwise each rank's count
+    (:func:`pipeline_layer_counts`) over vpp.
 
     Raises:
-        SpecError: as :func:`pipeline_layer_counts`.
+        SpecError: the layers do not split that way (the message says why).
     """
-    return pipeline_layer_counts(num_layers, plan)[stage % plan.pp] // plan.vpp
+    require_positive_int("num_layers", num_layers)
+    emb = int(plan.account_for_embedding_in_pipeline_split)
+    loss = int(plan.account_for_loss_in_pipeline_split)
+    if not (emb or loss):
+        return tuple(
+            pipeline_layer_counts(num_layers, plan)[s % plan.pp] // plan.vpp
+            for s in range(plan.num_stages)
+        )
+    slots = num_layers + emb + loss
+    flags = " + ".join(name for name, on in (("embedding", emb), ("loss", loss)) if on)
+    if slots % plan.num_stages:
+        raise SpecError(
+            f"num_layers({num_layers}) + {flags} = {slots} slots are not divisible by "
+            f"pp({plan.pp}) * vpp({plan.vpp}) = {plan.num_stages}"
+        )
+    per_stage = slots // plan.num_stages
+    counts = [per_stage] * plan.num_stages
+    counts[0] -= emb
+    counts[-1] -= loss
+    if min(counts) < 0:
+        raise SpecError(
+            f"num_layers({num_layers}) + {flags} on pp({plan.pp}) * vpp({plan.vpp}) stages: "
+            f"one slot per stage leaves no room for both the embedding and the loss"
+        )
+    return tuple(counts)
+
+
+def stage_num_layers(num_layers: int, plan: ParallelPlan, stage: int) -> int:
+    """Layers in pipeline stage (model chunk) ``stage`` (:func:`stage_layer_counts`).
+
+    Raises:
+        SpecError: as :func:`stage_layer_counts`.
+    """
+    return stage_layer_counts(num_layers, plan)[stage]
 
 
 def uneven_pipeline_split(num_layers: int, *, pp: int, vpp: int) -> tuple[int, int] | None:
@@ -478,3 +552,30 @@ def uneven_pipeline_split(num_layers: int, *, pp: int, vpp: int) -> tuple[int, i
     if first < vpp or last < vpp:
         return None
     return first, last
+
+
+def uneven_split_fields(num_layers: int, *, pp: int, vpp: int) -> dict[str, object] | None:
+    """The :class:`ParallelPlan` fields of the uneven split the planner offers when the
+    layers do not split evenly over pp * vpp stages, or None (even, or nothing fits).
+
+    First choice: the embedding and the loss each count as a layer
+    (``account_for_embedding/loss_in_pipeline_split``) when L + 2 slots split evenly over the
+    stages, as Llama 3 405B does (126 + 2 = 16 x 8: Dubey et al. 2024 §3.3.2); it keeps every
+    chunk one size, which lets interleaving use more chunks. Else the lighter first and last
+    ranks of :func:`uneven_pipeline_split`.
+    """
+    stages = pp * vpp
+    if pp < 2 or num_layers % stages == 0:
+        return None
+    if (num_layers + 2) % stages == 0 and num_layers + 2 >= stages:
+        return {
+            "account_for_embedding_in_pipeline_split": True,
+            "account_for_loss_in_pipeline_split": True,
+        }
+    split = uneven_pipeline_split(num_layers, pp=pp, vpp=vpp)
+    if split is None:
+        return None
+    return {
+        "decoder_first_pipeline_num_layers": split[0],
+        "decoder_last_pipeline_num_layers": split[1],
+    }

@@ -87,6 +87,22 @@ PLANS = {
             decoder_first_pipeline_num_layers=1,
         ),
     ),
+    # the embedding and the loss count as layers: 4 + 2 slots over pp 2 x vpp 3 stages, the
+    # first stage holding only the embedding and the last only the head and loss
+    "pp2-vpp3-embedding-loss-in-split": (
+        GPT,
+        ParallelPlan(
+            dp=1,
+            tp=1,
+            pp=2,
+            vpp=3,
+            micro_batch_size=1,
+            global_batch_size=4,
+            schedule=Schedule.INTERLEAVED_1F1B,
+            account_for_embedding_in_pipeline_split=True,
+            account_for_loss_in_pipeline_split=True,
+        ),
+    ),
     "pp2-interleaved": (
         GPT,
         ParallelPlan(

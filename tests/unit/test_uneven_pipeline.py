@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import re
 
 import pytest
@@ -27,6 +28,7 @@ from plansim.specs.plan import (
     Schedule,
     check_plan_divides_model,
     pipeline_layer_counts,
+    stage_layer_counts,
     stage_num_layers,
     uneven_pipeline_split,
 )
@@ -140,7 +142,8 @@ def test_bad_split_fields_are_named(kw: dict[str, object], message: str) -> None
             126,
             {"pp": 16},
             r"num_layers\(126\) is not divisible by pp\(16\) \* vpp\(1\) = 16; an uneven split "
-            r"fits: decoder_first_pipeline_num_layers=7, decoder_last_pipeline_num_layers=7",
+            r"fits: account_for_embedding_in_pipeline_split=True, "
+            r"account_for_loss_in_pipeline_split=True",
         ),
         (
             12,
@@ -244,11 +247,13 @@ def test_the_analytic_worst_rank_sees_the_middle_ranks() -> None:
 def test_search_offers_the_split_only_when_allowed() -> None:
     space = SearchSpace(tp=(1,), pp=(4,), micro_batch_size=(1,), zero_stages=(0,))
     plans = list(enumerate_plans(num_gpus=4, global_batch_size=8, space=space, num_layers=10))
-    # 10 layers on pp 4: 2, 3, 3, 2 for vpp 1; no vpp > 1 fits (chunks of equal pairs would
-    # leave the last rank nothing)
+    # 10 layers on pp 4: 2, 3, 3, 2 for vpp 1 and vpp 3: with the embedding and the loss
+    # counted as layers, 12 slots fill 4 ranks x 3 chunks of one (the first chunk holds only
+    # the embedding, the last only the loss)
     assert plans
     assert {pipeline_layer_counts(10, p) for p in plans} == {(2, 3, 3, 2)}
-    assert {p.vpp for p in plans} == {1}
+    assert {p.vpp for p in plans} == {1, 3}
+    assert all(p.account_for_embedding_in_pipeline_split for p in plans)
     ten = dataclasses.replace(TWELVE, num_layers=10)
     assert isinstance(evaluate(ten, plans[0], round_profile()), Evaluation)
     strict = dataclasses.replace(space, uneven_pipeline=False)
@@ -277,8 +282,91 @@ def test_cli_simulates_an_uneven_split_and_suggests_one(
         "1",
     ]
     assert main(base) == 2
-    assert "decoder_first_pipeline_num_layers=7" in capsys.readouterr().err
+    assert "account_for_embedding_in_pipeline_split=True" in capsys.readouterr().err
     split = ["--decoder-first-pipeline-num-layers", "7", "--decoder-last-pipeline-num-layers", "7"]
     assert main([*base, *split, "--format", "json"]) == 0
     out = capsys.readouterr().out
     assert '"decoder_first_pipeline_num_layers": 7' in out
+    in_split = ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
+    assert main([*base, *in_split, "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["plan"]["account_for_loss_in_pipeline_split"] is True
+    # at vpp 1 both splits put 7, 8 x 14, 7 layers on the ranks: the same step
+    assert doc["step_time_s"] == pytest.approx(json.loads(out)["step_time_s"], rel=1e-9)
+
+
+def _in_split(**kw: object) -> ParallelPlan:
+    return _plan(
+        account_for_embedding_in_pipeline_split=True,
+        account_for_loss_in_pipeline_split=True,
+        **kw,
+    )
+
+
+def test_embedding_and_loss_in_the_split_give_llama3_its_chunks() -> None:
+    plan = _in_split(pp=16, vpp=8, global_batch_size=16, schedule=Schedule.INTERLEAVED_1F1B)
+    stages = stage_layer_counts(126, plan)
+    # 126 layers + embedding + loss = 128 slots = 16 ranks x 8 chunks of one
+    assert stages == (0, *[1] * 126, 0)
+    assert pipeline_layer_counts(126, plan) == (7, *[8] * 14, 7)
+    assert plan.label().endswith("embedding-in-split loss-in-split")
+    only_loss = _plan(account_for_loss_in_pipeline_split=True)
+    assert stage_layer_counts(15, only_loss) == (4, 4, 4, 3)
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        (
+            {"pp": 1, "account_for_loss_in_pipeline_split": True},
+            r"plan.account_for_loss_in_pipeline_split needs pp > 1",
+        ),
+        (
+            {
+                "account_for_embedding_in_pipeline_split": True,
+                "decoder_last_pipeline_num_layers": 2,
+            },
+            "does not combine with decoder_first/last_pipeline_num_layers",
+        ),
+        (
+            {"account_for_embedding_in_pipeline_split": 1},
+            "plan.account_for_embedding_in_pipeline_split",
+        ),
+    ],
+)
+def test_bad_in_split_flags_are_named(kw: dict[str, object], message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        _plan(**kw)
+
+
+def test_in_split_that_does_not_divide_is_explained() -> None:
+    reason = check_plan_divides_model(
+        _in_split(), num_layers=12, num_attention_heads=4, num_query_groups=4
+    )
+    assert reason is not None
+    assert "num_layers(12) + embedding + loss = 14 slots are not divisible by pp(4)" in reason
+    # and the error for a plain plan proposes the split that fits
+    plain = check_plan_divides_model(
+        _plan(pp=16, vpp=8, global_batch_size=16, schedule=Schedule.INTERLEAVED_1F1B),
+        num_layers=126,
+        num_attention_heads=128,
+        num_query_groups=8,
+    )
+    assert plain is not None and "account_for_embedding_in_pipeline_split=True" in plain
+
+
+@pytest.mark.parametrize("gbs", [4, 8, 12])
+def test_unequal_chunks_keep_the_analytic_peak_equal_to_the_engine(gbs: int) -> None:
+    """10 layers + embedding + loss over pp 4 x vpp 3: stage 0 holds only the embedding and
+    the last stage only the loss, so rank 0's and rank 3's chunks differ; the analytic
+    activations replay the rank's actions and must equal the event engine's peak."""
+    plan = _in_split(vpp=3, global_batch_size=gbs, schedule=Schedule.INTERLEAVED_1F1B)
+    model = dataclasses.replace(WIDE, num_layers=10)
+    assert stage_layer_counts(10, plan) == (0, *[1] * 10, 0)
+    prof = round_profile()
+    ev = evaluate(model, plan, prof)
+    assert isinstance(ev, Evaluation)
+    engine = ev.result.peak_memory_bytes
+    for rank in range(plan.pp):
+        analytic = rank_memory(model, plan, prof, rank=rank).total_bytes
+        assert engine[rank] == pytest.approx(analytic, rel=1e-9), rank
