@@ -41,7 +41,30 @@ def plan_row(ev: Evaluation) -> dict[str, Any]:
         row["dp_sync"] = f"ps{p.ps_servers or ''}"
     if _offload_label(p):  # plans without offload keep their columns unchanged
         row["offload"] = _offload_label(p)
+    if p.uneven_pipeline:  # evenly split plans keep their columns unchanged
+        row["pipeline_split"] = pipeline_split_label(p)
     return row
+
+
+def pipeline_split_label(p: ParallelPlan) -> str:
+    """How an uneven plan splits its layers: 'first7 last7' (decoder first/last layer
+    counts), 'embedding+loss' (counted as layers of the split); '' for an even split."""
+    parts = []
+    if p.decoder_first_pipeline_num_layers is not None:
+        parts.append(f"first{p.decoder_first_pipeline_num_layers}")
+    if p.decoder_last_pipeline_num_layers is not None:
+        parts.append(f"last{p.decoder_last_pipeline_num_layers}")
+    counted = [
+        name
+        for name, on in (
+            ("embedding", p.account_for_embedding_in_pipeline_split),
+            ("loss", p.account_for_loss_in_pipeline_split),
+        )
+        if on
+    ]
+    if counted:
+        parts.append("+".join(counted))
+    return " ".join(parts)
 
 
 def _offload_label(p: ParallelPlan) -> str:
@@ -56,13 +79,16 @@ def _offload_label(p: ParallelPlan) -> str:
 
 def ranked_table(evaluations: Sequence[Evaluation]) -> pd.DataFrame:
     """Ranked plans, fastest first, with a 1-based ``rank`` column (and ``dp_sync``,
-    'ring' on ring rows, when some plan uses a parameter server)."""
+    'ring' on ring rows, when some plan uses a parameter server; ``pipeline_split``, 'even'
+    on evenly split rows, when some plan splits its layers unevenly)."""
     rows = [{"rank": i + 1, **plan_row(ev)} for i, ev in enumerate(evaluations)]
     df = pd.DataFrame(rows)
     if "dp_sync" in df:
         df["dp_sync"] = df["dp_sync"].fillna(DpSync.RING.value)
     if "offload" in df:
         df["offload"] = df["offload"].fillna(OffloadDevice.NONE.value)
+    if "pipeline_split" in df:
+        df["pipeline_split"] = df["pipeline_split"].fillna("even")
     return df
 
 

@@ -23,6 +23,7 @@ from plansim.cli import main
 from plansim.errors import SpecError
 from plansim.planner.enumerate import SearchSpace, enumerate_plans
 from plansim.planner.evaluate import Evaluation, evaluate
+from plansim.report.tables import pipeline_split_label, ranked_table
 from plansim.specs.plan import (
     ParallelPlan,
     Schedule,
@@ -370,3 +371,22 @@ def test_unequal_chunks_keep_the_analytic_peak_equal_to_the_engine(gbs: int) -> 
     for rank in range(plan.pp):
         analytic = rank_memory(model, plan, prof, rank=rank).total_bytes
         assert engine[rank] == pytest.approx(analytic, rel=1e-9), rank
+
+
+def test_ranked_table_names_the_split() -> None:
+    prof = round_profile()
+    even = evaluate(WIDE, _plan(global_batch_size=64), prof)
+    split = evaluate(
+        WIDE,
+        _plan(
+            global_batch_size=64,
+            decoder_first_pipeline_num_layers=2,
+            decoder_last_pipeline_num_layers=2,
+        ),
+        prof,
+    )
+    assert isinstance(even, Evaluation) and isinstance(split, Evaluation)
+    assert "pipeline_split" not in ranked_table([even])
+    table = ranked_table([split, even])
+    assert list(table["pipeline_split"]) == ["first2 last2", "even"]
+    assert pipeline_split_label(_in_split()) == "embedding+loss"
