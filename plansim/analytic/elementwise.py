@@ -118,11 +118,22 @@ def adam_step_bytes(num_params: float, *, precision: Precision = Precision.BF16)
     16-bit model params (read 4, write 2); the fp32 grad buffer is zeroed for the next step
     (write 4): 42 bytes per parameter.
 
+    fp16 adds the loss scaler's passes (Megatron-LM ``megatron/optimizer/optimizer.py``,
+    ``Float16OptimizerWithFloat16Params.step``): its 16-bit gradients become the fp32 main
+    gradients (``_copy_model_grads_to_main_grads``: ``main_grad.float()``, read 2, write 4)
+    and are unscaled and checked for inf/NaN (``_unscale_main_grads_and_check_for_nan``:
+    ``torch._amp_foreach_non_finite_check_and_unscale_``, read 4, write 4; only with a grad
+    scaler, which fp16 always has and bf16 has not by default), and the zeroed buffer is
+    16-bit (write 2): 54 bytes per parameter.
+
     fp32: PyTorch's ``torch.optim.AdamW`` with ``fused=True`` or ``foreach=True`` (torch docs,
     ``torch.optim.AdamW``: the fused/foreach implementations update all parameters in
     multi-tensor passes) reads param, grad, exp_avg, exp_avg_sq (16 B) and writes param,
     exp_avg, exp_avg_sq (12 B): 28 bytes per parameter; no master copy, no clipping pass,
     gradients freed (``zero_grad(set_to_none=True)``, the default) instead of zeroed.
     """
-    per_param = 28.0 if precision is Precision.FP32 else 42.0
-    return per_param * num_params
+    if precision is Precision.FP32:
+        return 28.0 * num_params
+    if precision is Precision.FP16:
+        return 54.0 * num_params
+    return 42.0 * num_params

@@ -62,6 +62,8 @@ def test_adam_traffic_is_28_bytes_per_parameter() -> None:
     assert adam_step_bytes(100.0, precision=Precision.FP32) == 2800.0
     assert adam_step_bytes(100.0) == 4200.0
     assert adam_step_bytes(100.0, precision=Precision.BF16) == 4200.0
+    # fp16: + fp16 -> fp32 main-grad copy (6 B) + loss-scaler unscale (8 B) - 2 B of zeroing
+    assert adam_step_bytes(100.0, precision=Precision.FP16) == 5400.0
 
 
 def test_activations_are_twice_the_16_bit_bytes() -> None:
