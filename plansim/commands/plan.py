@@ -136,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
             "num_not_simulated": result.num_not_simulated,
             "rejections": result.rejection_counts,
             "rejection_examples": result.rejection_examples,
+            "batch_indivisible_dps": list(result.batch_indivisible_dps),
         }
         out.write(json.dumps(doc, indent=2) + "\n")
         return 0
@@ -149,11 +150,11 @@ def run(args: argparse.Namespace) -> int:
         f"{bytes_to_gib(profile.hbm_capacity_bytes):.1f} GiB per GPU\n\n"
     )
     out.write(render(table, "table") if len(table) else "no feasible plan\n")
-    out.write(_summary(result))
+    out.write(_summary(result, global_batch_size=args.gbs))
     return 0
 
 
-def _summary(result: SearchResult) -> str:
+def _summary(result: SearchResult, *, global_batch_size: int) -> str:
     lines = [
         "",
         f"{result.num_candidates} candidates: {result.num_feasible} feasible, "
@@ -167,7 +168,18 @@ def _summary(result: SearchResult) -> str:
     ]
     for category, count in result.rejection_counts.items():
         lines.append(f"  {count:6d}  {category}, e.g. {result.rejection_examples[category]}")
+    if result.batch_indivisible_dps:
+        lines.append(batch_note(result.batch_indivisible_dps, global_batch_size))
     return "\n".join(lines) + "\n"
+
+
+def batch_note(dps: tuple[int, ...], global_batch_size: int) -> str:
+    """One line on the layouts not enumerated because the batch does not split over dp."""
+    shown = ", ".join(map(str, dps[:8])) + (", ..." if len(dps) > 8 else "")
+    return (
+        f"  not enumerated: layouts with dp in ({shown}): global batch {global_batch_size} "
+        f"is not divisible by dp"
+    )
 
 
 def _write_pareto(

@@ -330,6 +330,9 @@ def predict_row(row: RunRow, *, simulate_top: int = 8) -> Prediction:
         return Prediction(status="skipped", note=str(exc))
     if not result.ranked:
         first = next(iter(result.rejection_examples.values()), "no candidate layout")
+        if result.batch_indivisible_dps:
+            dps = ", ".join(map(str, result.batch_indivisible_dps))
+            first += f"; layouts with dp in ({dps}) not tried: gbs {gbs} is not divisible by dp"
         return Prediction(status="skipped", note=f"no feasible layout: {first}")
     best = result.ranked[0]
     notes.append(f"chosen: {best.plan.label()}")

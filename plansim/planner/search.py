@@ -57,6 +57,9 @@ class SearchResult:
         num_simulated: plans simulated as events.
         top_k: the K the search was exact for (0 in ``simulate_top`` mode).
         rejected: every rejection, in enumeration then simulation order.
+        batch_indivisible_dps: dp sizes of (tp, cp, pp, dp) layouts the GPUs allow but the
+            global batch does not split over (global_batch_size % dp != 0); no candidate is
+            enumerated for them, so they are not among the rejections.
     """
 
     ranked: tuple[Evaluation, ...]
@@ -68,6 +71,7 @@ class SearchResult:
     num_simulated: int = 0
     top_k: int = 0
     rejected: tuple[Rejected, ...] = field(default=(), repr=False)
+    batch_indivisible_dps: tuple[int, ...] = ()
 
 
 def estimate_step_time_s(work: PipelineWork, *, schedule: Schedule = Schedule.ONE_F_ONE_B) -> float:
@@ -208,6 +212,9 @@ def search(
         num_simulated=len(sims),
         top_k=0 if simulate_top is not None else top_k,
         rejected=tuple(rejected),
+        batch_indivisible_dps=tuple(
+            sorted({lay.dp for lay in layouts(num_gpus, space) if global_batch_size % lay.dp})
+        ),
     )
 
 

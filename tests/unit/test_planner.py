@@ -300,3 +300,23 @@ def test_estimate_credits_gradient_buckets_hidden_behind_backward() -> None:
     ev = evaluate(model, ParallelPlan(**base, overlap_grad_reduce=True), prof)
     assert isinstance(ev, Evaluation)
     assert est_over == pytest.approx(ev.step_time_s, rel=0.05)
+
+
+def test_layouts_the_batch_does_not_split_over_are_named(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """gbs 1000 on 992 GPUs: dp must divide both, so most layouts are never enumerated; the
+    search says which dp sizes and why, instead of only the rejections it made."""
+    from plansim.cli import main
+
+    space = SearchSpace(tp=(8,), zero_stages=(3,), recomputes=(Recompute.FULL,))
+    model = resolve_model("gpt3-175b")
+    result = search(
+        model, round_profile(), num_gpus=992, global_batch_size=1000, space=space, top_k=1
+    )
+    assert result.batch_indivisible_dps == (31, 62, 124)  # 992 / 8 = 124 = dp * pp
+    args = ["plan", "--model", "gpt3-175b", "--gpu", "a100-sxm4-80gb", "--gpus", "992"]
+    assert main([*args, "--gbs", "1000"]) == 0
+    out = capsys.readouterr().out
+    assert "not enumerated: layouts with dp in (16, 31, 32, 62, 124, 248, 496, 992)" in out
+    assert "global batch 1000 is not divisible by dp" in out
