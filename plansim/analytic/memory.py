@@ -32,8 +32,7 @@ from dataclasses import dataclass, replace
 from plansim.analytic.activations import layer_activations, ring_kv_chunk_bytes
 from plansim.analytic.params import count_parameters
 from plansim.analytic.ranks import dp_cp_size
-from plansim.schedule.actions import ActionKind
-from plansim.schedule.builders import build_actions, interleaved_warmup
+from plansim.schedule.builders import interleaved_chunk, interleaved_warmup
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import (
@@ -285,28 +284,25 @@ def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, stage: int) 
 
 def stored_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float:
     """Activations stored at the rank's peak: per micro-batch bytes x micro-batches in flight
-    (:func:`microbatches_in_flight`). When the rank's chunks hold different layer counts the
-    chunks held at the peak matter, so the rank's action list is replayed instead: each
-    forward stores its chunk's bytes (:func:`stage_activation_bytes`), each full backward
-    (or weight-gradient action) frees them, as the event engine does."""
+    (:func:`microbatches_in_flight`). When the rank's chunks hold different layer counts
+    (only with interleaving: ``account_for_*_in_pipeline_split``) the chunks held at the peak
+    matter, so the rank's interleaved 1F1B order is replayed instead (warm-up forwards, then
+    forward/backward pairs, ``plansim.schedule.builders``): each forward stores its chunk's
+    bytes (:func:`stage_activation_bytes`), each backward frees them, as the event engine
+    does."""
     counts = stage_layer_counts(model.num_layers, plan)[rank :: plan.pp]
     if len(set(counts)) == 1:
         per_mb = microbatch_activation_bytes(model, plan, rank=rank)
         return per_mb * microbatches_in_flight(plan, rank=rank)
-    actions = build_actions(
-        plan.schedule, num_ranks=plan.pp, num_microbatches=plan.num_microbatches, vpp=plan.vpp
-    )[rank]
-    stored = {
-        s: stage_activation_bytes(model, plan, stage=s)
-        for s in range(rank, plan.num_stages, plan.pp)
-    }
-    live = peak = 0.0
-    for action in actions:
-        if action.kind is ActionKind.FORWARD:
-            live += stored[action.stage]
-            peak = max(peak, live)
-        elif action.kind in (ActionKind.FULL_BACKWARD, ActionKind.BACKWARD_WEIGHT):
-            live -= stored[action.stage]
+    p, v, m = plan.pp, plan.vpp, plan.num_microbatches
+    stored = [stage_activation_bytes(model, plan, stage=c * p + rank) for c in range(v)]
+    warmup = interleaved_warmup(rank, num_ranks=p, num_microbatches=m, vpp=v)
+    live = sum(stored[interleaved_chunk(k, num_ranks=p, vpp=v)] for k in range(warmup))
+    peak = live
+    for k in range(m * v - warmup):  # steady state: forward warmup + k, then backward k
+        live += stored[interleaved_chunk(warmup + k, num_ranks=p, vpp=v)]
+        peak = max(peak, live)
+        live -= stored[interleaved_chunk(k, num_ranks=p, vpp=v, backward=True)]
     return peak
 
 

@@ -87,11 +87,17 @@ def _interleaved_action(k: int, *, rank: int, num_ranks: int, vpp: int, kind: Ac
     ``backward_stage_index``). Stage = chunk * p + rank.
     """
     group, within = divmod(k, num_ranks)
-    chunk = group % vpp
-    if kind is _B:
-        chunk = vpp - 1 - chunk
+    chunk = interleaved_chunk(k, num_ranks=num_ranks, vpp=vpp, backward=kind is _B)
     microbatch = (group // vpp) * num_ranks + within
     return Action(stage=chunk * num_ranks + rank, kind=kind, microbatch=microbatch)
+
+
+def interleaved_chunk(k: int, *, num_ranks: int, vpp: int, backward: bool = False) -> int:
+    """Model chunk (0..vpp-1) of a rank's ``k``-th forward (or backward) in interleaved 1F1B:
+    groups of p micro-batches per chunk, backwards in reverse chunk order
+    (:func:`_interleaved_action`)."""
+    chunk = (k // num_ranks) % vpp
+    return vpp - 1 - chunk if backward else chunk
 
 
 def interleaved_warmup(rank: int, *, num_ranks: int, num_microbatches: int, vpp: int) -> int:
