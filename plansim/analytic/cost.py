@@ -72,8 +72,9 @@ from plansim.analytic.zero3 import (
     unit_traffic,
 )
 from plansim.specs.hardware import HardwareProfile
+from plansim.specs.layer_split import stage_layer_counts
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan, Recompute, Zero3ParamFetch, stage_num_layers
+from plansim.specs.plan import ParallelPlan, Recompute, Zero3ParamFetch
 from plansim.specs.work import P2P, GradBucket, PipelineWork, RankWork, Segment, StageWork
 
 T = TypeVar("T")
@@ -135,6 +136,7 @@ def _zero3_segments(
 def _stage_work(
     stage: int,
     *,
+    num_layers: int,
     model: ModelSpec,
     plan: ParallelPlan,
     layer: PassTimes,
@@ -145,9 +147,9 @@ def _stage_work(
     buckets: tuple[GradBucket, ...],
     overlap_slowdown: float,
 ) -> StageWork:
-    """StageWork of pipeline stage ``stage`` (a chunk of its rank's layers / vpp:
-    ``plansim.specs.plan.stage_num_layers``)."""
-    n = stage_num_layers(model.num_layers, plan, stage)
+    """StageWork of pipeline stage ``stage``, a model chunk of ``num_layers`` layers
+    (``plansim.specs.layer_split.stage_layer_counts``)."""
+    n = num_layers
     first, last = stage == 0, stage == plan.num_stages - 1
     fwd = n * layer.forward_s + (edges.first_forward_s if first else 0.0)
     fwd += edges.last_forward_s if last else 0.0
@@ -339,12 +341,12 @@ def _build(
     # O(pp * vpp), with bit-identical results.
     stage_kinds: dict[tuple[bool, bool, bool, int], StageWork] = {}
     stages = []
-    for s in range(plan.num_stages):
-        layers = stage_num_layers(model.num_layers, plan, s)
+    for s, layers in enumerate(stage_layer_counts(model.num_layers, plan)):
         key = (s == 0, s == plan.num_stages - 1, s % plan.pp == 0, layers)
         if key not in stage_kinds:
             stage_kinds[key] = _stage_work(
                 s,
+                num_layers=layers,
                 model=model,
                 plan=plan,
                 layer=layer,

@@ -18,8 +18,9 @@ from plansim.analytic.param_server import PUSH_KIND, ps_transfer, uses_parameter
 from plansim.analytic.params import count_parameters
 from plansim.analytic.ranks import LayoutGroups, dp_cp_size
 from plansim.specs.hardware import HardwareProfile
+from plansim.specs.layer_split import stage_num_layers
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan, stage_num_layers
+from plansim.specs.plan import ParallelPlan
 from plansim.specs.work import GradBucket, Segment
 
 #: Megatron-LM's default DDP bucket: max(40M, 1M x data-parallel size) parameters
@@ -37,7 +38,7 @@ class StageParams:
         head: produced first by backward: final norm and output layer (or its tied copy of
             the word embedding when pp > 1) on the last stage; 0 elsewhere.
         per_layer: one transformer layer (linear weights / tp + replicated norms).
-        num_layers: layers in the stage (``plansim.specs.plan.stage_num_layers``).
+        num_layers: layers in the stage (``plansim.specs.layer_split.stage_num_layers``).
         tail: produced last: word embedding / tp + position embedding on the first stage.
     """
 

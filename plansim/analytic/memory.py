@@ -34,6 +34,7 @@ from plansim.analytic.params import count_parameters
 from plansim.analytic.ranks import dp_cp_size
 from plansim.schedule.builders import interleaved_chunk, interleaved_warmup
 from plansim.specs.hardware import HardwareProfile
+from plansim.specs.layer_split import pipeline_layer_counts, stage_layer_counts
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import (
     AttentionKernel,
@@ -42,8 +43,6 @@ from plansim.specs.plan import (
     ParallelPlan,
     Precision,
     Schedule,
-    pipeline_layer_counts,
-    stage_layer_counts,
 )
 from plansim.units import bytes_to_gib
 

@@ -20,6 +20,7 @@ from plansim.io.outputs import check_writable
 from plansim.planner.evaluate import Evaluation, Rejected, evaluate
 from plansim.report.tables import evaluation_dict, memory_table, plan_row, render
 from plansim.report.trace import chrome_trace, write_trace
+from plansim.specs.layer_split import check_plan_divides_model
 from plansim.specs.plan import (
     AttentionKernel,
     OffloadDevice,
@@ -28,7 +29,6 @@ from plansim.specs.plan import (
     Recompute,
     Schedule,
     Zero3ParamFetch,
-    check_plan_divides_model,
 )
 
 

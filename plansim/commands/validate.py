@@ -31,14 +31,9 @@ from plansim.io.outputs import check_writable, write_json_atomic, write_text_ato
 from plansim.io.profiles import load_profile, write_profile
 from plansim.report.trace import chrome_trace, write_trace
 from plansim.specs.hardware import HardwareProfile
+from plansim.specs.layer_split import check_plan_divides_model
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import (
-    ParallelPlan,
-    Precision,
-    Recompute,
-    Schedule,
-    check_plan_divides_model,
-)
+from plansim.specs.plan import ParallelPlan, Precision, Recompute, Schedule
 from plansim.validate.compare import (
     Comparison,
     compare,

@@ -27,9 +27,10 @@ backward (``--overlap-grad-reduce``; Korthikanti et al. 2022 §6.3 state that th
 not overlap it). The zero-bubble schedule
 ZB-H1 (split backward, Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024,
 arXiv:2401.10241, January 2024) is offered to runs dated 2024 or later. When pp does not
-divide the layers, the search splits them unevenly (lighter first and last ranks,
-``plansim.specs.plan.uneven_pipeline_split``) for a row that states such a pp, and for a
-searched pp only where the framework had uneven splits (DeepSpeed; Megatron-LM from 2024).
+divide the layers, the search splits them unevenly (embedding and loss counted as layers,
+or lighter first and last ranks: ``plansim.specs.layer_split.uneven_split_fields``) for a
+row that states such a pp, and for a searched pp only where the framework had uneven splits
+(DeepSpeed; Megatron-LM from 2024).
 An undated row is searched over everything.
 
 Context parallelism (cp; Megatron-LM, Llama 3 §3.3.2): a stated cp is modelled as given

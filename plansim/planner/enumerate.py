@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
+from plansim.specs.layer_split import uneven_split_fields
 from plansim.specs.plan import (
     AttentionKernel,
     DpSync,
@@ -28,7 +29,6 @@ from plansim.specs.plan import (
     Schedule,
     Zero3ParamFetch,
     offload_devices,
-    uneven_split_fields,
 )
 
 
@@ -62,7 +62,7 @@ class SearchSpace:
             zero3_param_fetch: fixed for the whole search (implementation facts of the
             framework, not layout choices).
         uneven_pipeline: when the layers do not split evenly over pp * vpp stages, offer
-            the uneven split of ``plansim.specs.plan.uneven_split_fields`` (Megatron-LM
+            the uneven split of ``plansim.specs.layer_split.uneven_split_fields`` (Megatron-LM
             ``--account-for-embedding/loss-in-pipeline-split`` or
             ``--decoder-first/last-pipeline-num-layers``: lighter first and last stages);
             False drops such (pp, vpp) pairs, as frameworks without uneven splits must.
@@ -151,7 +151,7 @@ def vpp_values(pp: int, *, num_layers: int | None, space: SearchSpace) -> tuple[
     several ranks); otherwise 1 plus every divisor v in 2..max_vpp of num_layers / pp
     (a chunk must hold whole layers), or 1 alone when pp == 1 or num_layers is unknown.
     When pp does not divide the layers: 1 plus every v in 2..max_vpp that an uneven split
-    allows (``space.uneven_pipeline``; ``plansim.specs.plan.uneven_split_fields``).
+    allows (``space.uneven_pipeline``; ``plansim.specs.layer_split.uneven_split_fields``).
     """
     if space.vpps is not None:
         return tuple(sorted({v for v in space.vpps if v == 1 or pp > 1}))

@@ -18,8 +18,9 @@ from plansim.schedule.builders import build_actions
 from plansim.sim.engine import simulate
 from plansim.sim.result import SimResult
 from plansim.specs.hardware import HardwareProfile
+from plansim.specs.layer_split import check_plan_divides_model
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan, check_plan_divides_model
+from plansim.specs.plan import ParallelPlan
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -34,8 +34,9 @@ from plansim.analytic.comm import (
 from plansim.analytic.memory import state_bytes_per_param
 from plansim.analytic.ranks import layout_groups
 from plansim.specs.hardware import HardwareProfile
+from plansim.specs.layer_split import stage_num_layers
 from plansim.specs.model import ModelSpec, Normalization, PositionEmbedding
-from plansim.specs.plan import ParallelPlan, stage_num_layers
+from plansim.specs.plan import ParallelPlan
 from plansim.specs.work import PipelineWork, Segment
 
 #: Reads and writes of the gradient bytes around the flat all-reduce: the cat into the flat

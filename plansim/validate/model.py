@@ -26,8 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plansim.specs.layer_split import stage_num_layers
 from plansim.specs.model import Activation, ModelSpec, Normalization, PositionEmbedding
-from plansim.specs.plan import ParallelPlan, stage_num_layers
+from plansim.specs.plan import ParallelPlan
 from plansim.validate.result import ValidateError
 
 #: Standard deviation of the weight initialisation (GPT-2, Radford et al. 2019).
@@ -222,7 +223,7 @@ def build_model(spec: ModelSpec, *, seed: int) -> StageModule:
 
 def stage_layers(spec: ModelSpec, plan: ParallelPlan, stage: int) -> range:
     """Block indices of pipeline ``stage``: the stages hold consecutive layers in stage
-    order, each as many as ``plansim.specs.plan.stage_num_layers`` gives it (an even split
+    order, each as many as ``plansim.specs.layer_split.stage_num_layers`` gives it (an even split
     over pp * vpp stages, or the plan's uneven one)."""
     start = sum(stage_num_layers(spec.num_layers, plan, s) for s in range(stage))
     return range(start, start + stage_num_layers(spec.num_layers, plan, stage))

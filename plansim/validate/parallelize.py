@@ -35,8 +35,9 @@ from torch.distributed.tensor.parallel import (
 )
 
 from plansim.errors import SpecError
+from plansim.specs.layer_split import pipeline_layer_counts
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan, Recompute, Schedule, pipeline_layer_counts
+from plansim.specs.plan import ParallelPlan, Recompute, Schedule
 from plansim.validate.model import Block, StageModule
 from plansim.validate.result import ValidateError
 

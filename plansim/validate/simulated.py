@@ -26,14 +26,9 @@ from plansim.schedule.builders import build_actions
 from plansim.sim import timeline as tl
 from plansim.sim.engine import simulate
 from plansim.specs.hardware import HardwareProfile
+from plansim.specs.layer_split import stage_num_layers
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import (
-    ParallelPlan,
-    Precision,
-    Recompute,
-    Zero3ParamFetch,
-    stage_num_layers,
-)
+from plansim.specs.plan import ParallelPlan, Precision, Recompute, Zero3ParamFetch
 from plansim.specs.work import PipelineWork, Segment
 from plansim.validate.eager_layer import LayerExtra, eager_layer_extra
 from plansim.validate.executed_dp import executes_flat_all_reduce, with_executed_dp

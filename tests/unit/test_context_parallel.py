@@ -32,8 +32,9 @@ from plansim.planner.backtest import Prediction, predict_row
 from plansim.planner.enumerate import SearchSpace, enumerate_plans
 from plansim.planner.evaluate import Evaluation, check_plan, evaluate
 from plansim.specs.hardware import LinkTier
+from plansim.specs.layer_split import check_plan_divides_model
 from plansim.specs.model import Activation, ModelSpec
-from plansim.specs.plan import AttentionKernel, ParallelPlan, Recompute, check_plan_divides_model
+from plansim.specs.plan import AttentionKernel, ParallelPlan, Recompute
 from tests.unit.synthetic import round_profile
 
 US = 1e-6

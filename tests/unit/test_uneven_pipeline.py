@@ -24,15 +24,14 @@ from plansim.errors import SpecError
 from plansim.planner.enumerate import SearchSpace, enumerate_plans
 from plansim.planner.evaluate import Evaluation, evaluate
 from plansim.report.tables import pipeline_split_label, ranked_table
-from plansim.specs.plan import (
-    ParallelPlan,
-    Schedule,
+from plansim.specs.layer_split import (
     check_plan_divides_model,
     pipeline_layer_counts,
     stage_layer_counts,
     stage_num_layers,
     uneven_pipeline_split,
 )
+from plansim.specs.plan import ParallelPlan, Schedule
 from tests.unit.synthetic import TINY_MODEL, round_profile
 
 #: 12 layers: an even split over pp 4 is 3 each; the uneven 2, 4, 4, 2 keeps the same total.
