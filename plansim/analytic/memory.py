@@ -268,17 +268,21 @@ def microbatch_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: i
     return per_mb * plan.precision.activation_bytes / 2
 
 
+def _chunk_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> list[float]:
+    """:func:`stage_activation_bytes` of the rank's vpp chunks, chunk 0 first."""
+    per_mb = microbatch_activation_bytes(model, plan, rank=rank)
+    counts = stage_layer_counts(model.num_layers, plan)[rank :: plan.pp]
+    if len(set(counts)) == 1:
+        return [per_mb / plan.vpp] * plan.vpp
+    return [per_mb * c / sum(counts) for c in counts]
+
+
 def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, stage: int) -> float:
     """Bytes one micro-batch's forward through ``stage`` (a model chunk) leaves stored until
     its backward: the rank's :func:`microbatch_activation_bytes` over its vpp chunks, or,
     when the rank's chunks hold different layer counts (``account_for_*_in_pipeline_split``),
     in proportion to the chunk's layers."""
-    rank = stage % plan.pp
-    per_mb = microbatch_activation_bytes(model, plan, rank=rank)
-    counts = stage_layer_counts(model.num_layers, plan)[rank :: plan.pp]
-    if len(set(counts)) == 1:
-        return per_mb / plan.vpp
-    return per_mb * counts[stage // plan.pp] / sum(counts)
+    return _chunk_activation_bytes(model, plan, rank=stage % plan.pp)[stage // plan.pp]
 
 
 def stored_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float:
@@ -289,12 +293,11 @@ def stored_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) 
     forward/backward pairs, ``plansim.schedule.builders``): each forward stores its chunk's
     bytes (:func:`stage_activation_bytes`), each backward frees them, as the event engine
     does."""
-    counts = stage_layer_counts(model.num_layers, plan)[rank :: plan.pp]
-    if len(set(counts)) == 1:
+    stored = _chunk_activation_bytes(model, plan, rank=rank)
+    if len(set(stored)) == 1:
         per_mb = microbatch_activation_bytes(model, plan, rank=rank)
         return per_mb * microbatches_in_flight(plan, rank=rank)
     p, v, m = plan.pp, plan.vpp, plan.num_microbatches
-    stored = [stage_activation_bytes(model, plan, stage=c * p + rank) for c in range(v)]
     warmup = interleaved_warmup(rank, num_ranks=p, num_microbatches=m, vpp=v)
     live = sum(stored[interleaved_chunk(k, num_ranks=p, vpp=v)] for k in range(warmup))
     peak = live

@@ -128,10 +128,8 @@ def stage_layer_counts(num_layers: int, plan: ParallelPlan) -> tuple[int, ...]:
     emb = int(plan.account_for_embedding_in_pipeline_split)
     loss = int(plan.account_for_loss_in_pipeline_split)
     if not (emb or loss):
-        return tuple(
-            pipeline_layer_counts(num_layers, plan)[s % plan.pp] // plan.vpp
-            for s in range(plan.num_stages)
-        )
+        per_rank = pipeline_layer_counts(num_layers, plan)
+        return tuple(per_rank[s % plan.pp] // plan.vpp for s in range(plan.num_stages))
     slots = num_layers + emb + loss
     flags = " + ".join(name for name, on in (("embedding", emb), ("loss", loss)) if on)
     if slots % plan.num_stages:

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plansim.specs.layer_split import stage_num_layers
+from plansim.specs.layer_split import stage_layer_counts
 from plansim.specs.model import Activation, ModelSpec, Normalization, PositionEmbedding
 from plansim.specs.plan import ParallelPlan
 from plansim.validate.result import ValidateError
@@ -223,10 +223,11 @@ def build_model(spec: ModelSpec, *, seed: int) -> StageModule:
 
 def stage_layers(spec: ModelSpec, plan: ParallelPlan, stage: int) -> range:
     """Block indices of pipeline ``stage``: the stages hold consecutive layers in stage
-    order, each as many as ``plansim.specs.layer_split.stage_num_layers`` gives it (an even split
+    order, each as many as ``plansim.specs.layer_split.stage_layer_counts`` gives it (an even split
     over pp * vpp stages, or the plan's uneven one)."""
-    start = sum(stage_num_layers(spec.num_layers, plan, s) for s in range(stage))
-    return range(start, start + stage_num_layers(spec.num_layers, plan, stage))
+    counts = stage_layer_counts(spec.num_layers, plan)
+    start = sum(counts[:stage])
+    return range(start, start + counts[stage])
 
 
 def split_stage(model: StageModule, spec: ModelSpec, plan: ParallelPlan, stage: int) -> StageModule:

@@ -26,7 +26,7 @@ from plansim.schedule.builders import build_actions
 from plansim.sim import timeline as tl
 from plansim.sim.engine import simulate
 from plansim.specs.hardware import HardwareProfile
-from plansim.specs.layer_split import stage_num_layers
+from plansim.specs.layer_split import stage_layer_counts
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan, Precision, Recompute, Zero3ParamFetch
 from plansim.specs.work import PipelineWork, Segment
@@ -208,8 +208,7 @@ def _resimulated(
     work = dataclasses.replace(build_pipeline_work(model, plan, profile), blocking_p2p=False)
     if extra_all_reduces:
         work = _with_tp_all_reduces(work, model, plan, profile, extra_all_reduces)
-    layers = tuple(stage_num_layers(model.num_layers, plan, s) for s in range(plan.num_stages))
-    work = _with_added(work, plan, added, layers=layers)
+    work = _with_added(work, plan, added, layers=stage_layer_counts(model.num_layers, plan))
     work = with_executed_dp(work, model, plan, profile)
     actions = build_actions(
         plan.schedule, num_ranks=plan.pp, num_microbatches=plan.num_microbatches, vpp=plan.vpp
@@ -291,8 +290,7 @@ def _with_tp_all_reduces(
             backward=_lengthen_first(st.backward, n * per_layer_s, tp),
             backward_input=_lengthen_first(st.backward_input, n * per_layer_s, tp),
         )
-        for s, st in enumerate(work.stages)
-        for n in (stage_num_layers(model.num_layers, plan, s),)
+        for st, n in zip(work.stages, stage_layer_counts(model.num_layers, plan), strict=True)
     )
     return dataclasses.replace(work, stages=stages)
 
