@@ -3,7 +3,8 @@
 Pure. Each piece prices a mechanism with the profile's curves:
 
 * Per-layer passes (GEMMs, memory-bound kernels, TP collectives) and the embedding/logits
-  work of the edge stages: ``plansim.analytic.layer_cost``.
+  work of the edge stages: ``plansim.analytic.layer_cost``, with the GEMM and attention rates
+  the whole job sustains (power limit, slowest of its GPUs: ``plansim.analytic.sustained``).
 * PP send/recv of b*s*h 16-bit activations per micro-batch: split over the tp ranks
   by sequence parallelism or by Megatron's scatter/gather (Narayanan et al. SC21 §4.1, whose
   receiver all-gathers the slices over its TP group), else whole on every TP rank (Megatron
@@ -63,6 +64,7 @@ from plansim.analytic.param_server import ps_rank_work, uses_parameter_server
 from plansim.analytic.params import count_parameters
 from plansim.analytic.pipeline_send import pipeline_send
 from plansim.analytic.ranks import LayoutGroups, dp_cp_size, layout_groups
+from plansim.analytic.sustained import job_compute_profile
 from plansim.analytic.zero3 import (
     Zero3Traffic,
     edge_param_tensors,
@@ -319,11 +321,13 @@ def _build(
     links: bool = True,
 ) -> PipelineWork:
     groups = layout_groups(plan, gpus_per_node=profile.gpus_per_node)
-    pass_key = tuple(getattr(plan, f) for f in _PASS_FIELDS)
+    # The GEMM rate the whole job sustains (power limit, slowest GPU): plansim.analytic.sustained.
+    job = job_compute_profile(profile, plan.num_gpus)
+    pass_key = (plan.num_gpus, *(getattr(plan, f) for f in _PASS_FIELDS))
     layer = _memoised(
-        memo, ("layer", *pass_key), lambda: layer_pass_times(model, plan, profile, groups)
+        memo, ("layer", *pass_key), lambda: layer_pass_times(model, plan, job, groups)
     )
-    edges = _memoised(memo, ("edges", *pass_key), lambda: edge_times(model, plan, profile, groups))
+    edges = _memoised(memo, ("edges", *pass_key), lambda: edge_times(model, plan, job, groups))
     bucket_key = tuple(getattr(plan, f) for f in _BUCKET_FIELDS)
     per_param = state_bytes_per_param(plan.precision)
     z3_bytes = {"param_bytes": per_param.param, "grad_bytes": per_param.param}

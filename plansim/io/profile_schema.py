@@ -79,6 +79,8 @@ TOP_LEVEL_KEYS = (
     "overlap_compute_slowdown_fraction",
     "elementwise_forward_gb_per_s",
     "elementwise_backward_gb_per_s",
+    "sustained_matmul_fraction",
+    "gpu_matmul_spread_fraction",
     "host",
     "provenance",
 )
@@ -90,6 +92,8 @@ OPTIONAL_TOP_LEVEL_KEYS = (
     "overlap_compute_slowdown_fraction",
     "elementwise_forward_gb_per_s",
     "elementwise_backward_gb_per_s",
+    "sustained_matmul_fraction",
+    "gpu_matmul_spread_fraction",
 )
 #: Optional top-level numbers (absent: the field's default).
 OPTIONAL_SCALARS = (
@@ -111,6 +115,8 @@ OPTIONAL_SCALARS = (
         gb_per_s_to_bytes_per_s,
         bytes_per_s_to_gb_per_s,
     ),
+    _Scalar("sustained_matmul_fraction", "sustained_matmul_fraction", _identity, _identity),
+    _Scalar("gpu_matmul_spread_fraction", "gpu_matmul_spread_fraction", _identity, _identity),
 )
 #: The optional ``host:`` section (ZeRO-Offload / ZeRO-Infinity): YAML key <->
 #: ``HostSpec`` field, in file order; provenance keys are ``host.<key>``.

@@ -172,8 +172,9 @@ def profile_to_dict(profile: HardwareProfile) -> dict[str, Any]:
     }
     for s in SCALARS:
         data[s.key] = _tidy(s.from_si(getattr(profile, s.field)))
-    for s in OPTIONAL_SCALARS:  # written when set, or when measured (0 with its source)
-        if getattr(profile, s.field) or s.key in provenance:
+    for s in OPTIONAL_SCALARS:  # written when not the default, or when measured (with its source)
+        default = HardwareProfile.__dataclass_fields__[s.field].default
+        if getattr(profile, s.field) != default or s.key in provenance:
             data[s.key] = _tidy(s.from_si(getattr(profile, s.field)))
     data["gpus_per_node"] = profile.gpus_per_node
     data["intra_node"] = intra

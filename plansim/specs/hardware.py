@@ -170,6 +170,11 @@ class HostSpec:
         return self.nvme_read_bytes_per_s is not None
 
 
+#: Largest per-GPU rate spread a profile may state: the slowest of 10^6 GPUs (4.9 standard
+#: deviations below the median) must still run at a positive rate.
+MAX_SPREAD_FRACTION = 0.2
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HardwareProfile:
     """A GPU kind in its node and network.
@@ -208,6 +213,15 @@ class HardwareProfile:
             (``plansim calibrate``: a CPU's GELU is compute-bound, so it runs well below
             the streaming bandwidth). 0 (the default, a profile without the keys): the
             streaming bandwidth (:meth:`streaming_bytes_per_s`).
+        sustained_matmul_fraction: the GEMM rate a GPU holds at its power limit with
+            training-like (random) operands, over the burst rate the ``matmul_efficiency``
+            ceiling was measured at (MAMF: a short loop after warm-up). 1 (the default, a
+            profile without the key): no difference measured. Applied by
+            ``plansim.analytic.sustained``.
+        gpu_matmul_spread_fraction: standard deviation of the sustained GEMM rate across GPUs
+            of this kind, over its median (silicon lottery, cooling): a synchronous job
+            waits for its slowest GPU, so a job of N GPUs runs at the expected slowest of N
+            (``plansim.analytic.sustained``). 0 (the default): every GPU alike.
     """
 
     name: str
@@ -231,6 +245,8 @@ class HardwareProfile:
     overlap_compute_slowdown_fraction: float = 0.0
     elementwise_forward_bytes_per_s: float = 0.0
     elementwise_backward_bytes_per_s: float = 0.0
+    sustained_matmul_fraction: float = 1.0
+    gpu_matmul_spread_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         require_positive_int(f"{self.name}.gpus_per_node", self.gpus_per_node)
@@ -251,6 +267,16 @@ class HardwareProfile:
             raise SpecError(
                 f"{self.name}.overlap_compute_slowdown_fraction must be in [0, 1), "
                 f"got {self.overlap_compute_slowdown_fraction}"
+            )
+        if not 0 < self.sustained_matmul_fraction <= 1:
+            raise SpecError(
+                f"{self.name}.sustained_matmul_fraction must be in (0, 1], "
+                f"got {self.sustained_matmul_fraction}"
+            )
+        if not 0 <= self.gpu_matmul_spread_fraction < MAX_SPREAD_FRACTION:
+            raise SpecError(
+                f"{self.name}.gpu_matmul_spread_fraction must be in [0, {MAX_SPREAD_FRACTION}), "
+                f"got {self.gpu_matmul_spread_fraction}"
             )
         for key in ("elementwise_forward_bytes_per_s", "elementwise_backward_bytes_per_s"):
             if not getattr(self, key) >= 0:

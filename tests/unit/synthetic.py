@@ -72,3 +72,15 @@ def round_profile(*, gpus_per_node: int = 8, hbm_gib: float = 80.0) -> HardwareP
         pcie_bytes_per_s=25e9,
         kernel_launch_s=0.0,
     )
+
+
+def profile_dict_provenance_keys(data: dict) -> list[str]:  # type: ignore[type-arg]
+    """Dotted keys that need a provenance entry in ``data`` (a ``profile_to_dict`` of a
+    profile without optional sections): its scalars, peaks, matmul curves and collectives."""
+    keys = [k for k in data if k.endswith(("_us", "_gib", "_gb_per_s", "_fraction"))]
+    keys += ["gpus_per_node"]
+    keys += [f"peak_tflops.{d}" for d in data["peak_tflops"]]
+    keys += [f"matmul_efficiency.{d}" for d in data["matmul_efficiency"]]
+    for name in data["intra_node"]:
+        keys += [f"intra_node.{name}", f"intra_node.{name}.latency_us"]
+    return keys

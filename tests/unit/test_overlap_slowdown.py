@@ -17,7 +17,7 @@ from plansim.io.profile_parse import profile_from_dict
 from plansim.io.profiles import load_profile, profile_to_dict
 from plansim.planner.evaluate import evaluate
 from plansim.specs.plan import ParallelPlan
-from tests.unit.synthetic import round_profile
+from tests.unit.synthetic import profile_dict_provenance_keys, round_profile
 
 
 def test_excess_of_one_overlapped_layer() -> None:
@@ -45,20 +45,10 @@ def _dict_with(value: object) -> dict:  # type: ignore[type-arg]
     data = profile_to_dict(round_profile())
     data["overlap_compute_slowdown_fraction"] = value
     data["provenance"] = {
-        **{k: "synthetic" for k in _needed(data)},
+        **{k: "synthetic" for k in profile_dict_provenance_keys(data)},
         "overlap_compute_slowdown_fraction": "measured: test",
     }
     return data
-
-
-def _needed(data: dict) -> list[str]:  # type: ignore[type-arg]
-    keys = [k for k in data if k.endswith(("_us", "_gib", "_gb_per_s", "_fraction"))]
-    keys += ["gpus_per_node"]
-    keys += [f"peak_tflops.{d}" for d in data["peak_tflops"]]
-    keys += [f"matmul_efficiency.{d}" for d in data["matmul_efficiency"]]
-    for name in data["intra_node"]:
-        keys += [f"intra_node.{name}", f"intra_node.{name}.latency_us"]
-    return keys
 
 
 def test_profile_key_round_trips_and_is_checked() -> None:

@@ -1,0 +1,153 @@
+"""The GEMM rate a synchronous job sustains (``plansim.analytic.sustained``): the profile's
+``sustained_matmul_fraction`` (power limit) and ``gpu_matmul_spread_fraction`` (the slowest of
+N GPUs sets the pace).
+
+Oracles: Blom's approximation z_N = Phi^-1((N - 0.375) / (N + 0.25)) from tables of the
+standard normal (z_8: Phi^-1(0.92424) = 1.4338; z_40: Phi^-1(0.98447) = 2.1567), and the
+cited figures in the profiles' provenance recomputed by hand.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from plansim.analytic.cost import build_pipeline_work
+from plansim.analytic.sustained import (
+    expected_slowest_z,
+    job_compute_profile,
+    sustained_pace_fraction,
+)
+from plansim.catalog import resolve_model
+from plansim.errors import InputFileError, SpecError
+from plansim.io.profile_parse import profile_from_dict
+from plansim.io.profiles import load_profile, profile_to_dict
+from plansim.planner.evaluate import Evaluation, evaluate
+from plansim.specs.plan import ParallelPlan
+from tests.unit.synthetic import profile_dict_provenance_keys, round_profile
+
+
+def test_expected_slowest_z_follows_blom() -> None:
+    assert expected_slowest_z(1) == 0.0
+    assert expected_slowest_z(8) == pytest.approx(1.4338, abs=5e-4)
+    assert expected_slowest_z(40) == pytest.approx(2.1567, abs=5e-4)
+    # grows with the job, ever more slowly
+    zs = [expected_slowest_z(n) for n in (2, 8, 64, 512, 4096)]
+    assert zs == sorted(zs)
+    assert zs[1] - zs[0] > zs[4] - zs[3]
+    with pytest.raises(SpecError, match="num_gpus"):
+        expected_slowest_z(0)
+
+
+def test_pace_combines_power_limit_and_slowest_gpu() -> None:
+    base = round_profile()
+    assert sustained_pace_fraction(base, 4096) == 1.0  # no keys: the burst rate
+    assert job_compute_profile(base, 4096) is base
+    prof = dataclasses.replace(base, sustained_matmul_fraction=0.9, gpu_matmul_spread_fraction=0.02)
+    assert sustained_pace_fraction(prof, 1) == pytest.approx(0.9)
+    assert sustained_pace_fraction(prof, 8) == pytest.approx(0.9 * (1 - 0.02 * 1.4338), abs=1e-5)
+    job = job_compute_profile(prof, 8)
+    factor = sustained_pace_fraction(prof, 8)
+    for flops in (1e6, 1e9, 1e13):
+        got = job.matmul_flops_per_s("bf16", flops)
+        assert got == pytest.approx(factor * prof.matmul_flops_per_s("bf16", flops))
+    # memory-bound kernels keep the HBM rate
+    assert job.streaming_bytes_per_s() == prof.streaming_bytes_per_s()
+
+
+def test_job_costing_is_the_burst_costing_on_scaled_curves() -> None:
+    """Stating the keys gives the same work as pre-scaling the GEMM curves by hand."""
+    model = resolve_model("megatron-1.7b")
+    plan = ParallelPlan(tp=2, pp=2, dp=2, micro_batch_size=2, global_batch_size=16)
+    base = load_profile("h100-sxm5-80gb")
+    keyed = dataclasses.replace(base, sustained_matmul_fraction=0.9, gpu_matmul_spread_fraction=0.0)
+    by_hand = dataclasses.replace(
+        base,
+        gpu_matmul_spread_fraction=0.0,
+        matmul_efficiency={
+            d: dataclasses.replace(c, y=tuple(0.9 * y for y in c.y))
+            for d, c in base.matmul_efficiency.items()
+        },
+    )
+    assert build_pipeline_work(model, plan, keyed) == build_pipeline_work(model, plan, by_hand)
+    slow, fast = evaluate(model, plan, keyed), evaluate(model, plan, by_hand)
+    assert isinstance(slow, Evaluation) and isinstance(fast, Evaluation)
+    assert slow.step_time_s == fast.step_time_s
+
+
+def test_a_larger_job_computes_more_slowly_per_gpu() -> None:
+    """Same work per GPU (weak scaling over dp), more GPUs to wait for: the step grows over
+    the same plan on GPUs all alike, by more the larger the job; one GPU waits for nobody."""
+    model = resolve_model("megatron-1.7b")
+    prof = dataclasses.replace(
+        load_profile("a100-sxm4-80gb"), overlap_compute_slowdown_fraction=0.0
+    )
+    alike = dataclasses.replace(prof, gpu_matmul_spread_fraction=0.0)
+    excess = []
+    for dp in (1, 8, 64):
+        plan = ParallelPlan(tp=1, pp=1, dp=dp, micro_batch_size=4, global_batch_size=8 * dp)
+        slow, same = evaluate(model, plan, prof), evaluate(model, plan, alike)
+        assert isinstance(slow, Evaluation) and isinstance(same, Evaluation)
+        excess.append(slow.step_time_s - same.step_time_s)
+    assert excess[0] == 0.0
+    assert 0.0 < excess[1] < excess[2]
+
+
+def _dict_with(**values: object) -> dict:  # type: ignore[type-arg]
+    data = profile_to_dict(round_profile())
+    data.update(values)
+    data["provenance"] = {k: "synthetic" for k in profile_dict_provenance_keys(data)}
+    return data
+
+
+def test_profile_keys_round_trip_and_are_checked() -> None:
+    profile = profile_from_dict(
+        _dict_with(sustained_matmul_fraction=0.95, gpu_matmul_spread_fraction=0.02),
+        source="t.yaml",
+    )
+    assert (profile.sustained_matmul_fraction, profile.gpu_matmul_spread_fraction) == (0.95, 0.02)
+    written = profile_to_dict(profile)
+    assert (written["sustained_matmul_fraction"], written["gpu_matmul_spread_fraction"]) == (
+        0.95,
+        0.02,
+    )
+    # absent: the defaults (1 and 0), and not written back
+    plain = profile_to_dict(round_profile())
+    assert "sustained_matmul_fraction" not in plain
+    assert "gpu_matmul_spread_fraction" not in plain
+    with pytest.raises(InputFileError, match=r"t\.yaml.*sustained_matmul_fraction"):
+        profile_from_dict(_dict_with(sustained_matmul_fraction=1.2), source="t.yaml")
+    with pytest.raises(InputFileError, match=r"t\.yaml.*gpu_matmul_spread_fraction"):
+        profile_from_dict(_dict_with(gpu_matmul_spread_fraction=0.5), source="t.yaml")
+    with pytest.raises(SpecError, match="sustained_matmul_fraction"):
+        dataclasses.replace(round_profile(), sustained_matmul_fraction=0.0)
+    with pytest.raises(SpecError, match="gpu_matmul_spread_fraction"):
+        dataclasses.replace(round_profile(), gpu_matmul_spread_fraction=-0.01)
+
+
+def test_shipped_figures_follow_their_cited_measurements() -> None:
+    """Recompute each profile's numbers from the figures its provenance cites."""
+    z8, z40 = expected_slowest_z(8), expected_slowest_z(40)
+    a100 = load_profile("a100-sxm4-80gb")
+    # HP10: cuBLAS 8192^3 with randn operands at the 400 W limit, 257 TFLOP/s; MAMF 271.2
+    assert a100.sustained_matmul_fraction == pytest.approx(257 / 271.2, abs=5e-4)
+    # HP11: 5% across one 8-GPU node = 2 z_8 standard deviations
+    assert a100.gpu_matmul_spread_fraction == pytest.approx(0.05 / (2 * z8), abs=5e-5)
+    assert load_profile("a100-sxm4-40gb").sustained_matmul_fraction == (
+        a100.sustained_matmul_fraction
+    )
+    # HP11: all 8 GPUs busy, 5 rounds: H200 range 4.5%, B200 range 10.4% over 40 draws
+    for name in ("h100-sxm5-80gb", "h200-sxm-141gb"):
+        prof = load_profile(name)
+        assert prof.gpu_matmul_spread_fraction == pytest.approx(0.045 / (2 * z40), abs=5e-5)
+        assert prof.sustained_matmul_fraction == 1.0  # not applied: see hardware_profiles/README
+    for name in ("b200-sxm-180gb", "gb200-nvl72"):
+        prof = load_profile(name)
+        assert prof.gpu_matmul_spread_fraction == pytest.approx(0.104 / (2 * z40), abs=5e-5)
+    assert load_profile("mi300x-192gb").gpu_matmul_spread_fraction == (
+        a100.gpu_matmul_spread_fraction
+    )
+    # a calibrated CPU profile states neither: its runs are single-machine
+    cpu = load_profile("cpu-2core-gloo")
+    assert (cpu.sustained_matmul_fraction, cpu.gpu_matmul_spread_fraction) == (1.0, 0.0)
