@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from plansim.analytic.sustained import expected_slowest_z, sustained_pace_fraction
 from plansim.commands.common import (
     add_dp_sync_args,
     add_model_args,
@@ -20,6 +21,7 @@ from plansim.io.outputs import check_writable
 from plansim.planner.evaluate import Evaluation, Rejected, evaluate
 from plansim.report.tables import evaluation_dict, memory_table, plan_row, render
 from plansim.report.trace import chrome_trace, write_trace
+from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import check_plan_divides_model
 from plansim.specs.plan import (
     AttentionKernel,
@@ -224,9 +226,11 @@ def run(args: argparse.Namespace) -> int:
         return 1
     title = f"{model.name} on {plan.num_gpus} x {profile.name}: {plan.label()}"
     _write_outputs(outputs, outcome, title=title, capacity_bytes=profile.hbm_capacity_bytes)
+    pace = sustained_pace_fraction(profile, plan.num_gpus)
     if args.format == "json":
         doc = {"status": "ok", "model": model.name, "profile": profile.name}
         doc.update(evaluation_dict(outcome))
+        doc["gemm_pace_fraction"] = pace
         out.write(json.dumps(doc, indent=2) + "\n")
         return 0
     out.write(f"{model.name} on {plan.num_gpus} x {profile.name}: {plan.label()}\n\n")
@@ -236,7 +240,19 @@ def run(args: argparse.Namespace) -> int:
     )
     out.write(f"\nmemory of the worst pipeline rank (stage {outcome.memory.rank}), GiB:\n")
     out.write(render(memory_table(outcome), "table"))
+    if pace < 1.0:
+        out.write(_pace_note(profile, plan.num_gpus, pace))
     return 0
+
+
+def _pace_note(profile: HardwareProfile, num_gpus: int, pace: float) -> str:
+    """One line on the GEMM rate the job sustains (``plansim.analytic.sustained``)."""
+    slowest = 1.0 - profile.gpu_matmul_spread_fraction * expected_slowest_z(num_gpus)
+    return (
+        f"\nGEMMs and attention at {100 * pace:.1f}% of {profile.name}'s burst rate: "
+        f"{100 * profile.sustained_matmul_fraction:.1f}% sustained at the power limit x "
+        f"{100 * slowest:.1f}% for the slowest of {num_gpus} GPUs\n"
+    )
 
 
 #: Output flags of ``plansim simulate``: argparse dest -> flag as typed.

@@ -10,6 +10,7 @@ cited figures in the profiles' provenance recomputed by hand.
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -20,6 +21,7 @@ from plansim.analytic.sustained import (
     sustained_pace_fraction,
 )
 from plansim.catalog import resolve_model
+from plansim.cli import main
 from plansim.errors import InputFileError, SpecError
 from plansim.io.profile_parse import profile_from_dict
 from plansim.io.profiles import load_profile, profile_to_dict
@@ -151,3 +153,21 @@ def test_shipped_figures_follow_their_cited_measurements() -> None:
     # a calibrated CPU profile states neither: its runs are single-machine
     cpu = load_profile("cpu-2core-gloo")
     assert (cpu.sustained_matmul_fraction, cpu.gpu_matmul_spread_fraction) == (1.0, 0.0)
+
+
+def test_simulate_says_at_what_rate_the_job_computes(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["simulate", "--model", "megatron-1.7b", "--gpus", "64", "--tp", "1", "--pp", "1"]
+    args += ["--mbs", "1", "--gbs", "64", "--recompute", "full"]
+    pace = sustained_pace_fraction(load_profile("a100-sxm4-80gb"), 64)
+    assert main([*args, "--gpu", "a100-sxm4-80gb", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["gemm_pace_fraction"] == pace
+    assert main([*args, "--gpu", "a100-sxm4-80gb"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    slowest = 1 - 0.0174 * expected_slowest_z(64)
+    assert line == (
+        f"GEMMs and attention at {100 * pace:.1f}% of a100-sxm4-80gb's burst rate: 94.8% "
+        f"sustained at the power limit x {100 * slowest:.1f}% for the slowest of 64 GPUs"
+    )
+    # a profile without the keys computes at its burst rate and says nothing
+    assert main([*args, "--gpu", "h100-sxm5-80gb", "--gpus", "1", "--gbs", "1"]) == 0
+    assert "burst rate" not in capsys.readouterr().out
