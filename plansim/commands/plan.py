@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from plansim.analytic.offload import offload_choices
+from plansim.analytic.sustained import sustained_pace_fraction
 from plansim.commands.common import (
     add_dp_sync_args,
     add_model_args,
@@ -129,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
             "profile": profile.name,
             "num_gpus": args.gpus,
             "global_batch_size": args.gbs,
+            "gemm_pace_fraction": sustained_pace_fraction(profile, args.gpus),
             "plans": [evaluation_dict(ev) for ev in result.ranked[: args.top]],
             "num_candidates": result.num_candidates,
             "num_feasible": result.num_feasible,
@@ -147,11 +149,23 @@ def run(args: argparse.Namespace) -> int:
     out.write(
         f"{model.name} on {args.gpus} x {profile.name}, global batch {args.gbs} x "
         f"{model.seq_length} tokens, {args.precision}; usable memory "
-        f"{bytes_to_gib(profile.hbm_capacity_bytes):.1f} GiB per GPU\n\n"
+        f"{bytes_to_gib(profile.hbm_capacity_bytes):.1f} GiB per GPU"
+        f"{_pace_clause(profile, args.gpus)}\n\n"
     )
     out.write(render(table, "table") if len(table) else "no feasible plan\n")
     out.write(_summary(result, global_batch_size=args.gbs))
     return 0
+
+
+def _pace_clause(profile: HardwareProfile, num_gpus: int) -> str:
+    """'; GEMMs at 89.5% of the burst rate (...)' when the job computes below the profile's
+    burst GEMM rate (``plansim.analytic.sustained``), else ''."""
+    pace = sustained_pace_fraction(profile, num_gpus)
+    if pace >= 1.0:
+        return ""
+    return (
+        f"; GEMMs at {100 * pace:.1f}% of the burst rate (power limit, slowest of {num_gpus} GPUs)"
+    )
 
 
 def _summary(result: SearchResult, *, global_batch_size: int) -> str:

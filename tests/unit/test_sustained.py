@@ -171,3 +171,17 @@ def test_simulate_says_at_what_rate_the_job_computes(capsys: pytest.CaptureFixtu
     # a profile without the keys computes at its burst rate and says nothing
     assert main([*args, "--gpu", "h100-sxm5-80gb", "--gpus", "1", "--gbs", "1"]) == 0
     assert "burst rate" not in capsys.readouterr().out
+
+
+def test_plan_header_says_at_what_rate_the_job_computes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["plan", "--model", "megatron-1.7b", "--gpus", "8", "--gbs", "8", "--top", "1"]
+    pace = sustained_pace_fraction(load_profile("a100-sxm4-80gb"), 8)
+    assert main([*args, "--gpu", "a100-sxm4-80gb"]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert header.endswith(
+        f"; GEMMs at {100 * pace:.1f}% of the burst rate (power limit, slowest of 8 GPUs)"
+    )
+    assert main([*args, "--gpu", "a100-sxm4-80gb", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["gemm_pace_fraction"] == pace
