@@ -29,12 +29,14 @@ from plansim.io.profiles import (
     write_profile,
 )
 from plansim.specs.hardware import COLLECTIVES, HardwareProfile
+from plansim.units import bytes_to_gib
 
 SHIPPED = (
     "a100-sxm4-40gb",
     "a100-sxm4-80gb",
     "b200-sxm-180gb",
     "gb200-nvl72",
+    "gb300-nvl72",
     "h100-sxm5-80gb",
     "h200-sxm-141gb",
     "mi300x-192gb",
@@ -51,6 +53,7 @@ MAMF_TFLOPS = {
     "h200-sxm-141gb": {"bf16": 794.5, "fp8": 1453.4},
     "b200-sxm-180gb": {"bf16": 1745.0, "fp8": 3432.5},
     "gb200-nvl72": {"bf16": 1822.0, "fp8": 3615.6},
+    "gb300-nvl72": {"bf16": 1822.0, "fp8": 3615.6},  # GB200's: no GB300 MAMF (HP12 note 24)
     "mi300x-192gb": {"bf16": 668.4},
 }
 
@@ -128,6 +131,31 @@ def test_a100_80gb_matches_hardware_csv() -> None:
 
 def test_gb200_is_one_72_gpu_nvlink_domain() -> None:
     assert load_profile("gb200-nvl72").gpus_per_node == 72
+
+
+def test_gb300_is_gb200_with_more_memory_and_faster_nics() -> None:
+    """HP12 note 24: GB300 NVL72 = GB200 NVL72 compute, more memory (288 GB, the B300 GPU's);
+    HW15: 800 Gb/s per GPU on the DGX B300 node."""
+    gb200, gb300 = load_profile("gb200-nvl72"), load_profile("gb300-nvl72")
+    assert gb300.gpus_per_node == 72
+    assert gb300.peak_flops_per_s == gb200.peak_flops_per_s
+    for dtype, curve in gb200.matmul_efficiency.items():
+        assert (gb300.matmul_efficiency[dtype].x, gb300.matmul_efficiency[dtype].y) == (
+            curve.x,
+            curve.y,
+        )
+    for name, coll in gb200.intra_node.items():
+        mine = gb300.intra_node[name]
+        assert (mine.latency_s, mine.busbw_bytes_per_s.y) == (
+            coll.latency_s,
+            coll.busbw_bytes_per_s.y,
+        )
+    assert bytes_to_gib(gb300.hbm_capacity_bytes) == 288
+    # reserve: 1.0 + 2.0 + 5% of 288 GB in GiB, rounded to 0.1
+    assert bytes_to_gib(gb300.memory_reserve_bytes) == pytest.approx(
+        round(3.0 + 0.05 * 288e9 / 2**30, 1)
+    )
+    assert gb300.nic_bytes_per_s == pytest.approx(800e9 / 8 * 0.94)
 
 
 @pytest.mark.parametrize(("size", "t_oop", "bw_oop", "t_ip", "bw_ip"), N01_ROWS)

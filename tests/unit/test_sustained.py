@@ -144,7 +144,7 @@ def test_shipped_figures_follow_their_cited_measurements() -> None:
         prof = load_profile(name)
         assert prof.gpu_matmul_spread_fraction == pytest.approx(0.045 / (2 * z40), abs=5e-5)
         assert prof.sustained_matmul_fraction == 1.0  # not applied: see hardware_profiles/README
-    for name in ("b200-sxm-180gb", "gb200-nvl72"):
+    for name in ("b200-sxm-180gb", "gb200-nvl72", "gb300-nvl72"):
         prof = load_profile(name)
         assert prof.gpu_matmul_spread_fraction == pytest.approx(0.104 / (2 * z40), abs=5e-5)
     assert load_profile("mi300x-192gb").gpu_matmul_spread_fraction == (
