@@ -19,7 +19,7 @@ warm-up ones, ../shared/reference H04). A training job differs in two measured w
   deviation sigma (``gpu_matmul_spread_fraction``), the expected slowest is
   ``median * (1 - sigma * z_N)``, z_N the expected largest of N standard normal draws, by
   Blom's (1958) approximation ``z_N = Phi^-1((N - 0.375) / (N + 0.25))`` (z_1 = 0,
-  z_8 = 1.43, z_1024 = 3.20).
+  z_8 = 1.43, z_1024 = 3.23).
 
 Both scale the compute-bound kernels only (GEMMs and fused attention); memory-bound kernels
 move bytes at the HBM rate, which neither effect changes.
