@@ -31,6 +31,7 @@ from plansim.calibrate.bench_elementwise import elementwise_layer
 from plansim.calibrate.bench_host import host_op_chain
 from plansim.calibrate.bench_overlap import overlap_rows
 from plansim.calibrate.bench_pipeline import pipeline_chain
+from plansim.calibrate.bench_sustained import sustained_rows
 from plansim.calibrate.cold_timer import ColdTimer
 from plansim.calibrate.environment import environment, rss_bytes
 from plansim.calibrate.plan import CPU_SHARE_OK, PIPELINE_OPS, Item, Plan
@@ -131,6 +132,17 @@ class _Bench:
                 timing=self.plan.timing,
                 timer=self._time,
                 agree_max=self._agree_max,
+                row=self._row,
+                note=self._note,
+            )
+        if item.kind == "sustained":  # a burst, then a soak at the power limit (bench_sustained)
+            return sustained_rows(
+                item,
+                device=self.device,
+                timing=self.plan.timing,
+                timer=self._time,
+                agree_max=self._agree_max,
+                barrier=dist.barrier,
                 row=self._row,
                 note=self._note,
             )

@@ -194,12 +194,35 @@ def _build(
     and sums of zeros stay finite whatever order they run in.
     """
     m, n, k, message_bytes = item.shape
+    gemm, call_s, error = random_gemm(
+        (m, n, k), item.dtype, device=device, timing=timing, timer=timer
+    )
+    if gemm is None:
+        return None, None, call_s, error
     try:
-        dtype = DTYPES[item.dtype]
-        a = torch.randn(m, k, device=device).to(dtype)
-        b = torch.randn(k, n, device=device).to(dtype)
-        out = torch.empty(m, n, device=device, dtype=dtype)
         buffer = torch.zeros(message_bytes // 4, device=device)
+    except RuntimeError as exc:
+        return None, None, math.inf, f"unsupported: {str(exc).splitlines()[0][:200]}"
+    return gemm, buffer, call_s, ""
+
+
+def random_gemm(
+    shape: tuple[int, int, int],
+    dtype: str,
+    *,
+    device: torch.device,
+    timing: Timing,
+    timer: Callable[[Fn, int], float],
+) -> tuple[Fn | None, float, str]:
+    """(a GEMM call (m, k) x (k, n) on normal random operands of ``dtype``, seconds per call
+    after ``timing.warmup`` warm-up calls, the error text); (None, inf, error) when building
+    or warming up failed. Random operands: a GEMM's power draw depends on its data."""
+    m, n, k = shape
+    try:
+        torch_dtype = DTYPES[dtype]
+        a = torch.randn(m, k, device=device).to(torch_dtype)
+        b = torch.randn(k, n, device=device).to(torch_dtype)
+        out = torch.empty(m, n, device=device, dtype=torch_dtype)
 
         def gemm() -> object:
             return torch.matmul(a, b, out=out)
@@ -208,5 +231,5 @@ def _build(
             gemm()
         call_s = timer(gemm, 2)  # warm: the first call pays one-time costs
     except (RuntimeError, NotImplementedError, TypeError, KeyError, ValueError) as exc:
-        return None, None, math.inf, f"unsupported: {str(exc).splitlines()[0][:200]}"
-    return gemm, buffer, call_s, ""
+        return None, math.inf, f"unsupported: {str(exc).splitlines()[0][:200]}"
+    return gemm, call_s, ""

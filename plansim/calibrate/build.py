@@ -31,6 +31,9 @@ host_overhead           seconds per op of a forward through a chain of tiny ops,
                         chain tensor-parallel; ``serial`` true on a CPU device
 overlap_compute_        median over ranks of (a GEMM loop's time beside a chain of async
 slowdown_fraction       all_reduces / its time alone) - 1 (:func:`.build_terms.overlap_term`)
+sustained_matmul_       GPU: median over ranks of a GEMM's burst / soaked seconds per call;
+fraction, gpu_matmul_   with 4+ ranks also the spread of the soaked rates over ranks
+spread_fraction         (:func:`.build_terms.sustained_term`)
 ======================  =====================================================================
 
 Compute times are the median over ranks of each rank's median (the ranks run concurrently);
@@ -46,7 +49,12 @@ import pandas as pd
 
 from plansim.calibrate.aggregate import aggregate, cache_note, contention
 from plansim.calibrate.build_elementwise import elementwise_term
-from plansim.calibrate.build_terms import attention_terms, host_overhead_term, overlap_term
+from plansim.calibrate.build_terms import (
+    attention_terms,
+    host_overhead_term,
+    overlap_term,
+    sustained_term,
+)
 from plansim.calibrate.fit import CollectiveFit, fit_collective, fit_efficiency
 from plansim.calibrate.plan import CPU_SHARE_OK
 from plansim.calibrate.run_info import RunInfo
@@ -279,8 +287,8 @@ def _compute_terms(
     *,
     rows: pd.DataFrame,
 ) -> None:
-    """Fused-attention curves, host per-op overhead, and the overlap slowdown (from the raw
-    ``rows``: per rank) (:mod:`.build_terms`)."""
+    """Fused-attention curves, host per-op overhead, the overlap slowdown and the sustained
+    GEMM rate (the last two from the raw ``rows``: per rank) (:mod:`.build_terms`)."""
     source = info.source() + parts.compute_note
     peaks = {**(base.peak_flops_per_s if base else {}), **parts.peaks}
     attention = attention_terms(
@@ -292,7 +300,8 @@ def _compute_terms(
         "hbm_efficiency_fraction", 1.0
     )
     elementwise = elementwise_term(table, source=source, streaming_bytes_per_s=stream)
-    for terms in (attention, host, overlap, elementwise):
+    sustained = sustained_term(rows, source=source)
+    for terms in (attention, host, overlap, elementwise, sustained):
         parts.provenance.update(terms.provenance)
         parts.summary.extend(terms.summary)
         parts.scalars.update(terms.scalars)

@@ -18,6 +18,13 @@
   passes, clipped to [0, :data:`MAX_OVERLAP_FRACTION`]. From the raw rows (per rank), not the
   aggregated table.
 
+* ``sustained_matmul_fraction`` and ``gpu_matmul_spread_fraction``: a GEMM's rate at the end
+  of a soak over its rate in a short burst after a pause (``kind == "sustained"``, ops
+  ``gemm_burst`` and ``gemm_sustained``, seconds per call; every rank at once;
+  ``plansim.calibrate.bench_sustained``): the median over ranks of burst / sustained seconds,
+  clipped to at most 1; with :data:`MIN_SPREAD_RANKS` or more ranks also the sample standard
+  deviation of the ranks' sustained rates over their median. :func:`sustained_term`.
+
 ``table`` is :func:`plansim.calibrate.aggregate.aggregate`'s: one row per item, ``time_s`` the
 median over ranks (ranks run concurrently) and passes.
 """
@@ -36,6 +43,9 @@ from plansim.specs.compute_terms import AttentionEfficiency, HostOverhead
 
 #: The largest overlap slowdown written (a profile needs it below 1).
 MAX_OVERLAP_FRACTION = 0.99
+#: Ranks needed before their spread is written as ``gpu_matmul_spread_fraction`` (fewer give
+#: a standard deviation too noisy to extrapolate to the slowest of thousands).
+MIN_SPREAD_RANKS = 4
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -300,3 +310,53 @@ def overlap_term(rows: pd.DataFrame, *, source: str) -> Terms:
         provenance={"overlap_compute_slowdown_fraction": text},
         summary=[("overlap slowdown", f"compute +{100 * fraction:.3g}% beside all_reduce")],
     )
+
+
+def sustained_term(rows: pd.DataFrame, *, source: str) -> Terms:
+    """``sustained_matmul_fraction`` (and, with :data:`MIN_SPREAD_RANKS` ranks or more,
+    ``gpu_matmul_spread_fraction``) from a run's raw rows, or no term when the sustained rows
+    are missing or failed.
+
+    Each rank's ``gemm_burst`` seconds per call over its ``gemm_sustained`` median is the
+    rate it keeps at its power limit (e.g. 1.00 ms burst, 1.18 ms sustained: 0.847); the
+    fraction is the median over ranks, at most 1 (a soak measured faster than its burst is
+    noise, not a boost). The spread is the sample standard deviation of the ranks' sustained
+    rates over their median (plansim.analytic.sustained: a job runs at its slowest GPU).
+
+    Args:
+        rows: raw rows (``plansim.calibrate.raw`` columns) of one run.
+        source: provenance prefix.
+    """
+    ok = rows[(rows["kind"] == "sustained") & (rows["status"] == "ok")]
+    burst = ok[ok["op"] == "gemm_burst"].groupby("rank")["median_s"].median()
+    soak = ok[ok["op"] == "gemm_sustained"].groupby("rank")["median_s"].median()
+    ratio = (burst / soak).dropna()
+    ratio = ratio[ratio > 0]
+    if ratio.empty:
+        return Terms()
+    measured = float(ratio.median())
+    fraction = min(measured, 1.0)
+    first = ok[ok["op"] == "gemm_sustained"].iloc[0]
+    what = (
+        f"{source}; {first['dtype']} GEMM {first['shape']} (m x n x k x soak ms) on "
+        f"{len(ratio)} ranks at once, random operands: a burst after a pause, then a soak"
+    )
+    clipped = "" if fraction == measured else f" (measured {measured:.4g}, clipped)"
+    scalars = {"sustained_matmul_fraction": fraction}
+    provenance = {
+        "sustained_matmul_fraction": (
+            f"{what}; median over ranks of burst / sustained seconds per call = "
+            f"{fraction:.4g}{clipped}"
+        )
+    }
+    summary = [("sustained GEMM rate", f"{100 * fraction:.3g}% of the burst")]
+    rates = 1.0 / soak.loc[ratio.index]
+    if len(rates) >= MIN_SPREAD_RANKS:
+        spread = float(rates.std(ddof=1) / rates.median())
+        scalars["gpu_matmul_spread_fraction"] = spread
+        provenance["gpu_matmul_spread_fraction"] = (
+            f"{what}; sample standard deviation of the ranks' sustained rates over their "
+            f"median = {spread:.4g}"
+        )
+        summary.append(("GEMM rate spread", f"{100 * spread:.3g}% (sigma over ranks)"))
+    return Terms(scalars=scalars, provenance=provenance, summary=summary)

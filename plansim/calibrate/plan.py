@@ -28,6 +28,12 @@ CPU core with one thread), so the rates include the contention a data-parallel j
   CPU, bf16 on a GPU) looped for ~tens of ms on every rank, timed alone and while a chain of
   asynchronous all_reduces over all ranks is in flight (``plansim.calibrate.bench_overlap``);
   the profile's ``overlap_compute_slowdown_fraction`` is overlapped / alone - 1.
+* Sustained rate (GPU only): one GEMM (:data:`SUSTAINED_SHAPES`) on every rank at once, a
+  short burst after a pause and then a soak of :data:`SUSTAINED_SOAK_S` seconds
+  (``plansim.calibrate.bench_sustained``); the profile's ``sustained_matmul_fraction`` is the
+  soak's rate over the burst's, and with four or more ranks ``gpu_matmul_spread_fraction``
+  is the spread of the soak's rate over ranks. A CPU has no power-limited boost worth the
+  seconds, so CPU plans leave it out.
 
 Message sizes are nccl-tests' size (``plansim.specs.hardware``): the all-reduce buffer, the
 gathered output, the reduce-scatter input, the bytes each rank sends.
@@ -93,17 +99,18 @@ class Item:
 
     Attributes:
         kind: ``gemm``, ``attention``, ``stream``, ``launch``, ``host_op``, ``adam``,
-            ``copy``, ``collective`` or ``overlap``.
+            ``copy``, ``collective``, ``overlap`` or ``sustained``.
         op: what runs (``mlp_up``, ``sdpa_fwd``, ``add``, ``all_reduce``, ``h2d``,
             ``gemm_beside_all_reduce``, ...).
         dtype: element type (``fp32``, ``bf16``, ...); ``fp32`` for streams and Adam.
         shape: gemm (m, n, k); attention (batch, heads, seq, head_dim); stream (elements,);
             launch (1,); host_op (ops in the chain,), or for a pipeline chain (ops per
             stage, micro-batches); adam (parameters,); copy (bytes,);
-            collective (message bytes,); overlap (m, n, k, all_reduce message bytes).
+            collective (message bytes,); overlap (m, n, k, all_reduce message bytes);
+            sustained (m, n, k, soak milliseconds).
         group_size: ranks taking part (1 for compute: every rank runs its own copy; overlap:
-            the ranks of the all_reduce).
-        work: per call: FLOPs (gemm, attention, overlap: one GEMM), bytes (stream, copy,
+            the ranks of the all_reduce; sustained: every rank, at once).
+        work: per call: FLOPs (gemm, attention, overlap, sustained: one GEMM), bytes (stream, copy,
             collective), parameters (adam), 1 (launch), ops in the chain (host_op), actions
             on a GPipe pipeline's critical path, micro-batches + ranks - 1 (pipeline chain).
         work_unit: ``flop``, ``byte``, ``param``, ``call``, ``op`` or ``action``.
@@ -297,6 +304,29 @@ def overlap_item(device: str, *, nproc: int) -> Item:
     )
 
 
+#: The sustained-rate item's GEMM (m, n, k) and dtype per device: a large square bf16 GEMM on a
+#: GPU, as Horace He's 8192^3 A100 measurement; the CPU entry serves tests.
+SUSTAINED_SHAPES = {"cuda": ((8192, 8192, 8192), "bf16"), "cpu": ((256, 256, 256), "fp32")}
+#: Seconds the sustained item loops (quick, full): long enough for a GPU to reach its power
+#: limit and settle (mamf-finder soaks until the clock stops dropping, ~tens of seconds).
+SUSTAINED_SOAK_S = (15.0, 60.0)
+
+
+def sustained_item(device: str, *, nproc: int, soak_s: float) -> Item:
+    """The ``sustained`` item (:data:`SUSTAINED_SHAPES`) for ``device``, ``nproc`` ranks and
+    a soak of ``soak_s`` seconds (shape (m, n, k, soak milliseconds))."""
+    (m, n, k), dtype = SUSTAINED_SHAPES["cuda" if device == "cuda" else "cpu"]
+    return Item(
+        kind="sustained",
+        op="gemm_sustained",
+        dtype=dtype,
+        shape=(m, n, k, round(soak_s * 1000)),
+        group_size=nproc,
+        work=2.0 * m * n * k,
+        work_unit="flop",
+    )
+
+
 def message_size(nominal: int, group_size: int) -> int:
     """``nominal`` rounded up to a multiple of 4 * group_size bytes (whole fp32 elements on
     every rank for all_gather / reduce_scatter)."""
@@ -372,6 +402,8 @@ def build_plan(*, nproc: int, device: str, quick: bool, fp8: bool = False) -> Pl
         messages = tuple(1 << e for e in range(6, 28, 1))
     if gpu:
         others += _copy_items(tuple(1 << e for e in (20, 24, 28, 30)))
+        soak_s = SUSTAINED_SOAK_S[0 if quick else 1]
+        others += [sustained_item(device, nproc=nproc, soak_s=soak_s)]
         messages = messages + ((1 << 28, 1 << 30) if not quick else ())
     gemms, collectives = _gemm_items(dtypes, configs), _collective_items(groups, messages)
     hosts = _host_op_items(nproc) + ([overlap_item(device, nproc=nproc)] if nproc > 1 else [])
