@@ -195,7 +195,7 @@ def test_backtest_rows_summary_and_skips(
         tmp_path,
         [
             BASE,
-            {**BASE, "row_id": "R2", "gpu_type": "gb300-nvl72"},
+            {**BASE, "row_id": "R2", "gpu_type": "v100-sxm2-32gb"},
             {**BASE, "row_id": "R3", "precision": "fp4"},
             {**BASE, "row_id": "R4", "micro_batch_size_seqs": "", "recompute": ""},
         ],
@@ -207,7 +207,7 @@ def test_backtest_rows_summary_and_skips(
     rows = {r["row_id"]: r for r in csv.DictReader(out_csv.open())}
     assert len(rows) == 4
     assert rows["R1"]["status"] == "ok" and float(rows["R1"]["predicted_step_time_s"]) > 0
-    assert rows["R2"]["status"] == "skipped" and "gb300" in rows["R2"]["note"]
+    assert rows["R2"]["status"] == "skipped" and "v100-sxm2-32gb" in rows["R2"]["note"]
     assert rows["R3"]["status"] == "skipped" and "fp4" in rows["R3"]["note"]
     assert "mbs searched" in rows["R4"]["note"] and "recompute searched" in rows["R4"]["note"]
     err = float(rows["R1"]["step_time_error_pct"])
