@@ -36,6 +36,9 @@ from plansim.calibrate.cold_timer import ColdTimer
 from plansim.calibrate.environment import environment, rss_bytes
 from plansim.calibrate.plan import CPU_SHARE_OK, PIPELINE_OPS, Item, Plan
 
+#: Item kinds that time themselves over all ranks: a GEMM alone and beside all_reduces
+#: (``bench_overlap``), a burst then a soak at the power limit (``bench_sustained``).
+SELF_TIMED = {"overlap": overlap_rows, "sustained": sustained_rows}
 #: Item kinds timed one call at a time with the caches evicted first (:mod:`.cold_timer`).
 COLD_KINDS = ("gemm", "attention")
 
@@ -125,24 +128,14 @@ class _Bench:
     # ------------------------------------------------------------------ items
     def measure(self, item: Item) -> list[dict[str, Any]]:
         """Rows for ``item`` (this rank's timing, or rank 0's note of a skip)."""
-        if item.kind == "overlap":  # a GEMM alone and beside all_reduces (bench_overlap)
-            return overlap_rows(
+        self_timed = SELF_TIMED.get(item.kind)
+        if self_timed is not None:  # GEMM loops that pace themselves over all ranks
+            return self_timed(
                 item,
                 device=self.device,
                 timing=self.plan.timing,
                 timer=self._time,
                 agree_max=self._agree_max,
-                row=self._row,
-                note=self._note,
-            )
-        if item.kind == "sustained":  # a burst, then a soak at the power limit (bench_sustained)
-            return sustained_rows(
-                item,
-                device=self.device,
-                timing=self.plan.timing,
-                timer=self._time,
-                agree_max=self._agree_max,
-                barrier=dist.barrier,
                 row=self._row,
                 note=self._note,
             )

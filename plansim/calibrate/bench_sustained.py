@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from plansim.calibrate.bench_overlap import random_gemm
 from plansim.calibrate.plan import Item, Timing
@@ -43,7 +44,6 @@ def sustained_rows(
     timing: Timing,
     timer: Callable[[Fn, int], float],
     agree_max: Callable[[float], float],
-    barrier: Callable[[], None],
     row: Callable[[Item, list[float], int, float], Row],
     note: Callable[[Item, str, str], list[Row]],
 ) -> list[Row]:
@@ -56,7 +56,6 @@ def sustained_rows(
         timer: seconds per call of a function over a number of back-to-back calls (CUDA
             events on a GPU: the compute stream's time).
         agree_max: the largest value over all ranks (a collective).
-        barrier: waits for every rank.
         row, note: the bench's timing row and rank-0 note row.
     """
     soak_ms = item.shape[3]
@@ -69,7 +68,7 @@ def sustained_rows(
         return note(item, "unsupported", error or "failed on another rank")
     burst_inner = max(1, round(BURST_S / max(call_s, 1e-9)))
     window_inner = max(1, round(WINDOW_S / max(call_s, 1e-9)))
-    barrier()
+    dist.barrier()
     time.sleep(IDLE_S)
     burst_s = timer(gemm, burst_inner)
     windows: list[float] = []

@@ -28,12 +28,8 @@ CPU core with one thread), so the rates include the contention a data-parallel j
   CPU, bf16 on a GPU) looped for ~tens of ms on every rank, timed alone and while a chain of
   asynchronous all_reduces over all ranks is in flight (``plansim.calibrate.bench_overlap``);
   the profile's ``overlap_compute_slowdown_fraction`` is overlapped / alone - 1.
-* Sustained rate (GPU only): one GEMM (:data:`SUSTAINED_SHAPES`) on every rank at once, a
-  short burst after a pause and then a soak of :data:`SUSTAINED_SOAK_S` seconds
-  (``plansim.calibrate.bench_sustained``); the profile's ``sustained_matmul_fraction`` is the
-  soak's rate over the burst's, and with four or more ranks ``gpu_matmul_spread_fraction``
-  is the spread of the soak's rate over ranks. A CPU has no power-limited boost worth the
-  seconds, so CPU plans leave it out.
+* Sustained rate (GPU plans only): a GEMM's burst, then its rate after a soak at the power
+  limit, on every rank at once (``plansim.calibrate.bench_sustained``).
 
 Message sizes are nccl-tests' size (``plansim.specs.hardware``): the all-reduce buffer, the
 gathered output, the reduce-scatter input, the bytes each rank sends.
@@ -304,11 +300,9 @@ def overlap_item(device: str, *, nproc: int) -> Item:
     )
 
 
-#: The sustained-rate item's GEMM (m, n, k) and dtype per device: a large square bf16 GEMM on a
-#: GPU, as Horace He's 8192^3 A100 measurement; the CPU entry serves tests.
+#: Sustained item: GEMM (m, n, k) and dtype per device (the CPU one serves tests), and the
+#: soak seconds (quick, full): long enough for a GPU to reach its power limit and settle.
 SUSTAINED_SHAPES = {"cuda": ((8192, 8192, 8192), "bf16"), "cpu": ((256, 256, 256), "fp32")}
-#: Seconds the sustained item loops (quick, full): long enough for a GPU to reach its power
-#: limit and settle (mamf-finder soaks until the clock stops dropping, ~tens of seconds).
 SUSTAINED_SOAK_S = (15.0, 60.0)
 
 

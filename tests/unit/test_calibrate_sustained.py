@@ -121,15 +121,25 @@ def test_build_update_merges_both_keys_into_a_gpu_profile() -> None:
     assert merged.provenance["gpu_matmul_spread_fraction"].startswith("measured: Test GPU")
 
 
-def _one_rank(item: Item, *, timer: Any, row: Any) -> list[dict[str, Any]]:
+class _OneRank:
+    """A stand-in for ``torch.distributed`` with one rank: a barrier waits for nobody."""
+
+    @staticmethod
+    def barrier() -> None:
+        return None
+
+
+def _one_rank(
+    item: Item, *, timer: Any, row: Any, monkeypatch: pytest.MonkeyPatch
+) -> list[dict[str, Any]]:
     """``sustained_rows`` on one CPU rank (the collectives are identities)."""
+    monkeypatch.setattr(bench_sustained, "dist", _OneRank)
     return bench_sustained.sustained_rows(
         item,
         device=torch.device("cpu"),
         timing=QUICK,
         timer=timer,
         agree_max=lambda v: v,
-        barrier=lambda: None,
         row=row,
         note=lambda it, status, text: [{"op": it.op, "status": status, "note": text}],
     )
@@ -177,7 +187,7 @@ def test_bench_times_a_burst_then_keeps_the_last_quarter_of_the_soak(
     def row(it: Item, samples: list[float], inner: int, share: float) -> dict[str, Any]:
         return {"op": it.op, "samples": samples, "inner": inner}
 
-    rows = _one_rank(item, timer=timer, row=row)
+    rows = _one_rank(item, timer=timer, row=row, monkeypatch=monkeypatch)
     burst, soak = rows
     assert burst["op"] == "gemm_burst" and burst["samples"] == [1e-3]
     assert soak["op"] == "gemm_sustained" and set(soak["samples"]) == {1.25e-3}
@@ -185,7 +195,9 @@ def test_bench_times_a_burst_then_keeps_the_last_quarter_of_the_soak(
     assert clock.now >= bench_sustained.IDLE_S + 4.0  # slept, then soaked the item's 4 s
 
 
-def test_sustained_item_on_this_machine_runs_and_its_rows_build_a_term() -> None:
+def test_sustained_item_on_this_machine_runs_and_its_rows_build_a_term(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The real thing on a CPU, with a short soak: a burst row and window rows, positive."""
     item = sustained_item("cpu", nproc=1, soak_s=0.3)
     collected: list[dict[str, Any]] = []
@@ -204,7 +216,7 @@ def test_sustained_item_on_this_machine_runs_and_its_rows_build_a_term() -> None
         collected.append(out)
         return out
 
-    rows = _one_rank(item, timer=timer, row=row)
+    rows = _one_rank(item, timer=timer, row=row, monkeypatch=monkeypatch)
     assert [r["op"] for r in rows] == ["gemm_burst", "gemm_sustained"]
     assert all(r["median_s"] > 0 for r in rows)
     terms = sustained_term(frame(collected, run_id=RUN), source="s")
