@@ -148,8 +148,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     out.write(
         f"{model.name} on {args.gpus} x {profile.name}, global batch {args.gbs} x "
-        f"{model.seq_length} tokens, {args.precision}; usable memory "
-        f"{bytes_to_gib(profile.hbm_capacity_bytes):.1f} GiB per GPU"
+        f"{model.seq_length} tokens, {args.precision}; HBM "
+        f"{bytes_to_gib(profile.hbm_capacity_bytes):.1f} GiB per GPU, "
+        f"{bytes_to_gib(profile.memory_reserve_bytes):.1f} of it reserved"
         f"{_pace_clause(profile, args.gpus)}\n\n"
     )
     out.write(render(table, "table") if len(table) else "no feasible plan\n")
