@@ -167,12 +167,14 @@ def _stage_work(
     )
     cp_fwd = ("cp_comm", "tp", n * layer.cp_forward_s, n * layer.cp_forward_bytes)
     cp_bwd = ("cp_comm", "tp", n * layer.cp_backward_s, n * layer.cp_backward_bytes)
-    cp_rec = ("cp_comm", "tp", n * layer.cp_recompute_s, n * layer.cp_forward_bytes)
+    # layers whose recompute runs: all of them, or the block method's first N (full)
+    r = plan.recomputed_layers(n) if plan.recompute is Recompute.FULL else n
+    cp_rec = ("cp_comm", "tp", r * layer.cp_recompute_s, r * layer.cp_forward_bytes)
     recompute = (
         z3["gather_b"],
-        ("recompute", "compute", n * layer.recompute_s, 0.0),
+        ("recompute", "compute", r * layer.recompute_s, 0.0),
         cp_rec,
-        ("tp_comm", "tp", n * layer.tp_recompute_s, 0.0),
+        ("tp_comm", "tp", r * layer.tp_recompute_s, 0.0),
     )
     return StageWork(
         forward=_segments(

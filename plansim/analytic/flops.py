@@ -225,13 +225,19 @@ def model_flops_per_step(model: ModelSpec, *, global_batch_size: int) -> float:
 
 
 def hardware_flops_per_step(
-    model: ModelSpec, *, global_batch_size: int, recompute: Recompute
+    model: ModelSpec,
+    *,
+    global_batch_size: int,
+    recompute: Recompute,
+    recomputed_layers: int | None = None,
 ) -> float:
     """Hardware FLOPs of one training step (model FLOPs + recomputation), for HFU.
 
     - NONE: model FLOPs (Korthikanti 2022 App. A Eq. 7).
-    - FULL: + one more forward of every transformer layer (not the logits); for GPT-style
-      models exactly Narayanan et al. SC21 Eq. 3, 96*B*s*L*h^2*(1 + s/(6h) + V/(16*L*h)).
+    - FULL: + one more forward of every transformer layer (not the logits), or of
+      ``recomputed_layers`` of them (Megatron's block method: ``plan.recomputed_layers``);
+      with every layer, for GPT-style models exactly Narayanan et al. SC21 Eq. 3,
+      96*B*s*L*h^2*(1 + s/(6h) + V/(16*L*h)).
     - SELECTIVE: + SELECTIVE_RECOMPUTE_ATTENTION_FORWARDS (3) x the attention-core forward
       FLOPs of every layer, the convention of Korthikanti 2022 App. A Eq. 8,
       72*B*L*s*h^2*(1 + s/(3h) + V/(12hL)). The physically recomputed GEMM work is one
@@ -249,6 +255,8 @@ def hardware_flops_per_step(
     total = _model_flops_exact(model, global_batch_size)
     layers = model.num_layers
     if recompute is Recompute.FULL:
+        if recomputed_layers is not None:  # Megatron's block method: some layers only
+            layers = recomputed_layers
         total += layers * layer_forward_flops(model, micro_batch_size=global_batch_size)
     elif recompute is Recompute.SELECTIVE:
         core = attention_core_forward_flops(model, micro_batch_size=global_batch_size)

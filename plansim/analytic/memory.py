@@ -42,6 +42,7 @@ from plansim.specs.plan import (
     OffloadDevice,
     ParallelPlan,
     Precision,
+    Recompute,
     Schedule,
 )
 from plansim.units import bytes_to_gib
@@ -248,19 +249,40 @@ def rank_memory(
     )
 
 
-def microbatch_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float:
-    """Bytes one micro-batch's forward leaves stored on ``rank`` until its backward (its
-    s/cp tokens with context parallelism)."""
-    act = layer_activations(
+def _layer_stored_bytes(model: ModelSpec, plan: ParallelPlan, recompute: Recompute) -> float:
+    """16-bit bytes one layer stores for one micro-batch under ``recompute``."""
+    return layer_activations(
         model,
         micro_batch_size=plan.micro_batch_size,
         tp=plan.tp,
         sequence_parallel=plan.sequence_parallel,
-        recompute=plan.recompute,
+        recompute=recompute,
         flash=plan.attention is AttentionKernel.FLASH,
         cp=plan.cp,
-    )
-    per_mb = act.stored_bytes * pipeline_layer_counts(model.num_layers, plan)[rank]
+    ).stored_bytes
+
+
+def _chunk_layer_bytes(
+    model: ModelSpec, plan: ParallelPlan, counts: tuple[int, ...]
+) -> list[float]:
+    """16-bit bytes the layers of each chunk (``counts`` layers each) store for one
+    micro-batch: with Megatron's block method (``plan.recompute_num_layers``) the chunk's
+    first N layers store their input only and the others everything (no recompute)."""
+    if plan.recompute_num_layers is None:
+        per_layer = _layer_stored_bytes(model, plan, plan.recompute)
+        return [c * per_layer for c in counts]
+    full = _layer_stored_bytes(model, plan, Recompute.FULL)
+    plain = _layer_stored_bytes(model, plan, Recompute.NONE)
+    return [
+        plan.recomputed_layers(c) * full + (c - plan.recomputed_layers(c)) * plain for c in counts
+    ]
+
+
+def microbatch_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float:
+    """Bytes one micro-batch's forward leaves stored on ``rank`` until its backward (its
+    s/cp tokens with context parallelism)."""
+    counts = stage_layer_counts(model.num_layers, plan)[rank :: plan.pp]
+    per_mb: float = sum(_chunk_layer_bytes(model, plan, counts))
     if rank == 0:  # embedding output (dropout mask), Korthikanti §4.3
         sbh = model.seq_length / plan.cp * plan.micro_batch_size * model.hidden_size
         per_mb += sbh / (plan.tp if plan.sequence_parallel else 1)
@@ -274,7 +296,8 @@ def _chunk_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) 
     counts = stage_layer_counts(model.num_layers, plan)[rank :: plan.pp]
     if len(set(counts)) == 1:
         return [per_mb / plan.vpp] * plan.vpp
-    return [per_mb * c / sum(counts) for c in counts]
+    layers = _chunk_layer_bytes(model, plan, counts)
+    return [per_mb * b / sum(layers) for b in layers]
 
 
 def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, stage: int) -> float:

@@ -57,7 +57,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument("--mbs", type=int, required=True, help="micro-batch size (sequences)")
     p.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 (default 0)")
-    p.add_argument("--recompute", choices=[r.value for r in Recompute], default="none")
+    add_recompute_args(p)
     p.add_argument("--sequence-parallel", action="store_true", help="Megatron SP (tp > 1)")
     p.add_argument("--schedule", choices=[s.value for s in Schedule], default="1f1b")
     p.add_argument(
@@ -105,6 +105,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     out.add_argument("--plot", metavar="OUT.png", help="pipeline Gantt chart (PNG)")
     out.add_argument("--memory-plot", metavar="OUT.png", help="memory over time per rank (PNG)")
     p.set_defaults(func=run)
+
+
+def add_recompute_args(p: argparse.ArgumentParser) -> None:
+    """``--recompute`` and Megatron-LM's ``--recompute-num-layers`` (block method)."""
+    p.add_argument("--recompute", choices=[r.value for r in Recompute], default="none")
+    p.add_argument(
+        "--recompute-num-layers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --recompute full: recompute only the first N layers of every model chunk "
+        "(Megatron-LM --recompute-method block); default every layer",
+    )
 
 
 def add_pipeline_split_args(p: argparse.ArgumentParser) -> None:
@@ -173,6 +186,7 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
         global_batch_size=args.gbs,
         zero_stage=args.zero,
         recompute=Recompute(args.recompute),
+        recompute_num_layers=args.recompute_num_layers,
         sequence_parallel=args.sequence_parallel,
         schedule=Schedule(args.schedule),
         precision=Precision(args.precision),

@@ -25,7 +25,7 @@ from typing import Any
 import pandas as pd
 
 from plansim.catalog import resolve_model
-from plansim.commands.simulate import add_pipeline_split_args
+from plansim.commands.simulate import add_pipeline_split_args, add_recompute_args
 from plansim.errors import SpecError, require_positive, require_positive_int
 from plansim.io.outputs import check_writable, write_json_atomic, write_text_atomic
 from plansim.io.profiles import load_profile, write_profile
@@ -69,7 +69,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--mbs", type=int, required=True, help="micro-batch size (sequences)")
     p.add_argument("--gbs", type=int, required=True, help="global batch size (sequences)")
     p.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 (default 0)")
-    p.add_argument("--recompute", choices=[r.value for r in Recompute], default="none")
+    add_recompute_args(p)
     p.add_argument("--sequence-parallel", action="store_true", help="Megatron SP (tp > 1)")
     p.add_argument("--schedule", choices=[s.value for s in Schedule], default="1f1b")
     add_pipeline_split_args(p)
@@ -157,6 +157,7 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
         global_batch_size=args.gbs,
         zero_stage=args.zero,
         recompute=Recompute(args.recompute),
+        recompute_num_layers=args.recompute_num_layers,
         sequence_parallel=args.sequence_parallel,
         schedule=Schedule(args.schedule),
         precision=Precision(args.dtype),

@@ -220,6 +220,9 @@ def _space(row: RunRow, notes: list[str]) -> SearchSpace:
         scatter_gather_p2p=year is None or year >= SCATTER_GATHER_P2P_YEAR,
         zero3_param_fetch=_zero3_fetch(row, year, notes),
         uneven_pipeline=_uneven_pipeline(row, year),
+        # Megatron-LM's block method (--recompute-method block) came with selective
+        # recompute (Korthikanti et al. 2022's release); a stated "full" is every layer.
+        partial_recompute=recompute is None and modern,
     )
 
 

@@ -66,6 +66,10 @@ class SearchSpace:
             ``--account-for-embedding/loss-in-pipeline-split`` or
             ``--decoder-first/last-pipeline-num-layers``: lighter first and last stages);
             False drops such (pp, vpp) pairs, as frameworks without uneven splits must.
+        partial_recompute: with full recompute, also try Megatron-LM's block method
+            (``--recompute-method block --recompute-num-layers N``: only the first N layers
+            of every model chunk recomputed) for N of about 1/4, 1/2 and 3/4 of a chunk's
+            layers (:func:`block_recompute_options`); False: every layer or none.
         dp_syncs: DP synchronisations tried (default ring only, as before parameter
             servers existed); parameter-server plans are generated with ZeRO 0 only (the
             servers hold the optimizer: ``ParallelPlan``) and, with colocated servers, only
@@ -108,6 +112,15 @@ class SearchSpace:
     )
     zero3_param_fetch: Zero3ParamFetch = Zero3ParamFetch.LAYER_PREFETCH
     uneven_pipeline: bool = True
+    partial_recompute: bool = True
+
+
+def block_recompute_options(chunk_layers: int) -> tuple[int, ...]:
+    """``recompute_num_layers`` values the planner tries for chunks of ``chunk_layers``:
+    ceil(c/4), ceil(c/2) and ceil(3c/4) below c, distinct (a 2-layer chunk: 1; 12: 3, 6, 9).
+    A few fractions rather than every N keep the search small; the memory check then keeps
+    the ones that fit and the simulation ranks them."""
+    return tuple(sorted({-(-chunk_layers * q // 4) for q in (1, 2, 3)} - {chunk_layers}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +221,13 @@ def enumerate_plan_groups(
                     if num_layers is not None and space.uneven_pipeline
                     else None
                 )
-                yield from _knobs(layout, mbs, vpp, global_batch_size, space, split=split or {})
+                # layers per model chunk for the block-recompute options (none for a layout
+                # the layers do not split over: it is rejected whatever its recompute)
+                splits = num_layers is not None and (num_layers % (layout.pp * vpp) == 0 or split)
+                chunk = -(-num_layers // (layout.pp * vpp)) if splits and num_layers else 0
+                yield from _knobs(
+                    layout, mbs, vpp, global_batch_size, space, split=split or {}, chunk=chunk
+                )
 
 
 def _schedules(pp: int, vpp: int, num_microbatches: int, space: SearchSpace) -> list[Schedule]:
@@ -232,15 +251,17 @@ def _knobs(
     space: SearchSpace,
     *,
     split: dict[str, object],
+    chunk: int = 0,
 ) -> Iterator[tuple[ParallelPlan, ...]]:
     """Plans of one (layout, mbs, vpp) grouped by overlap flags; ``split``: the plan fields
-    of an uneven pipeline split (``uneven_split_fields``), empty for an even one."""
+    of an uneven pipeline split (``uneven_split_fields``), empty for an even one; ``chunk``:
+    the layers of a model chunk (0: unknown), for the block-recompute options."""
     tp, pp, dp = layout.tp, layout.pp, layout.dp
     dp_cp = dp * layout.cp  # ranks that reduce gradients and shard ZeRO states together
     schedules = _schedules(pp, vpp, gbs // (mbs * dp), space)
     for zero, dp_sync, opt_dev, param_dev in _zero_modes(space, dp_cp=dp_cp):
         servers = space.ps_servers if dp_sync is DpSync.PARAMETER_SERVER else 0
-        for recompute in space.recomputes:
+        for recompute, block in _recompute_modes(space, chunk=chunk):
             if recompute is Recompute.SELECTIVE and space.attention is AttentionKernel.FLASH:
                 continue  # FlashAttention stores no s x s scores: selective == none
             for sp in space.sequence_parallel:
@@ -258,6 +279,7 @@ def _knobs(
                             global_batch_size=gbs,
                             zero_stage=zero,
                             recompute=recompute,
+                            recompute_num_layers=block,
                             sequence_parallel=sp,
                             schedule=schedule,
                             precision=space.precision,
@@ -275,6 +297,16 @@ def _knobs(
                         )
                         for overlap, grad in modes
                     )
+
+
+def _recompute_modes(space: SearchSpace, *, chunk: int) -> Iterator[tuple[Recompute, int | None]]:
+    """(recompute, recompute_num_layers): each mode of the space, and after full every
+    block-method option (:func:`block_recompute_options`) when ``space.partial_recompute``."""
+    for recompute in space.recomputes:
+        yield recompute, None
+        if recompute is Recompute.FULL and space.partial_recompute:
+            for block in block_recompute_options(chunk):
+                yield recompute, block
 
 
 def _sync_modes(space: SearchSpace, *, dp_cp: int) -> Iterator[tuple[int, DpSync]]:

@@ -18,7 +18,7 @@ from plansim.schedule.builders import build_actions
 from plansim.sim.engine import simulate
 from plansim.sim.result import SimResult
 from plansim.specs.hardware import HardwareProfile
-from plansim.specs.layer_split import check_plan_divides_model
+from plansim.specs.layer_split import check_plan_divides_model, stage_layer_counts
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan
 
@@ -178,8 +178,12 @@ def _metrics(
     step = result.step_time_s
     peak_flops = profile.peak_flops_per_s[plan.precision.value] * plan.num_gpus
     model_flops = model_flops_per_step(model, global_batch_size=plan.global_batch_size)
+    counts = stage_layer_counts(model.num_layers, plan)
     hw_flops = hardware_flops_per_step(
-        model, global_batch_size=plan.global_batch_size, recompute=plan.recompute
+        model,
+        global_batch_size=plan.global_batch_size,
+        recompute=plan.recompute,
+        recomputed_layers=sum(plan.recomputed_layers(c) for c in counts),
     )
     return Evaluation(
         plan=plan,

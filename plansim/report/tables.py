@@ -25,7 +25,7 @@ def plan_row(ev: Evaluation) -> dict[str, Any]:
         "mbs": p.micro_batch_size,
         "num_microbatches": p.num_microbatches,
         "zero": p.zero_stage,
-        "recompute": p.recompute.value,
+        "recompute": p.recompute_label,
         "sp": "yes" if p.sequence_parallel else "no",
         "schedule": p.schedule.value,
         "p2p": "overlap" if p.overlap_p2p_comm else "sync",

@@ -51,6 +51,12 @@ class ParallelPlan:
         zero_stage: 0 (plain DP), 1 (optimizer states sharded; Megatron distributed optimizer),
             2 (+ gradients), 3 (+ parameters).
         recompute: activation recomputation mode.
+        recompute_num_layers: with recompute full, Megatron-LM's ``--recompute-method block
+            --recompute-num-layers N``: only the first N layers of every model chunk are
+            recomputed (their inputs stored), the chunk's other layers keep all their
+            activations; None (the default) recomputes every layer (``--recompute-method
+            uniform --recompute-num-layers 1``). A chunk of at most N layers is recomputed
+            whole (:meth:`recomputed_layers`).
         sequence_parallel: Megatron sequence parallelism (needs tp > 1).
         schedule: pipeline schedule; interleaved-1f1b needs vpp > 1, pp > 1 and a number of
             micro-batches that is a multiple of pp (Megatron-LM's rule for interleaving);
@@ -163,6 +169,7 @@ class ParallelPlan:
     decoder_last_pipeline_num_layers: int | None = None
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
+    recompute_num_layers: int | None = None
 
     def __post_init__(self) -> None:
         for field in ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "global_batch_size"):
@@ -199,6 +206,14 @@ class ParallelPlan:
             )
         self._check_schedule()
         self._check_uneven_split()
+        if self.recompute_num_layers is not None:
+            require_positive_int("plan.recompute_num_layers", self.recompute_num_layers)
+            if self.recompute is not Recompute.FULL:
+                raise SpecError(
+                    f"plan.recompute_num_layers({self.recompute_num_layers}) needs recompute "
+                    f"{Recompute.FULL.value} (got {self.recompute.value}): Megatron-LM's block "
+                    f"method recomputes whole layers"
+                )
         self._check_dp_sync()
         self._check_offload()
         if self.cp > 1 and self.attention is not AttentionKernel.FLASH:
@@ -314,6 +329,24 @@ class ParallelPlan:
                 f"({self.micro_batch_size}) * dp({self.dp})) to be a multiple of pp({self.pp})"
             )
 
+    def recomputed_layers(self, chunk_layers: int) -> int:
+        """Layers of a model chunk of ``chunk_layers`` whose forward the backward re-runs in
+        full: all with recompute full (``recompute_num_layers`` None), the first
+        ``recompute_num_layers`` with the block method, none otherwise (selective recompute
+        re-runs part of every layer: ``layer_cost``)."""
+        if self.recompute is not Recompute.FULL:
+            return 0
+        if self.recompute_num_layers is None:
+            return chunk_layers
+        return min(self.recompute_num_layers, chunk_layers)
+
+    @property
+    def recompute_label(self) -> str:
+        """'none', 'selective', 'full', or 'full-block2' (block method, 2 layers per chunk)."""
+        if self.recompute_num_layers is None:
+            return self.recompute.value
+        return f"{self.recompute.value}-block{self.recompute_num_layers}"
+
     @property
     def num_gpus(self) -> int:
         """dp * tp * pp * cp."""
@@ -338,7 +371,7 @@ class ParallelPlan:
             parts.append(f"cp{self.cp}")
         if self.vpp > 1:
             parts.append(f"vpp{self.vpp}")
-        parts += [f"mbs{self.micro_batch_size}", f"zero{self.zero_stage}", self.recompute.value]
+        parts += [f"mbs{self.micro_batch_size}", f"zero{self.zero_stage}", self.recompute_label]
         if self.sequence_parallel:
             parts.append("sp")
         parts.append(self.schedule.value)

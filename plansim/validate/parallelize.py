@@ -166,13 +166,16 @@ def apply_tp(stage: StageModule, plan: ParallelPlan, *, mesh: DeviceMesh) -> Non
 
 
 def apply_recompute(stage: StageModule, plan: ParallelPlan) -> None:
-    """Activation checkpointing (Korthikanti et al. 2022 §5): full wraps every block,
+    """Activation checkpointing (Korthikanti et al. 2022 §5): full wraps every block (with
+    ``plan.recompute_num_layers``, Megatron's block method, only the stage's first N),
     selective only the attention core softmax(QK^T)V (in place, non-reentrant)."""
     if plan.recompute is Recompute.NONE:
         return
-    for name, block in list(stage.blocks.items()):
+    wrapped = plan.recomputed_layers(len(stage.blocks))
+    for index, (name, block) in enumerate(list(stage.blocks.items())):
         if plan.recompute is Recompute.FULL:
-            stage.blocks[name] = checkpoint_wrapper(block)
+            if index < wrapped:
+                stage.blocks[name] = checkpoint_wrapper(block)
         else:
             attention = cast(Block, block).attention
             attention.core = checkpoint_wrapper(attention.core)

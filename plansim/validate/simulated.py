@@ -28,7 +28,7 @@ from plansim.sim.engine import simulate
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import stage_layer_counts
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan, Precision, Recompute, Zero3ParamFetch
+from plansim.specs.plan import ParallelPlan, Precision, Zero3ParamFetch
 from plansim.specs.work import PipelineWork, Segment
 from plansim.validate.eager_layer import LayerExtra, eager_layer_extra
 from plansim.validate.executed_dp import executes_flat_all_reduce, with_executed_dp
@@ -238,22 +238,22 @@ def _with_added(
     The pipeline action's figures go into a compute segment of their own
     (:data:`PIPELINE_ACTION_KIND`) before each stage forward and backward: the schedule's
     work between actions, which the run's forward/backward intervals do not contain."""
-    full = plan.recompute is Recompute.FULL
 
     def kind_of(stream: str, kind: str = "") -> Callable[[Segment], bool]:
         return lambda seg: seg.stream == stream and (not kind or seg.kind == kind)
 
     stages = []
     for st, n in zip(work.stages, layers, strict=True):
-        parts = (  # (segments, how many, seconds, repeated by a full-recompute forward)
-            (kind_of("compute"), n, added.layer, full),
-            (kind_of("tp", "tp_comm"), n, added.tp, full),
-            (kind_of("dp", "dp_comm"), n + 1, added.fsdp, False),  # one unshard serves both
+        again = plan.recomputed_layers(n)  # layers whose forward the backward runs again
+        parts = (  # (segments, how many, seconds, how many repeated by a recompute forward)
+            (kind_of("compute"), n, added.layer, again),
+            (kind_of("tp", "tp_comm"), n, added.tp, again),
+            (kind_of("dp", "dp_comm"), n + 1, added.fsdp, 0),  # one unshard serves both
         )
         forward, backward, backward_input = st.forward, st.backward, st.backward_input
-        for match, count, extra, again in parts:
+        for match, count, extra, repeated in parts:
             fwd_s = count * extra.forward_s
-            bwd_s = count * extra.backward_s + (fwd_s if again else 0.0)
+            bwd_s = count * extra.backward_s + repeated * extra.forward_s
             forward = _lengthen_first(forward, fwd_s, match)
             backward = _lengthen_first(backward, bwd_s, match)
             backward_input = _lengthen_first(backward_input, bwd_s, match)

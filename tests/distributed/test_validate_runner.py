@@ -75,6 +75,19 @@ PLANS = {
         ),
     ),
     "pp2-1f1b": (LLAMA, ParallelPlan(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=4)),
+    # Megatron-LM's block method: the first of each stage's 2 layers recomputed
+    "pp2-full-block1": (
+        GPT,
+        ParallelPlan(
+            dp=1,
+            tp=1,
+            pp=2,
+            micro_batch_size=1,
+            global_batch_size=4,
+            recompute=Recompute.FULL,
+            recompute_num_layers=1,
+        ),
+    ),
     # uneven split (Megatron-LM --decoder-first-pipeline-num-layers): layers 1 and 3
     "pp2-uneven": (
         LLAMA,

@@ -126,6 +126,7 @@ def _one_knob_space(**kw) -> SearchSpace:
         tp=(1,),
         overlap_p2p_comm=(False,),
         overlap_grad_reduce=(False,),
+        partial_recompute=False,
     )
     base.update(kw)
     return SearchSpace(**base)
