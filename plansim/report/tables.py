@@ -107,6 +107,11 @@ def evaluation_dict(ev: Evaluation) -> dict[str, Any]:
             "num_microbatches": p.num_microbatches,
             "zero_stage": p.zero_stage,
             "recompute": p.recompute.value,
+            **(
+                {"recompute_num_layers": p.recompute_num_layers}
+                if p.recompute_num_layers is not None
+                else {}
+            ),
             "sequence_parallel": p.sequence_parallel,
             "schedule": p.schedule.value,
             "precision": p.precision.value,

@@ -130,6 +130,7 @@ def test_cli_takes_megatrons_flag_and_refuses_it_without_full(
     part = evaluate(MODEL, _plan(block=3), PROFILE)
     assert isinstance(part, Evaluation)
     assert doc["step_time_s"] == pytest.approx(part.step_time_s)
+    assert doc["plan"]["recompute"] == "full" and doc["plan"]["recompute_num_layers"] == 3
     assert main([*args, "--recompute", "selective", "--recompute-num-layers", "3"]) == 2
     assert "recompute_num_layers(3) needs recompute full" in capsys.readouterr().err
 
