@@ -5,6 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plansim.errors import SpecError, choice_error, require_positive_int
+from plansim.specs.plan_checks import (
+    check_dp_sync,
+    check_offload,
+    check_recompute,
+    check_schedule,
+    check_uneven_split,
+    offload_devices,
+)
 from plansim.specs.plan_enums import (
     AttentionKernel,
     DpSync,
@@ -204,54 +212,17 @@ class ParallelPlan:
                 f"plan.overlap_p2p_comm needs schedule {Schedule.INTERLEAVED_1F1B.value} "
                 f"(got {self.schedule.value}), as in Megatron-LM"
             )
-        self._check_schedule()
-        self._check_uneven_split()
-        if self.recompute_num_layers is not None:
-            require_positive_int("plan.recompute_num_layers", self.recompute_num_layers)
-            if self.recompute is not Recompute.FULL:
-                raise SpecError(
-                    f"plan.recompute_num_layers({self.recompute_num_layers}) needs recompute "
-                    f"{Recompute.FULL.value} (got {self.recompute.value}): Megatron-LM's block "
-                    f"method recomputes whole layers"
-                )
-        self._check_dp_sync()
-        self._check_offload()
+        check_schedule(self)
+        check_uneven_split(self)
+        check_recompute(self)
+        check_dp_sync(self)
+        check_offload(self)
         if self.cp > 1 and self.attention is not AttentionKernel.FLASH:
             raise SpecError(
                 f"plan.cp({self.cp}) needs attention {AttentionKernel.FLASH.value} (got "
                 f"{self.attention.value}): Megatron-LM runs context parallelism only through "
                 f"Transformer Engine's fused attention (TEDotProductAttention)"
             )
-
-    def _check_uneven_split(self) -> None:
-        """decoder_first/last_pipeline_num_layers: None or a positive integer, only with pp > 1;
-        the account_for_* flags: booleans, only with pp > 1 and without the layer counts."""
-        for edge in ("embedding", "loss"):
-            field = f"account_for_{edge}_in_pipeline_split"
-            value = getattr(self, field)
-            if not isinstance(value, bool):
-                raise choice_error(f"plan.{field}", value, [True, False])
-            if value and self.pp == 1:
-                raise SpecError(f"plan.{field} needs pp > 1 (got pp=1)")
-            if value and (
-                self.decoder_first_pipeline_num_layers is not None
-                or self.decoder_last_pipeline_num_layers is not None
-            ):
-                raise SpecError(
-                    f"plan.{field} does not combine with decoder_first/last_pipeline_num_layers "
-                    f"(Megatron-LM takes one way of splitting unevenly): choose one"
-                )
-        for edge in ("first", "last"):
-            field = f"decoder_{edge}_pipeline_num_layers"
-            value = getattr(self, field)
-            if value is None:
-                continue
-            require_positive_int(f"plan.{field}", value)
-            if self.pp == 1:
-                raise SpecError(
-                    f"plan.{field}({value}) needs pp > 1 (got pp=1): one pipeline rank holds "
-                    f"every layer; leave it unset"
-                )
 
     @property
     def uneven_pipeline(self) -> bool:
@@ -263,71 +234,6 @@ class ParallelPlan:
             or self.account_for_embedding_in_pipeline_split
             or self.account_for_loss_in_pipeline_split
         )
-
-    def _check_dp_sync(self) -> None:
-        """dp_sync and ps_servers (see the attributes); a parameter server replaces ZeRO."""
-        if not isinstance(self.dp_sync, DpSync):
-            raise choice_error("plan.dp_sync", self.dp_sync, [m.value for m in DpSync])
-        if isinstance(self.ps_servers, bool) or not isinstance(self.ps_servers, int):
-            raise SpecError(f"plan.ps_servers must be an integer >= 0, got {self.ps_servers!r}")
-        if self.ps_servers < 0:
-            raise SpecError(f"plan.ps_servers must be an integer >= 0, got {self.ps_servers!r}")
-        if self.dp_sync is DpSync.RING and self.ps_servers:
-            raise SpecError(
-                f"plan.ps_servers({self.ps_servers}) needs dp_sync "
-                f"{DpSync.PARAMETER_SERVER.value} (got {self.dp_sync.value}); use 0 with ring"
-            )
-        if self.dp_sync is DpSync.PARAMETER_SERVER and self.zero_stage:
-            raise SpecError(
-                f"plan.dp_sync {DpSync.PARAMETER_SERVER.value} needs zero_stage 0 (got "
-                f"{self.zero_stage}): the servers hold the fp32 master weights and optimizer "
-                f"states that ZeRO would shard (colocated servers, ps_servers=0, already shard "
-                f"them over the dp * cp ranks like ZeRO-1)"
-            )
-
-    def _check_offload(self) -> None:
-        """Offload devices against the ZeRO stage (DeepSpeed ``offload_config.py``: optimizer
-        offload "valid with stage 1, 2, and 3", parameter offload "valid only with stage 3";
-        NVMe swapping exists only in the stage-3 optimizer, ZeRO-Infinity)."""
-        for field in ("offload_optimizer", "offload_param"):
-            device = getattr(self, field)
-            allowed = offload_devices(field, self.zero_stage)
-            if device.value not in allowed:
-                cpu_optimizer = field == "offload_optimizer" and device is OffloadDevice.CPU
-                needs = "1, 2 or 3" if cpu_optimizer else "3"
-                raise SpecError(
-                    f"plan.{field}={device.value} needs zero_stage {needs} (got zero_stage="
-                    f"{self.zero_stage}); with zero_stage {self.zero_stage} choose {field} "
-                    f"from: {', '.join(allowed)}"
-                )
-
-    def _check_schedule(self) -> None:
-        """vpp, pp and micro-batch count against the schedule (Megatron-LM's rules; ZB-H1:
-        Qi et al. 2024 §2.1 needs a pipeline, pp > 1)."""
-        name = self.schedule.value
-        if not self.schedule.interleaved:
-            if self.vpp != 1:
-                raise SpecError(
-                    f"schedule {name} needs vpp == 1 (got vpp={self.vpp}); "
-                    f"use {Schedule.INTERLEAVED_1F1B.value}"
-                )
-            if self.schedule is Schedule.ZB_H1 and self.pp == 1:
-                raise SpecError(
-                    f"schedule {name} needs pp > 1 (got pp=1): one stage has no pipeline "
-                    f"bubble for the deferred weight gradients to fill; use "
-                    f"{Schedule.ONE_F_ONE_B.value}"
-                )
-            return
-        if self.vpp == 1:
-            raise SpecError(f"schedule {name} needs vpp > 1 (got vpp=1); use 1f1b")
-        if self.pp == 1:
-            raise SpecError(f"schedule {name} needs pp > 1 (got pp=1, vpp={self.vpp})")
-        if self.num_microbatches % self.pp:
-            raise SpecError(
-                f"schedule {name} needs num_microbatches({self.num_microbatches}) = "
-                f"global_batch_size({self.global_batch_size}) / (micro_batch_size"
-                f"({self.micro_batch_size}) * dp({self.dp})) to be a multiple of pp({self.pp})"
-            )
 
     def recomputed_layers(self, chunk_layers: int) -> int:
         """Layers of a model chunk of ``chunk_layers`` whose forward the backward re-runs in
@@ -402,13 +308,3 @@ class ParallelPlan:
         if self.account_for_loss_in_pipeline_split:
             parts.append("loss-in-split")
         return " ".join(parts)
-
-
-def offload_devices(field: str, zero_stage: int) -> list[str]:
-    """Devices ``field`` (``offload_optimizer`` or ``offload_param``) allows with
-    ``zero_stage`` (DeepSpeed's rules, see :class:`ParallelPlan`)."""
-    if zero_stage == 3:
-        return [d.value for d in OffloadDevice]
-    if field == "offload_optimizer" and zero_stage >= 1:
-        return [OffloadDevice.NONE.value, OffloadDevice.CPU.value]
-    return [OffloadDevice.NONE.value]

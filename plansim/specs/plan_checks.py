@@ -1,0 +1,136 @@
+"""Consistency rules of a :class:`plansim.specs.plan.ParallelPlan` beyond single fields:
+schedule, uneven pipeline split, recompute, DP synchronisation and offload (called by its
+``__post_init__``). Each raises ``SpecError`` naming the field and what it needs."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from plansim.errors import SpecError, choice_error, require_positive_int
+from plansim.specs.plan_enums import DpSync, OffloadDevice, Recompute, Schedule
+
+if TYPE_CHECKING:
+    from plansim.specs.plan import ParallelPlan
+
+
+def check_schedule(plan: ParallelPlan) -> None:
+    """vpp, pp and micro-batch count against the schedule (Megatron-LM's rules; ZB-H1:
+    Qi et al. 2024 §2.1 needs a pipeline, pp > 1)."""
+    name = plan.schedule.value
+    if not plan.schedule.interleaved:
+        if plan.vpp != 1:
+            raise SpecError(
+                f"schedule {name} needs vpp == 1 (got vpp={plan.vpp}); "
+                f"use {Schedule.INTERLEAVED_1F1B.value}"
+            )
+        if plan.schedule is Schedule.ZB_H1 and plan.pp == 1:
+            raise SpecError(
+                f"schedule {name} needs pp > 1 (got pp=1): one stage has no pipeline "
+                f"bubble for the deferred weight gradients to fill; use "
+                f"{Schedule.ONE_F_ONE_B.value}"
+            )
+        return
+    if plan.vpp == 1:
+        raise SpecError(f"schedule {name} needs vpp > 1 (got vpp=1); use 1f1b")
+    if plan.pp == 1:
+        raise SpecError(f"schedule {name} needs pp > 1 (got pp=1, vpp={plan.vpp})")
+    if plan.num_microbatches % plan.pp:
+        raise SpecError(
+            f"schedule {name} needs num_microbatches({plan.num_microbatches}) = "
+            f"global_batch_size({plan.global_batch_size}) / (micro_batch_size"
+            f"({plan.micro_batch_size}) * dp({plan.dp})) to be a multiple of pp({plan.pp})"
+        )
+
+
+def check_uneven_split(plan: ParallelPlan) -> None:
+    """decoder_first/last_pipeline_num_layers: None or a positive integer, only with pp > 1;
+    the account_for_* flags: booleans, only with pp > 1 and without the layer counts."""
+    for edge in ("embedding", "loss"):
+        field = f"account_for_{edge}_in_pipeline_split"
+        value = getattr(plan, field)
+        if not isinstance(value, bool):
+            raise choice_error(f"plan.{field}", value, [True, False])
+        if value and plan.pp == 1:
+            raise SpecError(f"plan.{field} needs pp > 1 (got pp=1)")
+        if value and (
+            plan.decoder_first_pipeline_num_layers is not None
+            or plan.decoder_last_pipeline_num_layers is not None
+        ):
+            raise SpecError(
+                f"plan.{field} does not combine with decoder_first/last_pipeline_num_layers "
+                f"(Megatron-LM takes one way of splitting unevenly): choose one"
+            )
+    for edge in ("first", "last"):
+        field = f"decoder_{edge}_pipeline_num_layers"
+        value = getattr(plan, field)
+        if value is None:
+            continue
+        require_positive_int(f"plan.{field}", value)
+        if plan.pp == 1:
+            raise SpecError(
+                f"plan.{field}({value}) needs pp > 1 (got pp=1): one pipeline rank holds "
+                f"every layer; leave it unset"
+            )
+
+
+def check_dp_sync(plan: ParallelPlan) -> None:
+    """dp_sync and ps_servers (see the attributes); a parameter server replaces ZeRO."""
+    if not isinstance(plan.dp_sync, DpSync):
+        raise choice_error("plan.dp_sync", plan.dp_sync, [m.value for m in DpSync])
+    if isinstance(plan.ps_servers, bool) or not isinstance(plan.ps_servers, int):
+        raise SpecError(f"plan.ps_servers must be an integer >= 0, got {plan.ps_servers!r}")
+    if plan.ps_servers < 0:
+        raise SpecError(f"plan.ps_servers must be an integer >= 0, got {plan.ps_servers!r}")
+    if plan.dp_sync is DpSync.RING and plan.ps_servers:
+        raise SpecError(
+            f"plan.ps_servers({plan.ps_servers}) needs dp_sync "
+            f"{DpSync.PARAMETER_SERVER.value} (got {plan.dp_sync.value}); use 0 with ring"
+        )
+    if plan.dp_sync is DpSync.PARAMETER_SERVER and plan.zero_stage:
+        raise SpecError(
+            f"plan.dp_sync {DpSync.PARAMETER_SERVER.value} needs zero_stage 0 (got "
+            f"{plan.zero_stage}): the servers hold the fp32 master weights and optimizer "
+            f"states that ZeRO would shard (colocated servers, ps_servers=0, already shard "
+            f"them over the dp * cp ranks like ZeRO-1)"
+        )
+
+
+def check_offload(plan: ParallelPlan) -> None:
+    """Offload devices against the ZeRO stage (DeepSpeed ``offload_config.py``: optimizer
+    offload "valid with stage 1, 2, and 3", parameter offload "valid only with stage 3";
+    NVMe swapping exists only in the stage-3 optimizer, ZeRO-Infinity)."""
+    for field in ("offload_optimizer", "offload_param"):
+        device = getattr(plan, field)
+        allowed = offload_devices(field, plan.zero_stage)
+        if device.value not in allowed:
+            cpu_optimizer = field == "offload_optimizer" and device is OffloadDevice.CPU
+            needs = "1, 2 or 3" if cpu_optimizer else "3"
+            raise SpecError(
+                f"plan.{field}={device.value} needs zero_stage {needs} (got zero_stage="
+                f"{plan.zero_stage}); with zero_stage {plan.zero_stage} choose {field} "
+                f"from: {', '.join(allowed)}"
+            )
+
+
+def check_recompute(plan: ParallelPlan) -> None:
+    """recompute_num_layers: None or a positive integer, only with recompute full (Megatron's
+    block method recomputes whole layers)."""
+    if plan.recompute_num_layers is None:
+        return
+    require_positive_int("plan.recompute_num_layers", plan.recompute_num_layers)
+    if plan.recompute is not Recompute.FULL:
+        raise SpecError(
+            f"plan.recompute_num_layers({plan.recompute_num_layers}) needs recompute "
+            f"{Recompute.FULL.value} (got {plan.recompute.value}): Megatron-LM's block "
+            f"method recomputes whole layers"
+        )
+
+
+def offload_devices(field: str, zero_stage: int) -> list[str]:
+    """Devices ``field`` (``offload_optimizer`` or ``offload_param``) allows with
+    ``zero_stage`` (DeepSpeed's rules, see :class:`ParallelPlan`)."""
+    if zero_stage == 3:
+        return [d.value for d in OffloadDevice]
+    if field == "offload_optimizer" and zero_stage >= 1:
+        return [OffloadDevice.NONE.value, OffloadDevice.CPU.value]
+    return [OffloadDevice.NONE.value]
