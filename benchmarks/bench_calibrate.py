@@ -25,9 +25,10 @@ import time
 from pathlib import Path
 
 from plansim.calibrate.build import aggregate
-from plansim.calibrate.plan import Item, Plan, Timing
+from plansim.calibrate.plan_types import Item, Plan
 from plansim.calibrate.raw import frame
 from plansim.calibrate.runner import run_items
+from plansim.calibrate.timing import Timing
 from plansim.io.profiles import load_profile
 from plansim.specs.hardware import HardwareProfile
 

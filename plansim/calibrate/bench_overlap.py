@@ -22,7 +22,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from plansim.calibrate.plan import Item, Timing
+from plansim.calibrate.plan_types import Item
+from plansim.calibrate.timing import Timing
 
 #: Seconds of GEMM calls per timed loop (tens of ms: far above timer resolution and launch
 #: overheads, short enough to keep ``--quick`` quick).
