@@ -323,11 +323,9 @@ def _build(
     links: bool = True,
 ) -> PipelineWork:
     groups = layout_groups(plan, gpus_per_node=profile.gpus_per_node)
-    # The GEMM rate the whole job sustains (power limit, slowest GPU): plansim.analytic.sustained.
-    job = _memoised(
-        memo, ("job", plan.num_gpus), lambda: job_compute_profile(profile, plan.num_gpus)
-    )
-    pass_key = (plan.num_gpus, *(getattr(plan, f) for f in _PASS_FIELDS))
+    gpus = plan.num_gpus  # sets the GEMM rate the job sustains (plansim.analytic.sustained)
+    job = _memoised(memo, ("job", gpus), lambda: job_compute_profile(profile, gpus))
+    pass_key = (gpus, *(getattr(plan, f) for f in _PASS_FIELDS))
     layer = _memoised(
         memo, ("layer", *pass_key), lambda: layer_pass_times(model, plan, job, groups)
     )

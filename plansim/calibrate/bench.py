@@ -29,7 +29,7 @@ import torch.distributed as dist
 from plansim.calibrate.bench_collective import collective_call
 from plansim.calibrate.bench_elementwise import elementwise_layer
 from plansim.calibrate.bench_host import host_op_chain
-from plansim.calibrate.bench_overlap import overlap_rows
+from plansim.calibrate.bench_overlap import DTYPES, overlap_rows
 from plansim.calibrate.bench_pipeline import pipeline_chain
 from plansim.calibrate.bench_sustained import sustained_rows
 from plansim.calibrate.cold_timer import ColdTimer
@@ -41,8 +41,6 @@ from plansim.calibrate.plan import CPU_SHARE_OK, PIPELINE_OPS, Item, Plan
 SELF_TIMED = {"overlap": overlap_rows, "sustained": sustained_rows}
 #: Item kinds timed one call at a time with the caches evicted first (:mod:`.cold_timer`).
 COLD_KINDS = ("gemm", "attention")
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 Fn = Callable[[], object]
 
