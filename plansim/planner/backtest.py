@@ -51,6 +51,7 @@ from plansim.errors import PlansimError
 from plansim.io.profiles import load_profile
 from plansim.io.runs import RunRow
 from plansim.planner.enumerate import SearchSpace
+from plansim.planner.evaluate import OUT_OF_MEMORY
 from plansim.planner.run_scripts import script_facts
 from plansim.planner.search import search
 from plansim.specs.model import Activation, ModelSpec, Normalization, PositionEmbedding
@@ -333,7 +334,8 @@ def predict_row(row: RunRow, *, simulate_top: int = 8) -> Prediction:
     except Skip as exc:
         return Prediction(status="skipped", note=str(exc))
     if not result.ranked:
-        first = next(iter(result.rejection_examples.values()), "no candidate layout")
+        examples = result.rejection_examples  # the nearest miss on memory says the most
+        first = examples.get(OUT_OF_MEMORY) or next(iter(examples.values()), "no candidate layout")
         if result.batch_indivisible_dps:
             dps = ", ".join(map(str, result.batch_indivisible_dps))
             first += f"; layouts with dp in ({dps}) not tried: gbs {gbs} is not divisible by dp"

@@ -22,14 +22,23 @@ from plansim.specs.layer_split import check_plan_divides_model, stage_layer_coun
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan
 
+#: The rejection category of a plan whose worst rank needs more than the GPU's memory.
+OUT_OF_MEMORY = "out of memory"
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Rejected:
-    """A plan that cannot run, with a human-readable reason and a category for counts."""
+    """A plan that cannot run, with a human-readable reason and a category for counts.
+
+    Attributes:
+        need_bytes: with category "out of memory", the bytes its worst rank needs (so a search
+            can name the plan closest to fitting); 0 for the other categories.
+    """
 
     plan: ParallelPlan
     category: str
     reason: str
+    need_bytes: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,8 +116,9 @@ def check_plan(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile) -
     if worst.total_bytes > profile.hbm_capacity_bytes:
         return Rejected(
             plan=plan,
-            category="out of memory",
+            category=OUT_OF_MEMORY,
             reason=worst.describe(capacity_bytes=profile.hbm_capacity_bytes),
+            need_bytes=worst.total_bytes,
         )
     host = host_memory_rejection(model, plan, profile)
     if host is not None:
@@ -147,8 +157,9 @@ def evaluate(
         breakdown = rank_memory(model, plan, profile, rank=worst_rank)
         return Rejected(
             plan=plan,
-            category="out of memory",
+            category=OUT_OF_MEMORY,
             reason=breakdown.describe(capacity_bytes=profile.hbm_capacity_bytes),
+            need_bytes=peak,
         )
     num_buckets = sum(len(stage.grad_buckets) for stage in work.stages)
     return _metrics(model, plan, profile, result, num_grad_buckets=num_buckets)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from plansim.errors import SpecError, require_positive_int
 from plansim.planner.context import Candidate, SearchContext, Simulated
 from plansim.planner.enumerate import SearchSpace, layouts
-from plansim.planner.evaluate import Evaluation, Rejected
+from plansim.planner.evaluate import OUT_OF_MEMORY, Evaluation, Rejected
 from plansim.planner.parallel import Workers
 from plansim.planner.progress import Progress
 from plansim.specs.hardware import HardwareProfile
@@ -49,7 +49,8 @@ class SearchResult:
             memory, then label). Exact mode: every simulated plan; exhaustive mode: those
             that could still be in the top K when simulated (the top K and ties included).
         rejection_counts: category -> how many candidates were rejected for it.
-        rejection_examples: category -> the first rejection's full reason.
+        rejection_examples: category -> the first rejection's full reason; for "out of
+            memory" the rejection of the plan that needs the least memory.
         num_candidates: plans enumerated.
         num_feasible: plans that passed the checks.
         num_not_simulated: feasible plans never simulated (bound above the K-th best, or
@@ -202,6 +203,9 @@ def search(
     examples: dict[str, str] = {}
     for r in rejected:
         examples.setdefault(r.category, r.reason)
+    short = [r for r in rejected if r.category == OUT_OF_MEMORY]
+    if short:  # the plan closest to fitting (ties: the first) says the most
+        examples[OUT_OF_MEMORY] = min(short, key=lambda r: r.need_bytes).reason
     return SearchResult(
         ranked=tuple(evaluations),
         rejection_counts=dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))),

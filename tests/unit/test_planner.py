@@ -321,3 +321,27 @@ def test_layouts_the_batch_does_not_split_over_are_named(
     out = capsys.readouterr().out
     assert "not enumerated: layouts with dp in (16, 31, 32, 62, 124, 248, 496, 992)" in out
     assert "global batch 1000 is not divisible by dp" in out
+
+
+def test_memory_rejection_example_is_the_plan_closest_to_fitting() -> None:
+    """With nothing feasible, the out-of-memory example names the smallest need: GPT-3 175B
+    on 8 A100s never fits, and the least-memory plan is the one a user should look at."""
+    gpt3 = resolve_model("gpt3-175b")
+    space = SearchSpace(
+        zero_stages=(0, 3),
+        recomputes=(Recompute.NONE, Recompute.FULL),
+        sequence_parallel=(False,),
+        schedules=(Schedule.ONE_F_ONE_B,),
+        micro_batch_size=(1,),
+        overlap_grad_reduce=(False,),
+    )
+    result = search(gpt3, A100, num_gpus=8, global_batch_size=8, space=space, simulate_top=4)
+    assert not result.ranked
+    short = [r for r in result.rejected if r.category == "out of memory"]
+    needs = sorted(r.need_bytes for r in short)
+    assert len(short) > 2 and needs[0] < needs[-1]
+    least = min(short, key=lambda r: r.need_bytes)
+    assert result.rejection_examples["out of memory"] == least.reason
+    assert least.reason.startswith(f"stage 0 needs {needs[0] / 2**30:.1f} GiB")
+    assert least.plan.recompute is Recompute.FULL
+    assert all(r.need_bytes == 0 for r in result.rejected if r.category != "out of memory")
