@@ -213,7 +213,7 @@ class _Bench:
         (compute on a CPU device: below 1 when the rank waited for a core, i.e. other work
         competed; not recorded for collectives, which wait in the transport)."""
         return {
-            **_item_columns(item),
+            **item.raw_columns(),
             "rank": self.rank,
             "status": "ok",
             "reps": len(samples),
@@ -231,7 +231,7 @@ class _Bench:
         nan = math.nan
         return [
             {
-                **_item_columns(item),
+                **item.raw_columns(),
                 "rank": 0,
                 "status": status,
                 "reps": 0,
@@ -386,16 +386,3 @@ def _busy(item: Item) -> bool:
     """Items that keep their core busy all the time (collectives wait in the transport, a
     pipeline's ranks for each other)."""
     return item.kind != "collective" and item.op not in PIPELINE_OPS
-
-
-def _item_columns(item: Item) -> dict[str, Any]:
-    return {
-        "kind": item.kind,
-        "op": item.op,
-        "dtype": item.dtype,
-        "shape": item.shape_text,
-        "group_size": item.group_size,
-        "work": item.work,
-        "work_unit": item.work_unit,
-        "sweep": item.sweep,
-    }

@@ -46,6 +46,11 @@ class Item:
         """``512x2048x512`` (the raw CSV's ``shape`` column)."""
         return "x".join(str(s) for s in self.shape)
 
+    def raw_columns(self) -> dict[str, object]:
+        """The item's columns of a raw timing row (``plansim.calibrate.raw``)."""
+        names = ("kind", "op", "dtype", "group_size", "work", "work_unit", "sweep")
+        return {**{n: getattr(self, n) for n in names}, "shape": self.shape_text}
+
     @property
     def label(self) -> str:
         """What the progress bar shows."""
