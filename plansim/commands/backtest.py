@@ -9,7 +9,7 @@ import sys
 import pandas as pd
 
 from plansim.io.runs import read_runs, write_predictions
-from plansim.planner.backtest import Prediction, predict_row
+from plansim.planner.backtest import OVER_MEMORY, Prediction, predict_row
 from plansim.report.tables import render
 
 
@@ -61,13 +61,18 @@ def run(args: argparse.Namespace) -> int:
                 "predicted_s": _fmt(pred.predicted_step_time_s, 2),
                 "error_pct": _fmt(pred.step_time_error_pct, 1),
                 "status": pred.status,
-                "plan / reason": pred.plan_label if pred.status == "ok" else pred.note,
+                "plan / reason": pred.plan_label or pred.note,
             }
         )
     if args.out:
         write_predictions(args.out, header, out_rows)
     sys.stdout.write(render(pd.DataFrame(table), "table"))
     skipped = len(rows) - len(errors)
+    over = sum(1 for cells in out_rows if cells["status"] == OVER_MEMORY)
+    if over:  # predicted although plansim's memory model fits none of their layouts
+        skipped_text = f"{skipped} skipped, {over} over plansim's memory limit"
+    else:
+        skipped_text = f"{skipped} skipped"
     if errors:
         summary = (
             f"mean |error| {statistics.fmean(errors):.1f}%, "
@@ -75,5 +80,5 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         summary = "no run predicted"
-    sys.stdout.write(f"backtest: {len(rows)} runs, {skipped} skipped, {summary}\n")
+    sys.stdout.write(f"backtest: {len(rows)} runs, {skipped_text}, {summary}\n")
     return 0

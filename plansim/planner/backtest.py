@@ -33,6 +33,12 @@ row that states such a pp, and for a searched pp only where the framework had un
 (DeepSpeed; Megatron-LM from 2024).
 An undated row is searched over everything.
 
+Memory: a published run did fit its GPUs. When no layout of a row fits plansim's memory model,
+the row is still predicted, on the layouts that come closest (the smallest worst-rank need,
+when within ``MEMORY_MODEL_SLACK`` of the GPU's memory), with status ``OVER_MEMORY`` and the
+closest need in the note: the step-time question stays answerable and the memory model's
+disagreement stays visible.
+
 Context parallelism (cp; Megatron-LM, Llama 3 §3.3.2): a stated cp is modelled as given
 (cp > 1 with FlashAttention whatever the date: Megatron-LM runs cp only through Transformer
 Engine's fused attention). A blank cp is searched over 1 and the divisors of the GPU count up
@@ -44,16 +50,17 @@ says which.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from plansim.catalog import PRESETS
 from plansim.errors import PlansimError
 from plansim.io.profiles import load_profile
 from plansim.io.runs import RunRow
 from plansim.planner.enumerate import SearchSpace
-from plansim.planner.evaluate import OUT_OF_MEMORY
+from plansim.planner.evaluate import OUT_OF_MEMORY, Rejected
 from plansim.planner.run_scripts import script_facts
-from plansim.planner.search import search
+from plansim.planner.search import SearchResult, search
+from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import Activation, ModelSpec, Normalization, PositionEmbedding
 from plansim.specs.plan import AttentionKernel, Precision, Recompute, Schedule, Zero3ParamFetch
 
@@ -79,9 +86,18 @@ LONG_CONTEXT_TOKENS = 16384
 MAX_SEARCHED_CP = 8
 
 
+#: A run's layout needs no more than this fraction over the GPU's memory in plansim's model
+#: to be predicted anyway (status ``OVER_MEMORY``); further out, the row more likely misstates
+#: its layout than plansim its memory.
+MEMORY_MODEL_SLACK = 0.25
+#: Status of a row predicted although plansim's memory model fits none of its layouts.
+OVER_MEMORY = "over-memory"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Prediction:
-    """Outcome of one row: ok with a prediction, or skipped with the reason in ``note``."""
+    """Outcome of one row: ``ok`` or ``OVER_MEMORY`` with a prediction, or ``skipped`` with
+    the reason in ``note``."""
 
     status: str
     note: str
@@ -307,8 +323,23 @@ def _pipeline_schedule(
     return None, (*flat, Schedule.INTERLEAVED_1F1B)
 
 
+def _closest_to_fitting(
+    rejected: tuple[Rejected, ...], profile: HardwareProfile
+) -> Rejected | None:
+    """The out-of-memory rejection with the smallest need, when that need is within
+    ``MEMORY_MODEL_SLACK`` of the GPU's memory (None otherwise, or without one)."""
+    short = [r for r in rejected if r.category == OUT_OF_MEMORY]
+    if not short:
+        return None
+    closest = min(short, key=lambda r: r.need_bytes)
+    limit = (1 + MEMORY_MODEL_SLACK) * profile.hbm_capacity_bytes
+    return closest if closest.need_bytes <= limit else None
+
+
 def predict_row(row: RunRow, *, simulate_top: int = 8) -> Prediction:
-    """Predict one run; a Prediction with status 'skipped' and the reason when it cannot."""
+    """Predict one run; a Prediction with status 'skipped' and the reason when it cannot,
+    ``OVER_MEMORY`` when only the layouts plansim thinks slightly too big could be predicted.
+    """
     notes: list[str] = []
     try:
         measured = row.number("step_time_s")
@@ -323,16 +354,31 @@ def predict_row(row: RunRow, *, simulate_top: int = 8) -> Prediction:
         num_gpus, gbs = row.integer("num_gpus"), row.integer("global_batch_size_seqs")
         if not num_gpus or not gbs:
             raise Skip("num_gpus or global_batch_size_seqs blank")
-        result = search(
-            model,
-            profile,
-            num_gpus=num_gpus,
-            global_batch_size=gbs,
-            space=space,
-            simulate_top=simulate_top,
-        )
+
+        def run(prof: HardwareProfile) -> SearchResult:
+            return search(
+                model,
+                prof,
+                num_gpus=num_gpus,
+                global_batch_size=gbs,
+                space=space,
+                simulate_top=simulate_top,
+            )
+
+        result = run(profile)
     except Skip as exc:
         return Prediction(status="skipped", note=str(exc))
+    status = "ok"
+    closest = _closest_to_fitting(result.rejected, profile)
+    if not result.ranked and closest is not None:
+        # The run did fit, so plansim's memory model is pessimistic for it: predict the
+        # layouts that come closest to fitting (module docstring).
+        roomier = replace(profile, hbm_capacity_bytes=closest.need_bytes * (1 + 1e-9))
+        result = run(roomier)
+        status = OVER_MEMORY
+        notes.append(
+            f"no layout fits plansim's memory model; predicted the closest: {closest.reason}"
+        )
     if not result.ranked:
         examples = result.rejection_examples  # the nearest miss on memory says the most
         first = examples.get(OUT_OF_MEMORY) or next(iter(examples.values()), "no candidate layout")
@@ -343,7 +389,7 @@ def predict_row(row: RunRow, *, simulate_top: int = 8) -> Prediction:
     best = result.ranked[0]
     notes.append(f"chosen: {best.plan.label()}")
     return Prediction(
-        status="ok",
+        status=status,
         note="; ".join(notes),
         predicted_step_time_s=best.step_time_s,
         step_time_error_pct=100.0 * (best.step_time_s - measured) / measured,

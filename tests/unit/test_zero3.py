@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -21,7 +22,7 @@ from plansim.analytic.zero3 import (
 from plansim.catalog import resolve_model
 from plansim.errors import SpecError
 from plansim.io.runs import RunRow
-from plansim.planner.backtest import predict_row
+from plansim.planner.backtest import OVER_MEMORY, predict_row
 from plansim.specs.plan import ParallelPlan, Recompute, Zero3ParamFetch
 from tests.unit.synthetic import round_profile
 
@@ -220,3 +221,38 @@ def test_backtest_reads_blank_cells_from_the_cited_launch_script() -> None:
         RunRow(path="runs.csv", line=2, cells={**cells, "framework": "Megatron-LM (2021)"})
     )
     assert "full-p2p" not in newer.plan_label
+
+
+def test_backtest_predicts_a_run_that_overflows_plansims_memory_model_and_says_so() -> None:
+    """SC21's 530B ZeRO-3 run on 640 GPUs (mbs 4) ran; plansim's memory model puts its closest
+    layout at ~91 GiB on an 80 GiB A100. The row is predicted on that layout, marked."""
+    cells = {
+        **ROW,
+        "row_id": "Z530",
+        "model_name": "GPT 529.6B",
+        "num_layers": "105",
+        "hidden_size": "20480",
+        "num_attention_heads": "128",
+        "num_gpus": "640",
+        "tp": "1",
+        "pp": "1",
+        "dp": "640",
+        "global_batch_size_seqs": "2560",
+        "recompute": "",
+        "step_time_s": "255.5",
+    }
+    got = predict_row(RunRow(path="runs.csv", line=2, cells=cells))
+    assert got.status == OVER_MEMORY, got.note
+    assert "no layout fits plansim's memory model" in got.note
+    assert re.search(r"stage 0 needs 9\d\.\d GiB, 80\.0 GiB available", got.note)
+    assert "full" in got.plan_label and got.predicted_step_time_s is not None
+    assert got.predicted_peak_memory_gib is not None and got.predicted_peak_memory_gib > 80
+    # Far beyond the slack (2.5x the sequences per micro-batch), the row is skipped instead.
+    far = predict_row(
+        RunRow(
+            path="runs.csv",
+            line=2,
+            cells={**cells, "micro_batch_size_seqs": "16", "global_batch_size_seqs": "10240"},
+        )
+    )
+    assert far.status == "skipped" and far.note.startswith("no feasible layout: stage 0 needs")
