@@ -81,6 +81,45 @@ def layer_elementwise_traffic(
     )
 
 
+def fp8_quantize_traffic(
+    model: ModelSpec, *, micro_batch_size: int, tp: int, sequence_parallel: bool
+) -> ElementwiseTraffic:
+    """HBM traffic of Transformer Engine's FP8 quantization around one layer's four linear
+    GEMMs on one TP rank (``precision`` fp8: the GEMMs read 1-byte operands, but their 16-bit
+    inputs and output gradients are cast to FP8 first).
+
+    Every GEMM operand is needed in two FP8 layouts: row-wise for one GEMM and column-wise
+    (transposed) for the other (Hopper's FP8 GEMMs take only the TN layout, so TE keeps a
+    transposed copy; Blackwell's block-scaled MXFP8 scales each direction separately).
+    Transformer Engine docs, "Low precision training / Performance considerations: Handling
+    transposes"; ``cast_transpose`` in its C API. Per element, from a 16-bit tensor: read 2 B,
+    write 1 + 1 B = 4 B.
+
+    * Forward, QKV and first-MLP inputs: TE's LayerNormLinear writes the norm's output in
+      FP8 (1 B instead of the 2 B :func:`layer_elementwise_traffic` counts, on the rank's
+      T/t tokens with sequence parallelism), and the column-wise copy of the (gathered) T
+      tokens is one more pass, read 1 + write 1 B: 2 T h - T h / r per input (r = t with
+      SP, else 1).
+    * Forward, projection and second-MLP inputs (attention output, activation output:
+      16-bit): ``cast_transpose``, 4 B per element: 4 T (h + f) / t.
+    * Backward, the output gradient of each GEMM: ``cast_transpose`` of T x (QKV width / t,
+      h, first-MLP width / t, h): 4 T ((h + 2 kv + u f) / t + 2 h), u = 2 for SwiGLU (gate
+      and up) and 1 for GELU.
+
+    Weights are cast once per optimizer step and cached across micro-batches (TE's
+    ``is_first_microbatch``), and the amax reductions are per step: both left out.
+    Kernels: 4 forward (2 transposes, 2 casts), 4 backward.
+    """
+    tokens = model.seq_length * micro_batch_size
+    h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_size
+    up = model.activation.num_ffn_matrices - 1
+    rep_div = tp if sequence_parallel else 1
+    norm_fed = 2 * (2.0 * h - h / rep_div)
+    forward = tokens * (norm_fed + 4.0 * (h + f) / tp)
+    backward = tokens * 4.0 * ((h + 2 * kv + up * f) / tp + 2.0 * h)
+    return ElementwiseTraffic(forward_bytes=forward, backward_bytes=backward, num_kernels=4)
+
+
 #: Bytes per FFN element of bias-GELU (16-bit), forward and backward (module table).
 _GELU_FWD, _GELU_BWD = 4.0, 8.0
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from plansim.analytic import flops as fl
 from plansim.analytic.activations import ring_kv_chunk_bytes
 from plansim.analytic.comm import collective_time_s, p2p_time_s
-from plansim.analytic.elementwise import layer_elementwise_traffic
+from plansim.analytic.elementwise import fp8_quantize_traffic, layer_elementwise_traffic
 from plansim.analytic.memory import state_bytes_per_param
 from plansim.analytic.op_overheads import (
     attention_core_times,
@@ -136,7 +136,8 @@ def layer_pass_times(
     (``op_overheads.attention_core_times``: the profile's fused-attention curve when it has
     one for the dtype, else the two core GEMMs) + memory-bound kernels (their bytes scale with
     the plan's activation width: 16-bit in ``elementwise``, fp32 moves twice as many; moved
-    at the profile's measured elementwise rate, else its streaming bandwidth), then
+    at the profile's measured elementwise rate, else its streaming bandwidth; with fp8 also
+    Transformer Engine's casts of the GEMM operands, ``elementwise.fp8_quantize_traffic``), then
     the host cost of the pass's eager ops (``op_overheads.with_host_s``; nothing when the
     profile has no ``host_overhead``). The backward's host cost is in ``backward_input_s``.
     """
@@ -171,6 +172,14 @@ def layer_pass_times(
     ew_bwd = width * traffic.backward_bytes / profile.elementwise_bytes_per_s(backward=True)
     ew_fwd += traffic.num_kernels * profile.kernel_launch_s
     ew_bwd += traffic.num_kernels * profile.kernel_launch_s
+    if dtype == "fp8":  # casts of the GEMM operands to FP8 (elementwise.fp8_quantize_traffic)
+        quant = fp8_quantize_traffic(
+            local, micro_batch_size=b, tp=tp, sequence_parallel=plan.sequence_parallel
+        )
+        launches_s = quant.num_kernels * profile.kernel_launch_s
+        ew_fwd += quant.forward_bytes / profile.elementwise_bytes_per_s(backward=False)
+        ew_bwd += quant.backward_bytes / profile.elementwise_bytes_per_s(backward=True)
+        ew_fwd, ew_bwd = ew_fwd + launches_s, ew_bwd + launches_s
     ops = layer_ops(gemms, plan, num_kernels=traffic.num_kernels)
     forward_s = with_host_s(
         fwd_gemm + (core.forward_s - core_fwd) + ew_fwd, ops, profile, backward=False
