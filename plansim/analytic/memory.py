@@ -212,12 +212,14 @@ class MemoryBreakdown:
         }
 
     def describe(self, *, capacity_bytes: float) -> str:
-        """'stage 0 needs 93.1 GiB, 80.0 GiB available: activations 51.2, optimizer 28.0, ...'."""
+        """'stage 0 needs 93.1 GiB, 80.0 GiB available: activations 51.2, optimizer 28.0, ...';
+        a need that rounds to the capacity gets more digits ('needs 80.02 GiB, 80.0 GiB')."""
         parts = ", ".join(f"{k} {bytes_to_gib(v):.1f}" for k, v in self.as_dict().items())
-        return (
-            f"stage {self.rank} needs {bytes_to_gib(self.total_bytes):.1f} GiB, "
-            f"{bytes_to_gib(capacity_bytes):.1f} GiB available: {parts}"
-        )
+        need, have = bytes_to_gib(self.total_bytes), bytes_to_gib(capacity_bytes)
+        digits = 1  # enough to show a need just above the capacity as above it
+        while digits < 4 and f"{need:.{digits}f}" == f"{have:.{digits}f}":
+            digits += 1
+        return f"stage {self.rank} needs {need:.{digits}f} GiB, {have:.1f} GiB available: {parts}"
 
 
 def rank_memory(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from plansim.analytic.memory import microbatch_activation_bytes, rank_memory
+from plansim.analytic.memory import MemoryBreakdown, microbatch_activation_bytes, rank_memory
 from plansim.catalog import resolve_model
 from plansim.errors import SpecError
 from plansim.io.profiles import load_profile
@@ -345,3 +347,16 @@ def test_memory_rejection_example_is_the_plan_closest_to_fitting() -> None:
     assert least.reason.startswith(f"stage 0 needs {needs[0] / 2**30:.1f} GiB")
     assert least.plan.recompute is Recompute.FULL
     assert all(r.need_bytes == 0 for r in result.rejected if r.category != "out of memory")
+
+
+def test_a_need_just_above_the_capacity_is_shown_above_it() -> None:
+    gib = 2.0**30
+    parts = dict(weights_bytes=40 * gib, gradients_bytes=0.0, optimizer_bytes=0.0)
+    near = MemoryBreakdown(
+        rank=0, **parts, activations_bytes=40.02 * gib, transient_bytes=0.0, reserve_bytes=0.0
+    )
+    assert near.describe(capacity_bytes=80 * gib).startswith(
+        "stage 0 needs 80.02 GiB, 80.0 GiB available: "
+    )
+    far = dataclasses.replace(near, activations_bytes=53.1 * gib)
+    assert far.describe(capacity_bytes=80 * gib).startswith("stage 0 needs 93.1 GiB, 80.0 GiB")
