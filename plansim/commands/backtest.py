@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     header, rows = read_runs(args.runs)
     out_rows: list[dict[str, str]] = []
     table: list[dict[str, str]] = []
-    errors: list[float] = []
+    errors: list[float] = []  # signed, predicted vs measured, %
     for row in rows:
         pred: Prediction = predict_row(row, simulate_top=args.simulate_top)
         cells = dict(row.cells)
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         )
         out_rows.append(cells)
         if pred.step_time_error_pct is not None:
-            errors.append(abs(pred.step_time_error_pct))
+            errors.append(pred.step_time_error_pct)
         table.append(
             {
                 "row": row.row_id,
@@ -74,9 +74,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         skipped_text = f"{skipped} skipped"
     if errors:
+        sizes = [abs(e) for e in errors]
         summary = (
-            f"mean |error| {statistics.fmean(errors):.1f}%, "
-            f"median {statistics.median(errors):.1f}%, max {max(errors):.1f}%"
+            f"mean |error| {statistics.fmean(sizes):.1f}%, "
+            f"median {statistics.median(sizes):.1f}%, max {max(sizes):.1f}%, "
+            f"mean signed {statistics.fmean(errors):+.1f}% (below 0: predicted too fast)"
         )
     else:
         summary = "no run predicted"

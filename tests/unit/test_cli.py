@@ -211,6 +211,8 @@ def test_backtest_rows_summary_and_skips(
     assert rows["R3"]["status"] == "skipped" and "fp4" in rows["R3"]["note"]
     assert "mbs searched" in rows["R4"]["note"] and "recompute searched" in rows["R4"]["note"]
     err = float(rows["R1"]["step_time_error_pct"])
+    signed = [float(rows[r]["step_time_error_pct"]) for r in ("R1", "R4")]
+    assert f"mean signed {sum(signed) / 2:+.1f}% (below 0: predicted too fast)" in out
     assert err == pytest.approx(
         100 * (float(rows["R1"]["predicted_step_time_s"]) - 2) / 2, abs=0.01
     )
