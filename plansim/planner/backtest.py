@@ -374,11 +374,12 @@ def predict_row(row: RunRow, *, simulate_top: int = 8) -> Prediction:
         # The run did fit, so plansim's memory model is pessimistic for it: predict the
         # layouts that come closest to fitting (module docstring).
         roomier = replace(profile, hbm_capacity_bytes=closest.need_bytes * (1 + 1e-9))
-        result = run(roomier)
-        status = OVER_MEMORY
-        notes.append(
-            f"no layout fits plansim's memory model; predicted the closest: {closest.reason}"
-        )
+        relaxed = run(roomier)
+        if relaxed.ranked:  # else the skip below keeps the real capacity's reasons
+            result, status = relaxed, OVER_MEMORY
+            notes.append(
+                f"no layout fits plansim's memory model; predicted the closest: {closest.reason}"
+            )
     if not result.ranked:
         examples = result.rejection_examples  # the nearest miss on memory says the most
         first = examples.get(OUT_OF_MEMORY) or next(iter(examples.values()), "no candidate layout")
