@@ -265,7 +265,7 @@ _WORK_FIELDS = tuple(f for f in ParallelPlan.__dataclass_fields__ if f not in _N
 #: follow from tp, cp and the profile).
 _PASS_FIELDS = (
     "micro_batch_size", "tp", "cp", "attention", "precision", "recompute",
-    "sequence_parallel", "gradient_accumulation_fusion",
+    "sequence_parallel", "tp_comm_overlap", "gradient_accumulation_fusion",
 )  # fmt: skip
 #: Plan fields of one layer's ZeRO-3 traffic (``plansim.analytic.zero3``).
 _ZERO3_FIELDS = ("tp", "cp", "dp", "zero_stage", "zero3_param_fetch", "precision")

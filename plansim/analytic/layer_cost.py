@@ -39,6 +39,7 @@ from plansim.analytic.op_overheads import (
 )
 from plansim.analytic.params import count_parameters
 from plansim.analytic.ranks import LayoutGroups
+from plansim.analytic.tp_comm import tp_pass_times
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import AttentionKernel, ParallelPlan, Recompute
@@ -148,9 +149,15 @@ def layer_pass_times(
     unfused = plan.attention is AttentionKernel.UNFUSED
     gemms = layer_gemms(model, plan)
     fwd_gemm = wgrad = core_fwd = 0.0
+    by_name: dict[str, float] = {}  # forward GEMM seconds by name, whole and in tp chunks
+    chunked: dict[str, float] = {}
     for gemm in gemms:
         is_core = gemm.name in fl.ATTENTION_CORE_GEMMS
         t = gemm_time_s(gemm, profile, dtype=core_dtype if is_core else dtype)
+        by_name[gemm.name] = by_name.get(gemm.name, 0.0) + t
+        if plan.tp_comm_overlap and not is_core:  # tp pieces of m / tp rows (tp_comm)
+            pieces = dataclasses.replace(gemm, m=-(-gemm.m // tp), count=gemm.count * tp)
+            chunked[gemm.name] = gemm_time_s(pieces, profile, dtype=dtype)
         fwd_gemm += t
         if is_core:
             core_fwd += t
@@ -187,8 +194,9 @@ def layer_pass_times(
     wgrad += _grad_accumulation_s(model, plan, profile)
     device_bwd = dgrad + ew_bwd + wgrad
     host_bwd = with_host_s(device_bwd, ops, profile, backward=True) - device_bwd
-    tp_pass = _tp_layer_pass_s(model, plan, profile, groups)
-    tp_backward = tp_pass + _sp_wgrad_gather_s(model, plan, profile, groups)
+    tp_pass, tp_backward = tp_pass_times(
+        model, plan, profile, groups, gemm_s=by_name, chunked_gemm_s=chunked
+    )
     ring = ring_attention_times(
         model, plan, profile, groups, core_forward_s=core.forward_s, core_backward_s=core.backward_s
     )
@@ -290,48 +298,6 @@ def _grad_accumulation_s(model: ModelSpec, plan: ParallelPlan, profile: Hardware
     local = (counts.attention_per_layer + counts.mlp_per_layer) / plan.tp + counts.norms_per_layer
     per_param = state_bytes_per_param(plan.precision)
     return local * (per_param.param + 2.0 * per_param.grad) / profile.streaming_bytes_per_s()
-
-
-def hidden_message_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
-    """Bytes of one micro-batch's b x (s/cp) x h activations on one rank, in the plan's
-    activation width: the message of the TP collectives and of a pipeline send."""
-    act = float(plan.precision.activation_bytes)
-    return act * model.seq_length / plan.cp * plan.micro_batch_size * model.hidden_size
-
-
-def _sp_wgrad_gather_s(
-    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, groups: LayoutGroups
-) -> float:
-    """Sequence parallelism's backward re-gather of the sharded inputs of the two
-    column-parallel linears (QKV, FC1), needed for their weight gradients (Korthikanti et
-    al. 2022 §4.2.2; Megatron-LM ``LinearWithGradAccumulationAndAsyncCommunication``).
-    Counted on the critical path: Megatron issues it beside the input-gradient GEMM, but it
-    shares the GPU with it."""
-    if plan.tp == 1 or not plan.sequence_parallel:
-        return 0.0
-    message = hidden_message_bytes(model, plan)
-    return 2.0 * collective_time_s(
-        profile, collective="all_gather", message_bytes=message, span=groups.tp
-    )
-
-
-def _tp_layer_pass_s(
-    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, groups: LayoutGroups
-) -> float:
-    """TP collectives of one layer in one pass (forward or backward), for s/cp tokens."""
-    if plan.tp == 1:
-        return 0.0
-    message = hidden_message_bytes(model, plan)
-    if plan.sequence_parallel:
-        ag = collective_time_s(
-            profile, collective="all_gather", message_bytes=message, span=groups.tp
-        )
-        rs = collective_time_s(
-            profile, collective="reduce_scatter", message_bytes=message, span=groups.tp
-        )
-        return 2.0 * (ag + rs)
-    ar = collective_time_s(profile, collective="all_reduce", message_bytes=message, span=groups.tp)
-    return 2.0 * ar
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

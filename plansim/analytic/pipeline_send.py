@@ -8,8 +8,8 @@ the profile's send/recv and all-gather curves.
 from __future__ import annotations
 
 from plansim.analytic.comm import collective_time_s, p2p_time_s
-from plansim.analytic.layer_cost import hidden_message_bytes
 from plansim.analytic.ranks import LayoutGroups
+from plansim.analytic.tp_comm import hidden_message_bytes
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan

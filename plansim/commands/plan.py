@@ -60,6 +60,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     add_dp_sync_args(p, allow_all=True)
     p.add_argument(
+        "--tp-comm-overlap",
+        action="store_true",
+        help="also try Megatron's --tp-comm-overlap for the sequence-parallel plans (TP "
+        "collectives pipelined with their GEMMs; Transformer Engine userbuffers)",
+    )
+    p.add_argument(
         "--plot",
         metavar="OUT.png",
         help="step time vs peak memory of the simulated plans, Pareto front marked (PNG)",
@@ -108,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
         dp_syncs=dp_syncs_from_args(args),
         ps_servers=args.ps_servers,
         offloads=offload_choices(profile),
+        tp_comm_overlap=(False, True) if args.tp_comm_overlap else (False,),
     )
     result = search(
         model,

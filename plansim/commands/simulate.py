@@ -66,6 +66,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="asynchronous pipeline sends beside compute (interleaved-1f1b only)",
     )
     p.add_argument(
+        "--tp-comm-overlap",
+        action="store_true",
+        help="TP all-gathers/reduce-scatters split and pipelined with their GEMMs (Megatron "
+        "--tp-comm-overlap, Transformer Engine userbuffers; needs --sequence-parallel)",
+    )
+    p.add_argument(
         "--overlap-grad-reduce",
         action="store_true",
         help="DP gradient reduction in buckets overlapped with backward (Megatron flag)",
@@ -194,6 +200,7 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
         dp_sync=dp_syncs_from_args(args)[0],
         ps_servers=args.ps_servers,
         overlap_p2p_comm=args.overlap_p2p_comm,
+        tp_comm_overlap=args.tp_comm_overlap,
         overlap_grad_reduce=args.overlap_grad_reduce,
         gradient_accumulation_fusion=args.gradient_accumulation_fusion,
         scatter_gather_p2p=args.scatter_gather_p2p,

@@ -58,6 +58,8 @@ class SearchSpace:
             INTERLEAVED_1F1B out of ``schedules`` to search vpp = 1 only.
         overlap_p2p_comm: values tried for interleaved plans (the others are synchronous).
         overlap_grad_reduce: values tried for plans with dp > 1 and ZeRO 0-2.
+        tp_comm_overlap: values tried for sequence-parallel plans (Megatron-LM
+            ``--tp-comm-overlap``); default off only, as Megatron-LM's default.
         precision, attention, gradient_accumulation_fusion, scatter_gather_p2p,
             zero3_param_fetch: fixed for the whole search (implementation facts of the
             framework, not layout choices).
@@ -101,6 +103,7 @@ class SearchSpace:
     )
     overlap_p2p_comm: tuple[bool, ...] = (False, True)
     overlap_grad_reduce: tuple[bool, ...] = (False, True)
+    tp_comm_overlap: tuple[bool, ...] = (False,)
     precision: Precision = Precision.BF16
     attention: AttentionKernel = AttentionKernel.FLASH
     gradient_accumulation_fusion: bool = True
@@ -230,6 +233,17 @@ def enumerate_plan_groups(
                 )
 
 
+def _sp_modes(space: SearchSpace, *, tp: int) -> list[tuple[bool, bool]]:
+    """(sequence_parallel, tp_comm_overlap) pairs for a layout of TP size ``tp``: SP only with
+    tp > 1, TP communication overlap only with SP."""
+    return [
+        (sp, overlap)
+        for sp in space.sequence_parallel
+        if not (sp and tp == 1)
+        for overlap in (space.tp_comm_overlap if sp else (False,))
+    ]
+
+
 def _schedules(pp: int, vpp: int, num_microbatches: int, space: SearchSpace) -> list[Schedule]:
     """Schedules that go with (pp, vpp, m): interleaved for vpp > 1 (m a multiple of pp),
     the others for vpp == 1; GPipe and ZB-H1 only with pp > 1 (one stage makes GPipe and 1F1B
@@ -264,9 +278,7 @@ def _knobs(
         for recompute, block in _recompute_modes(space, chunk=chunk):
             if recompute is Recompute.SELECTIVE and space.attention is AttentionKernel.FLASH:
                 continue  # FlashAttention stores no s x s scores: selective == none
-            for sp in space.sequence_parallel:
-                if sp and tp == 1:
-                    continue
+            for sp, tp_overlap in _sp_modes(space, tp=tp):
                 for schedule, modes in _comm_modes(schedules, space, dp_cp=dp_cp, zero=zero):
                     yield tuple(
                         ParallelPlan(
@@ -285,6 +297,7 @@ def _knobs(
                             precision=space.precision,
                             attention=space.attention,
                             overlap_p2p_comm=overlap,
+                            tp_comm_overlap=tp_overlap,
                             overlap_grad_reduce=grad,
                             gradient_accumulation_fusion=space.gradient_accumulation_fusion,
                             scatter_gather_p2p=space.scatter_gather_p2p,

@@ -14,8 +14,9 @@ from plansim.units import bytes_to_gib
 
 
 def plan_row(ev: Evaluation) -> dict[str, Any]:
-    """One ranked-table row for an evaluated plan (edge units in the column names); a
-    parameter-server plan adds a last column ``dp_sync`` ('ps' or 'ps<K>')."""
+    """One ranked-table row for an evaluated plan (edge units in the column names); ``sp`` is
+    'no', 'yes', or 'overlap' (with TP communication overlap); a parameter-server plan adds a
+    last column ``dp_sync`` ('ps' or 'ps<K>')."""
     p = ev.plan
     row = {
         "tp": p.tp,
@@ -26,7 +27,7 @@ def plan_row(ev: Evaluation) -> dict[str, Any]:
         "num_microbatches": p.num_microbatches,
         "zero": p.zero_stage,
         "recompute": p.recompute_label,
-        "sp": "yes" if p.sequence_parallel else "no",
+        "sp": ("overlap" if p.tp_comm_overlap else "yes") if p.sequence_parallel else "no",
         "schedule": p.schedule.value,
         "p2p": "overlap" if p.overlap_p2p_comm else "sync",
         "grad_reduce": "overlap" if p.overlap_grad_reduce else "end",
@@ -117,6 +118,7 @@ def evaluation_dict(ev: Evaluation) -> dict[str, Any]:
             "precision": p.precision.value,
             "attention": p.attention.value,
             "overlap_p2p_comm": p.overlap_p2p_comm,
+            **({"tp_comm_overlap": True} if p.tp_comm_overlap else {}),
             "overlap_grad_reduce": p.overlap_grad_reduce,
             "gradient_accumulation_fusion": p.gradient_accumulation_fusion,
             "scatter_gather_p2p": p.scatter_gather_p2p,

@@ -10,6 +10,7 @@ from plansim.specs.plan_checks import (
     check_offload,
     check_recompute,
     check_schedule,
+    check_tp_comm_overlap,
     check_uneven_split,
     offload_devices,
 )
@@ -77,6 +78,10 @@ class ParallelPlan:
             ``--overlap-p2p-communication``, interleaved schedule only); off, a rank waits for
             its send to finish before its next action (Megatron's default synchronous
             ``batch_isend_irecv`` + wait).
+        tp_comm_overlap: Megatron-LM ``--tp-comm-overlap`` (Transformer Engine userbuffers;
+            needs sequence parallelism): each TP all-gather / reduce-scatter is split into
+            tp chunks pipelined with its GEMM, and the backward's input all-gather overlaps
+            the input-gradient GEMM (``layer_cost.tp_overlap_pass_s``).
         overlap_grad_reduce: the DP gradient reduction (all-reduce, or ZeRO-1/2
             reduce-scatter) of each model chunk starts in buckets while backward still runs
             (Megatron-LM ``--overlap-grad-reduce``, default off; PyTorch DDP buckets, Li et
@@ -165,6 +170,7 @@ class ParallelPlan:
     precision: Precision = Precision.BF16
     attention: AttentionKernel = AttentionKernel.FLASH
     overlap_p2p_comm: bool = False
+    tp_comm_overlap: bool = False
     overlap_grad_reduce: bool = False
     gradient_accumulation_fusion: bool = True
     scatter_gather_p2p: bool = True
@@ -201,7 +207,12 @@ class ParallelPlan:
                 f"plan.global_batch_size({self.global_batch_size}) is not divisible by "
                 f"micro_batch_size({self.micro_batch_size}) * dp({self.dp}) = {per_step}"
             )
-        flags = ("overlap_grad_reduce", "gradient_accumulation_fusion", "scatter_gather_p2p")
+        flags = (
+            "overlap_grad_reduce",
+            "gradient_accumulation_fusion",
+            "scatter_gather_p2p",
+            "tp_comm_overlap",
+        )
         for flag in flags:
             if not isinstance(getattr(self, flag), bool):
                 raise choice_error(f"plan.{flag}", getattr(self, flag), [True, False])
@@ -212,6 +223,7 @@ class ParallelPlan:
                 f"plan.overlap_p2p_comm needs schedule {Schedule.INTERLEAVED_1F1B.value} "
                 f"(got {self.schedule.value}), as in Megatron-LM"
             )
+        check_tp_comm_overlap(self)
         check_schedule(self)
         check_uneven_split(self)
         check_recompute(self)
@@ -279,7 +291,7 @@ class ParallelPlan:
             parts.append(f"vpp{self.vpp}")
         parts += [f"mbs{self.micro_batch_size}", f"zero{self.zero_stage}", self.recompute_label]
         if self.sequence_parallel:
-            parts.append("sp")
+            parts.append("sp-overlap" if self.tp_comm_overlap else "sp")
         parts.append(self.schedule.value)
         if self.overlap_p2p_comm:
             parts.append("overlap-p2p")

@@ -126,6 +126,16 @@ def check_recompute(plan: ParallelPlan) -> None:
         )
 
 
+def check_tp_comm_overlap(plan: ParallelPlan) -> None:
+    """TP communication overlap splits sequence-parallel all-gathers and reduce-scatters:
+    Megatron-LM refuses ``--tp-comm-overlap`` without ``--sequence-parallel`` (and tp > 1)."""
+    if plan.tp_comm_overlap and not plan.sequence_parallel:
+        raise SpecError(
+            f"plan.tp_comm_overlap needs sequence_parallel and tp > 1 (got tp={plan.tp}, "
+            "sequence_parallel=False), as Megatron-LM's --tp-comm-overlap does"
+        )
+
+
 def offload_devices(field: str, zero_stage: int) -> list[str]:
     """Devices ``field`` (``offload_optimizer`` or ``offload_param``) allows with
     ``zero_stage`` (DeepSpeed's rules, see :class:`ParallelPlan`)."""

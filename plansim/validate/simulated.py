@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from plansim.analytic.comm import collective_time_s
 from plansim.analytic.cost import build_pipeline_work
-from plansim.analytic.layer_cost import hidden_message_bytes
 from plansim.analytic.ranks import layout_groups
+from plansim.analytic.tp_comm import hidden_message_bytes
 from plansim.errors import choice_error
 from plansim.planner.evaluate import Evaluation, Rejected, evaluate
 from plansim.schedule.builders import build_actions
