@@ -8,10 +8,8 @@ column-parallel linears, re-gathered for their weight gradients: Korthikanti et 
 §4.2.2; Megatron-LM ``LinearWithGradAccumulationAndAsyncCommunication`` issues it beside the
 input-gradient GEMM, but it shares the GPU with it, so it is counted whole).
 
-With sequence parallelism every transformer layer runs, per pass, two all-gathers (before
-the QKV and first-MLP GEMMs) and two reduce-scatters (after the projection and second-MLP
-GEMMs), plus in backward the re-gather of the two column-parallel inputs for their weight
-gradients (Korthikanti et al. 2022 §4.2.2). Megatron-LM's ``--tp-comm-overlap`` (Transformer
+The all-gathers feed the QKV and first-MLP GEMMs, the reduce-scatters drain the projection
+and second-MLP GEMMs. Megatron-LM's ``--tp-comm-overlap`` (Transformer
 Engine userbuffers; NVIDIA NeMo / Megatron Bridge docs, "Communication Overlap: tensor
 parallel"; the decomposition of Wang et al., ASPLOS 2023, "Overlap Communication with
 Dependent Computation via Decomposition in Large Deep Learning Models") hides them two ways:
@@ -33,8 +31,7 @@ Dependent Computation via Decomposition in Large Deep Learning Models") hides th
 
 ``excess`` is ``zero3.overlapped_excess_s``: max(0, c - g, c s / (1 + s)), with s the
 profile's ``overlap_compute_slowdown_fraction`` (compute slows while communication shares
-the GPU; Lee et al. 2025). Without overlap the same layer exposes 2 (ag + rs) per pass and
-2 ag more in backward (``layer_cost``).
+the GPU; Lee et al. 2025).
 """
 
 from __future__ import annotations
