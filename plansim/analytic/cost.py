@@ -27,8 +27,9 @@ Pure. Each piece prices a mechanism with the profile's curves:
   With ``plan.overlap_grad_reduce`` (Megatron-LM ``--overlap-grad-reduce``) the ZeRO-0/1/2
   gradient reduction moves from the rank's tail into per-stage buckets
   (``StageWork.grad_buckets``, ``plansim.analytic.grad_buckets``) that the engine starts
-  while backward still runs; the ZeRO-1/2 parameter all-gather stays after the optimizer (Megatron's
-  ``--overlap-param-gather``, which hides it behind the next step's forward, is not modelled).
+  while backward still runs; the ZeRO-1/2 parameter all-gather stays after the optimizer, or
+  with ``plan.overlap_param_gather`` (Megatron's ``--overlap-param-gather``) only its part
+  that the next step's forward does not hide (``plansim.analytic.rank_work``).
   With ``plan.dp_sync`` parameter-server the DP sync is a push to the servers, their update
   and a pull instead (``plansim.analytic.param_server``).
 * Optimizer: fused Adam over the local shard, HBM-bound (``adam_step_bytes``); with
@@ -48,22 +49,17 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TypeVar
 
-from plansim.analytic.comm import collective_time_s
-from plansim.analytic.elementwise import adam_step_bytes
 from plansim.analytic.grad_buckets import grad_buckets
 from plansim.analytic.layer_cost import EdgeTimes, PassTimes, edge_times, layer_pass_times
 from plansim.analytic.link_tags import Memo, with_links
 from plansim.analytic.memory import (
-    rank_memory,
-    rank_parameters,
     stage_activation_bytes,
     state_bytes_per_param,
 )
-from plansim.analytic.offload import with_offload, with_param_fetch
-from plansim.analytic.param_server import ps_rank_work, uses_parameter_server
-from plansim.analytic.params import count_parameters
+from plansim.analytic.offload import with_param_fetch
 from plansim.analytic.pipeline_send import pipeline_send
-from plansim.analytic.ranks import LayoutGroups, dp_cp_size, layout_groups
+from plansim.analytic.rank_work import ParamGatherCover, gather_cover, rank_work, segments
+from plansim.analytic.ranks import layout_groups
 from plansim.analytic.sustained import job_compute_profile
 from plansim.analytic.zero3 import (
     Zero3Traffic,
@@ -77,16 +73,9 @@ from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import stage_layer_counts
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan, Recompute, Zero3ParamFetch
-from plansim.specs.work import P2P, GradBucket, PipelineWork, RankWork, Segment, StageWork
+from plansim.specs.work import P2P, GradBucket, PipelineWork, RankWork, StageWork
 
 T = TypeVar("T")
-
-
-def _segments(*parts: tuple[str, str, float, float]) -> tuple[Segment, ...]:
-    """Segments from (kind, stream, seconds, bytes), dropping empty ones."""
-    return tuple(
-        Segment(kind=k, stream=st, duration_s=d, num_bytes=n) for k, st, d, n in parts if d > 0
-    )
 
 
 def _zero3_segments(
@@ -177,26 +166,26 @@ def _stage_work(
         ("tp_comm", "tp", r * layer.tp_recompute_s, 0.0),
     )
     return StageWork(
-        forward=_segments(
+        forward=segments(
             z3["forward"],
             ("forward", "compute", fwd, 0.0),
             cp_fwd,
             ("tp_comm", "tp", tp_fwd, 0.0),
         ),
-        backward=_segments(
+        backward=segments(
             *recompute,
             ("backward", "compute", bwd_in + bwd_w, 0.0),
             cp_bwd,
             ("tp_comm", "tp", tp_bwd, 0.0),
             z3["scatter_b"],
         ),
-        backward_input=_segments(
+        backward_input=segments(
             *recompute,
             ("backward_input", "compute", bwd_in, 0.0),
             cp_bwd,
             ("tp_comm", "tp", tp_bwd, 0.0),
         ),
-        backward_weight=_segments(
+        backward_weight=segments(
             ("backward_weight", "compute", bwd_w, 0.0),
             z3["scatter_w"],
         ),
@@ -204,56 +193,6 @@ def _stage_work(
         send_backward=P2P(duration_s=0.0, num_bytes=0.0) if first else p2p,
         activation_bytes=activation_bytes,
         grad_buckets=buckets,
-    )
-
-
-def _rank_work(
-    rank: int,
-    *,
-    model: ModelSpec,
-    plan: ParallelPlan,
-    profile: HardwareProfile,
-    groups: LayoutGroups,
-) -> RankWork:
-    """Once-per-step work of pipeline rank ``rank``: DP gradient sync and the optimizer.
-
-    With ``plan.overlap_grad_reduce`` the DP reduction is in the stages' grad buckets
-    instead (:func:`grad_buckets`); the tied-embedding all-reduce stays here. DP traffic and
-    the optimizer shard are over the dp * cp ranks."""
-    per_param = state_bytes_per_param(plan.precision)
-    params = rank_parameters(model, plan, rank=rank)
-    grad_bytes = params * per_param.grad
-    dp_cp = dp_cp_size(plan)
-    sync: list[tuple[str, str, float, float]] = []
-    ps = uses_parameter_server(plan)
-    if plan.zero_stage in (0, 1, 2) and not plan.overlap_grad_reduce and not ps:
-        kind = "all_reduce" if plan.zero_stage == 0 else "reduce_scatter"
-        t = collective_time_s(profile, collective=kind, message_bytes=grad_bytes, span=groups.dp_cp)
-        sync.append(("dp_comm", "dp", t, grad_bytes))
-    counts = count_parameters(model)
-    if plan.pp > 1 and counts.output_layer == 0 and rank in (0, plan.pp - 1):
-        emb_bytes = counts.embedding / plan.tp * per_param.grad
-        pair = type(groups.pp)(size=2, members_per_node=1, num_nodes=min(2, groups.pp.num_nodes))
-        t = collective_time_s(profile, collective="all_reduce", message_bytes=emb_bytes, span=pair)
-        sync.append(("embedding_grad_comm", "dp", t, emb_bytes))
-    local = params / dp_cp if plan.zero_stage >= 1 else params
-    adam_s = adam_step_bytes(local, precision=plan.precision) / profile.streaming_bytes_per_s()
-    opt: list[tuple[str, str, float, float]] = [("optimizer", "compute", adam_s, 0.0)]
-    if plan.zero_stage in (1, 2) and dp_cp > 1:
-        weight_bytes = params * per_param.param
-        t = collective_time_s(
-            profile, collective="all_gather", message_bytes=weight_bytes, span=groups.dp_cp
-        )
-        opt.append(("dp_comm", "dp", t, weight_bytes))
-    grad_sync, optimizer = _segments(*sync), _segments(*opt)
-    if ps:  # push after the tied-embedding all-reduce, so both copies push the same sum
-        ps_work = ps_rank_work(model, plan, profile, groups, rank=rank)
-        grad_sync, optimizer = grad_sync + ps_work.push, ps_work.optimizer
-    optimizer = with_offload(optimizer, plan=plan, profile=profile, local_params=local)
-    return RankWork(
-        static_bytes=rank_memory(model, plan, profile, rank=rank).static_bytes,
-        grad_sync=grad_sync,
-        optimizer=optimizer,
     )
 
 
@@ -380,12 +319,15 @@ def _build(
             )
         stages.append(stage_kinds[key])
     stages = with_param_fetch(stages, model=model, plan=plan, profile=profile)
-    rank_kinds: dict[tuple[bool, bool], RankWork] = {}
+    rank_kinds: dict[tuple[bool, bool, ParamGatherCover | None], RankWork] = {}
     ranks = []
     for r in range(plan.pp):
-        edge = (r == 0, r == plan.pp - 1)
+        cover = gather_cover(stages[r :: plan.pp]) if plan.overlap_param_gather else None
+        edge = (r == 0, r == plan.pp - 1, cover)
         if edge not in rank_kinds:
-            rank_kinds[edge] = _rank_work(r, model=model, plan=plan, profile=profile, groups=groups)
+            rank_kinds[edge] = rank_work(
+                r, model=model, plan=plan, profile=profile, groups=groups, gather_cover=cover
+            )
         ranks.append(rank_kinds[edge])
     work = PipelineWork(
         stages=tuple(stages),

@@ -60,6 +60,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     add_dp_sync_args(p, allow_all=True)
     p.add_argument(
+        "--overlap-param-gather",
+        action="store_true",
+        help="also try Megatron's --overlap-param-gather for the ZeRO-1/2 plans that overlap "
+        "the gradient reduction (parameter all-gather hidden behind the next forward)",
+    )
+    p.add_argument(
         "--tp-comm-overlap",
         action="store_true",
         help="also try Megatron's --tp-comm-overlap for the sequence-parallel plans (TP "
@@ -115,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
         ps_servers=args.ps_servers,
         offloads=offload_choices(profile),
         tp_comm_overlap=(False, True) if args.tp_comm_overlap else (False,),
+        overlap_param_gather=(False, True) if args.overlap_param_gather else (False,),
     )
     result = search(
         model,

@@ -76,6 +76,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         action="store_true",
         help="DP gradient reduction in buckets overlapped with backward (Megatron flag)",
     )
+    p.add_argument(
+        "--overlap-param-gather",
+        action="store_true",
+        help="ZeRO-1/2 parameter all-gather in buckets hidden behind the next forward "
+        "(Megatron flag; needs --zero 1 or 2 and --overlap-grad-reduce)",
+    )
     add_dp_sync_args(p, allow_all=False)
     p.add_argument(
         "--no-gradient-accumulation-fusion",
@@ -202,6 +208,7 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
         overlap_p2p_comm=args.overlap_p2p_comm,
         tp_comm_overlap=args.tp_comm_overlap,
         overlap_grad_reduce=args.overlap_grad_reduce,
+        overlap_param_gather=args.overlap_param_gather,
         gradient_accumulation_fusion=args.gradient_accumulation_fusion,
         scatter_gather_p2p=args.scatter_gather_p2p,
         offload_optimizer=OffloadDevice(args.offload_optimizer),

@@ -58,6 +58,8 @@ class SearchSpace:
             INTERLEAVED_1F1B out of ``schedules`` to search vpp = 1 only.
         overlap_p2p_comm: values tried for interleaved plans (the others are synchronous).
         overlap_grad_reduce: values tried for plans with dp > 1 and ZeRO 0-2.
+        overlap_param_gather: values tried for ZeRO-1/2 plans with overlap_grad_reduce
+            (Megatron-LM ``--overlap-param-gather``); default off only.
         tp_comm_overlap: values tried for sequence-parallel plans (Megatron-LM
             ``--tp-comm-overlap``); default off only, as Megatron-LM's default.
         precision, attention, gradient_accumulation_fusion, scatter_gather_p2p,
@@ -103,6 +105,7 @@ class SearchSpace:
     )
     overlap_p2p_comm: tuple[bool, ...] = (False, True)
     overlap_grad_reduce: tuple[bool, ...] = (False, True)
+    overlap_param_gather: tuple[bool, ...] = (False,)
     tp_comm_overlap: tuple[bool, ...] = (False,)
     precision: Precision = Precision.BF16
     attention: AttentionKernel = AttentionKernel.FLASH
@@ -299,6 +302,7 @@ def _knobs(
                             overlap_p2p_comm=overlap,
                             tp_comm_overlap=tp_overlap,
                             overlap_grad_reduce=grad,
+                            overlap_param_gather=param,
                             gradient_accumulation_fusion=space.gradient_accumulation_fusion,
                             scatter_gather_p2p=space.scatter_gather_p2p,
                             dp_sync=dp_sync,
@@ -308,7 +312,7 @@ def _knobs(
                             zero3_param_fetch=space.zero3_param_fetch,
                             **split,  # type: ignore[arg-type]
                         )
-                        for overlap, grad in modes
+                        for overlap, grad, param in modes
                     )
 
 
@@ -358,11 +362,21 @@ def _zero_modes(
 
 def _comm_modes(
     schedules: list[Schedule], space: SearchSpace, *, dp_cp: int, zero: int
-) -> Iterator[tuple[Schedule, list[tuple[bool, bool]]]]:
-    """Per schedule, its (overlap_p2p_comm, overlap_grad_reduce) pairs: p2p overlap is an
-    option of interleaved 1F1B only; gradient-reduction overlap needs dp * cp > 1 and ZeRO
-    0-2 (ZeRO-3 reduce-scatters every micro-batch)."""
+) -> Iterator[tuple[Schedule, list[tuple[bool, bool, bool]]]]:
+    """Per schedule, its (overlap_p2p_comm, overlap_grad_reduce, overlap_param_gather)
+    triples: p2p overlap is an option of interleaved 1F1B only; gradient-reduction overlap
+    needs dp * cp > 1 and ZeRO 0-2 (ZeRO-3 reduce-scatters every micro-batch); parameter-gather
+    overlap needs gradient-reduction overlap and ZeRO 1-2 (Megatron's distributed optimizer)."""
     grads = space.overlap_grad_reduce if dp_cp > 1 and zero < 3 else (False,)
+    params = space.overlap_param_gather if zero in (1, 2) else (False,)
     for schedule in schedules:
         overlaps = space.overlap_p2p_comm if schedule.interleaved else (False,)
-        yield schedule, [(overlap, grad) for overlap in overlaps for grad in grads]
+        yield (
+            schedule,
+            [
+                (overlap, grad, param)
+                for overlap in overlaps
+                for grad in grads
+                for param in (params if grad else (False,))
+            ],
+        )

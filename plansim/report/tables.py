@@ -30,7 +30,7 @@ def plan_row(ev: Evaluation) -> dict[str, Any]:
         "sp": ("overlap" if p.tp_comm_overlap else "yes") if p.sequence_parallel else "no",
         "schedule": p.schedule.value,
         "p2p": "overlap" if p.overlap_p2p_comm else "sync",
-        "grad_reduce": "overlap" if p.overlap_grad_reduce else "end",
+        "grad_reduce": _grad_reduce(p),
         "step_time_s": round(ev.step_time_s, 3),
         "tokens_per_s": round(ev.tokens_per_s),
         "mfu_pct": round(100 * ev.mfu, 1),
@@ -45,6 +45,13 @@ def plan_row(ev: Evaluation) -> dict[str, Any]:
     if p.uneven_pipeline:  # evenly split plans keep their columns unchanged
         row["pipeline_split"] = pipeline_split_label(p)
     return row
+
+
+def _grad_reduce(p: ParallelPlan) -> str:
+    """'end', 'overlap', or 'overlap+params' (the parameter all-gather hidden too)."""
+    if not p.overlap_grad_reduce:
+        return "end"
+    return "overlap+params" if p.overlap_param_gather else "overlap"
 
 
 def pipeline_split_label(p: ParallelPlan) -> str:
@@ -120,6 +127,7 @@ def evaluation_dict(ev: Evaluation) -> dict[str, Any]:
             "overlap_p2p_comm": p.overlap_p2p_comm,
             **({"tp_comm_overlap": True} if p.tp_comm_overlap else {}),
             "overlap_grad_reduce": p.overlap_grad_reduce,
+            **({"overlap_param_gather": True} if p.overlap_param_gather else {}),
             "gradient_accumulation_fusion": p.gradient_accumulation_fusion,
             "scatter_gather_p2p": p.scatter_gather_p2p,
             "num_gpus": p.num_gpus,

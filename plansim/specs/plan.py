@@ -8,6 +8,7 @@ from plansim.errors import SpecError, choice_error, require_positive_int
 from plansim.specs.plan_checks import (
     check_dp_sync,
     check_offload,
+    check_overlap_param_gather,
     check_recompute,
     check_schedule,
     check_tp_comm_overlap,
@@ -81,13 +82,17 @@ class ParallelPlan:
         tp_comm_overlap: Megatron-LM ``--tp-comm-overlap`` (Transformer Engine userbuffers;
             needs sequence parallelism): each TP all-gather / reduce-scatter is split into
             tp chunks pipelined with its GEMM, and the backward's input all-gather overlaps
-            the input-gradient GEMM (``layer_cost.tp_overlap_pass_s``).
+            the input-gradient GEMM (``plansim.analytic.tp_comm``).
         overlap_grad_reduce: the DP gradient reduction (all-reduce, or ZeRO-1/2
             reduce-scatter) of each model chunk starts in buckets while backward still runs
             (Megatron-LM ``--overlap-grad-reduce``, default off; PyTorch DDP buckets, Li et
             al. VLDB 2020); off, it all runs after the rank's last backward. No effect with
             ZeRO-3, whose reduce-scatters are per micro-batch already, or dp * cp == 1
             (except with dedicated parameter servers: each bucket is then a push).
+        overlap_param_gather: Megatron-LM ``--overlap-param-gather`` (distributed optimizer,
+            with ``overlap_grad_reduce``): the ZeRO-1/2 parameter all-gather after the
+            optimizer is issued per gradient bucket and waited for at the next step's
+            forward, one bucket ahead (``cost.param_gather_exposed_s``).
         gradient_accumulation_fusion: weight-gradient GEMMs accumulate straight into the
             gradient buffer (Megatron-LM ``--gradient-accumulation-fusion``, default on since
             2022); off, every micro-batch adds its fresh weight gradients into the buffer with
@@ -172,6 +177,7 @@ class ParallelPlan:
     overlap_p2p_comm: bool = False
     tp_comm_overlap: bool = False
     overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
     gradient_accumulation_fusion: bool = True
     scatter_gather_p2p: bool = True
     dp_sync: DpSync = DpSync.RING
@@ -212,6 +218,7 @@ class ParallelPlan:
             "gradient_accumulation_fusion",
             "scatter_gather_p2p",
             "tp_comm_overlap",
+            "overlap_param_gather",
         )
         for flag in flags:
             if not isinstance(getattr(self, flag), bool):
@@ -224,6 +231,7 @@ class ParallelPlan:
                 f"(got {self.schedule.value}), as in Megatron-LM"
             )
         check_tp_comm_overlap(self)
+        check_overlap_param_gather(self)
         check_schedule(self)
         check_uneven_split(self)
         check_recompute(self)
@@ -297,6 +305,8 @@ class ParallelPlan:
             parts.append("overlap-p2p")
         if self.overlap_grad_reduce:
             parts.append("overlap-grad")
+        if self.overlap_param_gather:
+            parts.append("overlap-param")
         if not self.gradient_accumulation_fusion:
             parts.append("unfused-grad-acc")
         if self.pp > 1 and self.tp > 1 and not (self.scatter_gather_p2p or self.sequence_parallel):

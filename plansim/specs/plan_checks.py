@@ -136,6 +136,17 @@ def check_tp_comm_overlap(plan: ParallelPlan) -> None:
         )
 
 
+def check_overlap_param_gather(plan: ParallelPlan) -> None:
+    """Megatron-LM overlaps the parameter all-gather only for its distributed optimizer
+    (ZeRO 1/2 here) and only with ``--overlap-grad-reduce``."""
+    if plan.overlap_param_gather and not (plan.zero_stage in (1, 2) and plan.overlap_grad_reduce):
+        raise SpecError(
+            "plan.overlap_param_gather needs zero_stage 1 or 2 and overlap_grad_reduce (got "
+            f"zero_stage={plan.zero_stage}, overlap_grad_reduce={plan.overlap_grad_reduce}), "
+            "as Megatron-LM's --overlap-param-gather"
+        )
+
+
 def offload_devices(field: str, zero_stage: int) -> list[str]:
     """Devices ``field`` (``offload_optimizer`` or ``offload_param``) allows with
     ``zero_stage`` (DeepSpeed's rules, see :class:`ParallelPlan`)."""

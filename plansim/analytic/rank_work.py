@@ -1,0 +1,143 @@
+"""Once-per-step work of one pipeline rank: DP gradient sync, the optimizer step and the
+ZeRO-1/2 parameter all-gather (pure).
+
+The gradient all-reduce (ZeRO 0) or reduce-scatter (ZeRO 1/2) runs after the rank's last
+backward unless ``plan.overlap_grad_reduce`` moves it into the stages' buckets; tied
+embeddings with pp > 1 add the all-reduce of the embedding gradient between the first and
+last stage (Megatron ``_allreduce_word_embedding_grads``). The optimizer is fused Adam over
+the local shard, HBM-bound (``elementwise.adam_step_bytes``), or the ZeRO-Offload /
+ZeRO-Infinity host step (``offload``); a parameter server replaces the sync
+(``param_server``). ZeRO 1/2 then all-gather the updated 16-bit parameters over the dp * cp
+ranks.
+
+``plan.overlap_param_gather`` (Megatron-LM ``--overlap-param-gather``, distributed optimizer
+with ``--overlap-grad-reduce``; ``DistributedDataParallel`` starts bucket i + 1's parameter
+all-gather from bucket i's forward pre-hook): the all-gather runs in the same buckets as the
+gradients and hides behind the next step's forward, one bucket ahead. With k buckets, the
+gather t and the forward compute c of one micro-batch through the rank's layers (the cover:
+bucket i's gather runs beside bucket i - 1's forward):
+
+    exposed = t/k + (k - 1) * excess(t/k, c/k)
+
+(``zero3.exposed_gather_s``; excess includes the compute slowdown beside a transfer). In the
+one-step simulation the exposed part stays where the whole gather was, after the optimizer:
+in steady state the step period is the same. Later micro-batches and, with interleaving, the
+other model chunks' first forwards give the gathers more cover than this counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plansim.analytic.comm import collective_time_s
+from plansim.analytic.elementwise import adam_step_bytes
+from plansim.analytic.memory import rank_memory, rank_parameters, state_bytes_per_param
+from plansim.analytic.offload import with_offload
+from plansim.analytic.param_server import ps_rank_work, uses_parameter_server
+from plansim.analytic.params import count_parameters
+from plansim.analytic.ranks import LayoutGroups, dp_cp_size
+from plansim.analytic.zero3 import exposed_gather_s
+from plansim.errors import SpecError
+from plansim.specs.hardware import HardwareProfile
+from plansim.specs.model import ModelSpec
+from plansim.specs.plan import ParallelPlan
+from plansim.specs.work import RankWork, Segment, StageWork
+
+
+def segments(*parts: tuple[str, str, float, float]) -> tuple[Segment, ...]:
+    """Segments from (kind, stream, seconds, bytes), dropping empty ones."""
+    return tuple(
+        Segment(kind=k, stream=st, duration_s=d, num_bytes=n) for k, st, d, n in parts if d > 0
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParamGatherCover:
+    """What hides a rank's overlapped parameter all-gather.
+
+    Attributes:
+        num_buckets: the rank's gradient (= parameter) buckets, at least 1.
+        forward_s: seconds of one micro-batch's forward actions through the rank's stages
+            (compute and the TP collectives that hold it; the gathers run on the dp stream).
+    """
+
+    num_buckets: int
+    forward_s: float
+
+
+def gather_cover(stages: list[StageWork] | tuple[StageWork, ...]) -> ParamGatherCover:
+    """The cover of a rank holding ``stages`` (its model chunks)."""
+    compute = sum(seg.duration_s for stage in stages for seg in stage.forward)
+    buckets = sum(len(stage.grad_buckets) for stage in stages)
+    return ParamGatherCover(num_buckets=max(1, buckets), forward_s=compute)
+
+
+def param_gather_exposed_s(gather_s: float, *, cover: ParamGatherCover, slowdown: float) -> float:
+    """Exposed seconds of a parameter all-gather of ``gather_s`` overlapped bucket by bucket
+    with the next step's forward (module docstring)."""
+    k = cover.num_buckets
+    return exposed_gather_s(
+        k, gather_s=gather_s / k, compute_s=cover.forward_s / k, slowdown=slowdown
+    )
+
+
+def rank_work(
+    rank: int,
+    *,
+    model: ModelSpec,
+    plan: ParallelPlan,
+    profile: HardwareProfile,
+    groups: LayoutGroups,
+    gather_cover: ParamGatherCover | None = None,
+) -> RankWork:
+    """Once-per-step work of pipeline rank ``rank``: DP gradient sync and the optimizer.
+
+    With ``plan.overlap_grad_reduce`` the DP reduction is in the stages' grad buckets
+    instead (``grad_buckets``); the tied-embedding all-reduce stays here. DP traffic and
+    the optimizer shard are over the dp * cp ranks. With ``plan.overlap_param_gather`` the
+    ZeRO-1/2 parameter all-gather keeps only its exposed part (:func:`param_gather_exposed_s`
+    with ``gather_cover``, required then).
+
+    Raises:
+        SpecError: overlap_param_gather without ``gather_cover``.
+    """
+    per_param = state_bytes_per_param(plan.precision)
+    params = rank_parameters(model, plan, rank=rank)
+    grad_bytes = params * per_param.grad
+    dp_cp = dp_cp_size(plan)
+    sync: list[tuple[str, str, float, float]] = []
+    ps = uses_parameter_server(plan)
+    if plan.zero_stage in (0, 1, 2) and not plan.overlap_grad_reduce and not ps:
+        kind = "all_reduce" if plan.zero_stage == 0 else "reduce_scatter"
+        t = collective_time_s(profile, collective=kind, message_bytes=grad_bytes, span=groups.dp_cp)
+        sync.append(("dp_comm", "dp", t, grad_bytes))
+    counts = count_parameters(model)
+    if plan.pp > 1 and counts.output_layer == 0 and rank in (0, plan.pp - 1):
+        emb_bytes = counts.embedding / plan.tp * per_param.grad
+        pair = type(groups.pp)(size=2, members_per_node=1, num_nodes=min(2, groups.pp.num_nodes))
+        t = collective_time_s(profile, collective="all_reduce", message_bytes=emb_bytes, span=pair)
+        sync.append(("embedding_grad_comm", "dp", t, emb_bytes))
+    local = params / dp_cp if plan.zero_stage >= 1 else params
+    adam_s = adam_step_bytes(local, precision=plan.precision) / profile.streaming_bytes_per_s()
+    opt: list[tuple[str, str, float, float]] = [("optimizer", "compute", adam_s, 0.0)]
+    if plan.zero_stage in (1, 2) and dp_cp > 1:
+        weight_bytes = params * per_param.param
+        t = collective_time_s(
+            profile, collective="all_gather", message_bytes=weight_bytes, span=groups.dp_cp
+        )
+        if plan.overlap_param_gather:
+            if gather_cover is None:
+                raise SpecError("overlap_param_gather needs the rank's gather_cover")
+            slowdown = profile.overlap_compute_slowdown_fraction
+            t = param_gather_exposed_s(t, cover=gather_cover, slowdown=slowdown)
+        opt.append(("dp_comm", "dp", t, weight_bytes))
+    grad_sync, optimizer = segments(*sync), segments(*opt)
+    if ps:  # push after the tied-embedding all-reduce, so both copies push the same sum
+        ps_work = ps_rank_work(model, plan, profile, groups, rank=rank)
+        grad_sync, optimizer = grad_sync + ps_work.push, ps_work.optimizer
+    optimizer = with_offload(optimizer, plan=plan, profile=profile, local_params=local)
+    return RankWork(
+        static_bytes=rank_memory(model, plan, profile, rank=rank).static_bytes,
+        grad_sync=grad_sync,
+        optimizer=optimizer,
+    )
