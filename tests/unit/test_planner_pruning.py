@@ -212,3 +212,17 @@ def test_plan_cli_search_modes(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--simulate-top and --exhaustive exclude each other" in capsys.readouterr().err
     assert main([*base, "--gbs", "16", "--jobs", "0"]) == 2
     assert "--jobs must be a positive integer, got 0" in capsys.readouterr().err
+
+
+def test_pruned_search_stays_exact_with_the_megatron_overlap_flags() -> None:
+    """TP communication overlap and the overlapped parameter all-gather shorten the work the
+    bound is taken from, so the exact search must still equal the exhaustive one."""
+    space = replace(SMALL_SPACE, tp_comm_overlap=(False, True), overlap_param_gather=(False, True))
+    kw = dict(num_gpus=8, global_batch_size=16, space=space, top_k=6)
+    model = resolve_model("megatron-1.7b")
+    pruned = search(model, A100, **kw)  # type: ignore[arg-type]
+    full = search(model, A100, exhaustive=True, **kw)  # type: ignore[arg-type]
+    assert _top(pruned, 6) == _top(full, 6)
+    flags = [(e.plan.tp_comm_overlap, e.plan.overlap_param_gather) for e in full.ranked]
+    assert (True, False) in flags or (True, True) in flags
+    assert any(param for _, param in flags)
