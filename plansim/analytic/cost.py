@@ -326,7 +326,7 @@ def _build(
         edge = (r == 0, r == plan.pp - 1, cover)
         if edge not in rank_kinds:
             rank_kinds[edge] = rank_work(
-                r, model=model, plan=plan, profile=profile, groups=groups, gather_cover=cover
+                r, model=model, plan=plan, profile=profile, groups=groups, cover=cover
             )
         ranks.append(rank_kinds[edge])
     work = PipelineWork(

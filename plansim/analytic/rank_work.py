@@ -88,7 +88,7 @@ def rank_work(
     plan: ParallelPlan,
     profile: HardwareProfile,
     groups: LayoutGroups,
-    gather_cover: ParamGatherCover | None = None,
+    cover: ParamGatherCover | None = None,
 ) -> RankWork:
     """Once-per-step work of pipeline rank ``rank``: DP gradient sync and the optimizer.
 
@@ -96,10 +96,10 @@ def rank_work(
     instead (``grad_buckets``); the tied-embedding all-reduce stays here. DP traffic and
     the optimizer shard are over the dp * cp ranks. With ``plan.overlap_param_gather`` the
     ZeRO-1/2 parameter all-gather keeps only its exposed part (:func:`param_gather_exposed_s`
-    with ``gather_cover``, required then).
+    with ``cover``, from :func:`gather_cover`; required then).
 
     Raises:
-        SpecError: overlap_param_gather without ``gather_cover``.
+        SpecError: overlap_param_gather without ``cover``.
     """
     per_param = state_bytes_per_param(plan.precision)
     params = rank_parameters(model, plan, rank=rank)
@@ -126,10 +126,10 @@ def rank_work(
             profile, collective="all_gather", message_bytes=weight_bytes, span=groups.dp_cp
         )
         if plan.overlap_param_gather:
-            if gather_cover is None:
-                raise SpecError("overlap_param_gather needs the rank's gather_cover")
+            if cover is None:
+                raise SpecError("overlap_param_gather needs the rank's cover (gather_cover)")
             slowdown = profile.overlap_compute_slowdown_fraction
-            t = param_gather_exposed_s(t, cover=gather_cover, slowdown=slowdown)
+            t = param_gather_exposed_s(t, cover=cover, slowdown=slowdown)
         opt.append(("dp_comm", "dp", t, weight_bytes))
     grad_sync, optimizer = segments(*sync), segments(*opt)
     if ps:  # push after the tied-embedding all-reduce, so both copies push the same sum

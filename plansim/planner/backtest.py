@@ -369,8 +369,8 @@ def predict_row(row: RunRow, *, simulate_top: int = 8) -> Prediction:
     except Skip as exc:
         return Prediction(status="skipped", note=str(exc))
     status = "ok"
-    closest = _closest_to_fitting(result.rejected, profile)
-    if not result.ranked and closest is not None:
+    closest = None if result.ranked else _closest_to_fitting(result.rejected, profile)
+    if closest is not None:
         # The run did fit, so plansim's memory model is pessimistic for it: predict the
         # layouts that come closest to fitting (module docstring).
         roomier = replace(profile, hbm_capacity_bytes=closest.need_bytes * (1 + 1e-9))

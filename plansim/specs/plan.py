@@ -92,7 +92,7 @@ class ParallelPlan:
         overlap_param_gather: Megatron-LM ``--overlap-param-gather`` (distributed optimizer,
             with ``overlap_grad_reduce``): the ZeRO-1/2 parameter all-gather after the
             optimizer is issued per gradient bucket and waited for at the next step's
-            forward, one bucket ahead (``cost.param_gather_exposed_s``).
+            forward, one bucket ahead (``plansim.analytic.rank_work``).
         gradient_accumulation_fusion: weight-gradient GEMMs accumulate straight into the
             gradient buffer (Megatron-LM ``--gradient-accumulation-fusion``, default on since
             2022); off, every micro-batch adds its fresh weight gradients into the buffer with
