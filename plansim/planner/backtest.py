@@ -57,7 +57,7 @@ from plansim.errors import PlansimError
 from plansim.io.profiles import load_profile
 from plansim.io.runs import RunRow
 from plansim.planner.enumerate import SearchSpace
-from plansim.planner.evaluate import OUT_OF_MEMORY, Rejected
+from plansim.planner.evaluate import OUT_OF_MEMORY, Rejected, closest_miss
 from plansim.planner.run_scripts import script_facts
 from plansim.planner.search import SearchResult, search
 from plansim.specs.hardware import HardwareProfile
@@ -328,12 +328,9 @@ def _closest_to_fitting(
 ) -> Rejected | None:
     """The out-of-memory rejection with the smallest need, when that need is within
     ``MEMORY_MODEL_SLACK`` of the GPU's memory (None otherwise, or without one)."""
-    short = [r for r in rejected if r.category == OUT_OF_MEMORY]
-    if not short:
-        return None
-    closest = min(short, key=lambda r: r.need_bytes)
+    closest = closest_miss(rejected)
     limit = (1 + MEMORY_MODEL_SLACK) * profile.hbm_capacity_bytes
-    return closest if closest.need_bytes <= limit else None
+    return closest if closest is not None and closest.need_bytes <= limit else None
 
 
 def predict_row(row: RunRow, *, simulate_top: int = 8) -> Prediction:

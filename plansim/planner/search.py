@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from plansim.errors import SpecError, require_positive_int
 from plansim.planner.context import Candidate, SearchContext, Simulated
 from plansim.planner.enumerate import SearchSpace, layouts
-from plansim.planner.evaluate import OUT_OF_MEMORY, Evaluation, Rejected
+from plansim.planner.evaluate import OUT_OF_MEMORY, Evaluation, Rejected, closest_miss
 from plansim.planner.parallel import Workers
 from plansim.planner.progress import Progress
 from plansim.specs.hardware import HardwareProfile
@@ -203,9 +203,9 @@ def search(
     examples: dict[str, str] = {}
     for r in rejected:
         examples.setdefault(r.category, r.reason)
-    short = [r for r in rejected if r.category == OUT_OF_MEMORY]
-    if short:  # the plan closest to fitting (ties: the first) says the most
-        examples[OUT_OF_MEMORY] = min(short, key=lambda r: r.need_bytes).reason
+    closest = closest_miss(rejected)
+    if closest is not None:  # the plan closest to fitting says the most
+        examples[OUT_OF_MEMORY] = closest.reason
     return SearchResult(
         ranked=tuple(evaluations),
         rejection_counts=dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))),
