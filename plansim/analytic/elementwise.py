@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from plansim.errors import SpecError
 from plansim.specs.model import Activation, ModelSpec, PositionEmbedding
 from plansim.specs.plan import Precision
 
@@ -81,42 +82,72 @@ def layer_elementwise_traffic(
     )
 
 
-def fp8_quantize_traffic(
-    model: ModelSpec, *, micro_batch_size: int, tp: int, sequence_parallel: bool
+#: Bytes per element of a quantized GEMM operand, data and block scales: FP8 (E4M3/E5M2 with
+#: one scale per tensor) 1 B; NVFP4 (E2M1, 4 bits, plus one E4M3 scale per 16 elements; the
+#: one FP32 scale per tensor left out) 0.5 + 1/16 = 0.5625 B (NVIDIA, "Pretraining Large
+#: Language Models with NVFP4", arXiv:2509.25149, §2; NeMo AutoModel's NVFP4 packing: "0.5625
+#: bytes per parameter").
+QUANTIZED_ELEMENT_BYTES = {Precision.FP8: 1.0, Precision.FP4: 0.5625}
+
+
+def quantize_traffic(
+    model: ModelSpec,
+    *,
+    precision: Precision,
+    micro_batch_size: int,
+    tp: int,
+    sequence_parallel: bool,
 ) -> ElementwiseTraffic:
-    """HBM traffic of Transformer Engine's FP8 quantization around one layer's four linear
-    GEMMs on one TP rank (``precision`` fp8: the GEMMs read 1-byte operands, but their 16-bit
-    inputs and output gradients are cast to FP8 first).
+    """HBM traffic of Transformer Engine's quantization of one layer's four linear GEMMs'
+    operands on one TP rank (``precision`` fp8 or fp4: the GEMMs read 1-byte or 4-bit operands,
+    but their 16-bit inputs and output gradients are cast first).
 
-    Every GEMM operand is needed in two FP8 layouts: row-wise for one GEMM and column-wise
+    Every GEMM operand is needed in two layouts: row-wise for one GEMM and column-wise
     (transposed) for the other (Hopper's FP8 GEMMs take only the TN layout, so TE keeps a
-    transposed copy; Blackwell's block-scaled MXFP8 scales each direction separately).
-    Transformer Engine docs, "Low precision training / Performance considerations: Handling
-    transposes"; ``cast_transpose`` in its C API. Per element, from a 16-bit tensor: read 2 B,
-    write 1 + 1 B = 4 B.
+    transposed copy; block-scaled formats scale along the contraction dimension, so each
+    direction has its own scales). Transformer Engine docs, "Low precision training /
+    Performance considerations: Handling transposes"; ``cast_transpose`` in its C API. Per
+    element, from a 16-bit tensor: read 2 B, write 2 q (q = ``QUANTIZED_ELEMENT_BYTES``).
 
-    * Forward, QKV and first-MLP inputs: TE's LayerNormLinear writes the norm's output in
-      FP8 (1 B instead of the 2 B :func:`layer_elementwise_traffic` counts, on the rank's
-      T/t tokens with sequence parallelism), and the column-wise copy of the (gathered) T
-      tokens is one more pass, read 1 + write 1 B: 2 T h - T h / r per input (r = t with
-      SP, else 1).
+    * FP8 (one scale per tensor: the transposed copy is a transpose of the FP8 data), forward,
+      QKV and first-MLP inputs: TE's LayerNormLinear writes the norm's output in FP8 (1 B
+      instead of the 2 B :func:`layer_elementwise_traffic` counts, on the rank's T/t tokens
+      with sequence parallelism), and the column-wise copy of the (gathered) T tokens is one
+      more pass, read 1 + write 1 B: 2 T h - T h / r per input (r = t with SP, else 1).
+    * NVFP4 (1 x 16 blocks along the contraction dimension: the column-wise copy cannot be
+      made from the row-wise one, NVFP4 paper §3-4), forward, QKV and first-MLP inputs: the
+      norm writes its 16-bit output as in bf16, then one cast of both layouts over the
+      (gathered) T tokens, (2 + 2 q) T h per input.
     * Forward, projection and second-MLP inputs (attention output, activation output:
-      16-bit): ``cast_transpose``, 4 B per element: 4 T (h + f) / t.
+      16-bit): ``cast_transpose``, (2 + 2 q) B per element: (2 + 2 q) T (h + f) / t.
     * Backward, the output gradient of each GEMM: ``cast_transpose`` of T x (QKV width / t,
-      h, first-MLP width / t, h): 4 T ((h + 2 kv + u f) / t + 2 h), u = 2 for SwiGLU (gate
-      and up) and 1 for GELU.
+      h, first-MLP width / t, h): (2 + 2 q) T ((h + 2 kv + u f) / t + 2 h), u = 2 for SwiGLU
+      (gate and up) and 1 for GELU.
 
     Weights are cast once per optimizer step and cached across micro-batches (TE's
-    ``is_first_microbatch``), and the amax reductions are per step: both left out.
-    Kernels: 4 forward (2 transposes, 2 casts), 4 backward.
+    ``is_first_microbatch``), and the amax reductions are per step: both left out. NVFP4's
+    random Hadamard transform of the weight-gradient GEMM inputs and its stochastic rounding
+    of gradients run inside the cast kernels (TE, MaxText's NVFP4 example): compute, no extra
+    bytes, left out. Kernels: 4 forward, 4 backward.
+
+    Raises:
+        SpecError: ``precision`` is not a quantized one (fp8, fp4).
     """
+    if precision not in QUANTIZED_ELEMENT_BYTES:
+        allowed = ", ".join(p.value for p in QUANTIZED_ELEMENT_BYTES)
+        raise SpecError(f"precision={precision.value!r} is not quantized; choose one of: {allowed}")
+    q = QUANTIZED_ELEMENT_BYTES[precision]
+    cast = 2.0 + 2.0 * q
     tokens = model.seq_length * micro_batch_size
     h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_size
     up = model.activation.num_ffn_matrices - 1
     rep_div = tp if sequence_parallel else 1
-    norm_fed = 2 * (2.0 * h - h / rep_div)
-    forward = tokens * (norm_fed + 4.0 * (h + f) / tp)
-    backward = tokens * 4.0 * ((h + 2 * kv + up * f) / tp + 2.0 * h)
+    if precision is Precision.FP8:
+        norm_fed = 2 * (2.0 * q * h - (2.0 - q) * h / rep_div)
+    else:
+        norm_fed = 2 * cast * h
+    forward = tokens * (norm_fed + cast * (h + f) / tp)
+    backward = tokens * cast * ((h + 2 * kv + up * f) / tp + 2.0 * h)
     return ElementwiseTraffic(forward_bytes=forward, backward_bytes=backward, num_kernels=4)
 
 
@@ -150,7 +181,7 @@ def gelu_layer_bytes(
 def adam_step_bytes(num_params: float, *, precision: Precision = Precision.BF16) -> float:
     """HBM bytes of one optimizer step over ``num_params`` local parameters.
 
-    Mixed precision (bf16, fp16, fp8): the passes of Megatron-LM's
+    Mixed precision (bf16, fp16, fp8, fp4): the passes of Megatron-LM's
     ``Float16OptimizerWithFloat16Params`` with apex multi-tensor kernels, per parameter:
     gradient L2 norm for clipping reads the fp32 grad (4 B); fused Adam reads fp32 param,
     grad, m, v (16 B) and writes param, m, v (12 B); the fp32 main params are copied into the

@@ -29,7 +29,11 @@ from dataclasses import dataclass
 from plansim.analytic import flops as fl
 from plansim.analytic.activations import ring_kv_chunk_bytes
 from plansim.analytic.comm import collective_time_s, p2p_time_s
-from plansim.analytic.elementwise import fp8_quantize_traffic, layer_elementwise_traffic
+from plansim.analytic.elementwise import (
+    QUANTIZED_ELEMENT_BYTES,
+    layer_elementwise_traffic,
+    quantize_traffic,
+)
 from plansim.analytic.memory import state_bytes_per_param
 from plansim.analytic.op_overheads import (
     attention_core_times,
@@ -109,8 +113,8 @@ def layer_gemms(model: ModelSpec, plan: ParallelPlan) -> tuple[fl.Gemm, ...]:
 
 
 def _element_bytes(dtype: str) -> float:
-    """Bytes of one GEMM operand element: 4 for fp32/tf32, else 2 (fp8 GEMMs are priced
-    with 16-bit operand traffic, as before fp32 existed)."""
+    """Bytes of one GEMM operand element: 4 for fp32/tf32, else 2 (fp8 and fp4 GEMMs are
+    priced with 16-bit operand traffic, as before fp32 existed)."""
     return 4.0 if dtype in ("fp32", "tf32") else 2.0
 
 
@@ -137,15 +141,17 @@ def layer_pass_times(
     (``op_overheads.attention_core_times``: the profile's fused-attention curve when it has
     one for the dtype, else the two core GEMMs) + memory-bound kernels (their bytes scale with
     the plan's activation width: 16-bit in ``elementwise``, fp32 moves twice as many; moved
-    at the profile's measured elementwise rate, else its streaming bandwidth; with fp8 also
-    Transformer Engine's casts of the GEMM operands, ``elementwise.fp8_quantize_traffic``), then
+    at the profile's measured elementwise rate, else its streaming bandwidth; with fp8 or fp4
+    also Transformer Engine's casts of the GEMM operands, ``elementwise.quantize_traffic``),
+    then
     the host cost of the pass's eager ops (``op_overheads.with_host_s``; nothing when the
     profile has no ``host_overhead``). The backward's host cost is in ``backward_input_s``.
     """
     b, tp = plan.micro_batch_size, plan.tp
     local = cp_local_model(model, plan.cp)
     dtype = _matmul_dtype(plan)
-    core_dtype = "bf16" if dtype == "fp8" else dtype
+    quantized = plan.precision in QUANTIZED_ELEMENT_BYTES
+    core_dtype = "bf16" if quantized else dtype  # the attention core stays 16-bit
     unfused = plan.attention is AttentionKernel.UNFUSED
     gemms = layer_gemms(model, plan)
     fwd_gemm = wgrad = core_fwd = 0.0
@@ -179,9 +185,13 @@ def layer_pass_times(
     ew_bwd = width * traffic.backward_bytes / profile.elementwise_bytes_per_s(backward=True)
     ew_fwd += traffic.num_kernels * profile.kernel_launch_s
     ew_bwd += traffic.num_kernels * profile.kernel_launch_s
-    if dtype == "fp8":  # casts of the GEMM operands to FP8 (elementwise.fp8_quantize_traffic)
-        quant = fp8_quantize_traffic(
-            local, micro_batch_size=b, tp=tp, sequence_parallel=plan.sequence_parallel
+    if quantized:  # casts of the GEMM operands (elementwise.quantize_traffic)
+        quant = quantize_traffic(
+            local,
+            precision=plan.precision,
+            micro_batch_size=b,
+            tp=tp,
+            sequence_parallel=plan.sequence_parallel,
         )
         launches_s = quant.num_kernels * profile.kernel_launch_s
         ew_fwd += quant.forward_bytes / profile.elementwise_bytes_per_s(backward=False)

@@ -61,7 +61,7 @@ def state_bytes_per_param(precision: Precision) -> StateBytesPerParam:
     """Megatron-LM mixed-precision Adam bytes per parameter (M02 dist_optimizer table).
 
     fp16: 2 (param) + 2 (grad) + 16 (fp32 param, fp32 grad, m, v) = 20;
-    bf16 and fp8 (bf16 weights): 2 + 4 (fp32 main grad) + 12 (fp32 param, m, v) = 18;
+    bf16, fp8 and fp4 (bf16 weights): 2 + 4 (fp32 main grad) + 12 (fp32 param, m, v) = 18;
     fp32 (no mixed precision): 4 (param) + 4 (grad) + 8 (Adam m, v; no master copy) = 16,
     the ZeRO paper's (Rajbhandari et al. SC20 §3.1) Adam states without the fp32 copy it
     counts for mixed precision (K = 12 = 4 + 4 + 4 there, K = 8 here).

@@ -12,20 +12,26 @@ from plansim.errors import choice_error
 class Precision(enum.Enum):
     """Training precision of the matmuls.
 
-    BF16, FP16, FP8: mixed precision (16-bit working weights and activations, fp32 master
-    weights for Adam; FP8 GEMMs keep bf16 weights). FP32: plain single precision, one fp32
-    copy of every weight, fp32 activations and gradients, no master copy (PyTorch's default
-    ``torch.float32`` training, as ``plansim validate`` runs on a CPU).
+    BF16, FP16, FP8, FP4: mixed precision (16-bit working weights and activations, fp32
+    master weights for Adam; FP8 and FP4 GEMMs keep bf16 weights and cast their operands).
+    FP4 is NVFP4 on Blackwell as Transformer Engine runs it (NVIDIA, "Pretraining Large
+    Language Models with NVFP4", arXiv:2509.25149): every linear GEMM in FP4, the attention
+    core in bf16 (the paper's few layers kept in bf16 for stability are not modelled).
+    FP32: plain single precision, one fp32 copy of every weight, fp32 activations and
+    gradients, no master copy (PyTorch's default ``torch.float32`` training, as ``plansim
+    validate`` runs on a CPU).
     """
 
     BF16 = "bf16"
     FP16 = "fp16"
     FP8 = "fp8"
+    FP4 = "fp4"
     FP32 = "fp32"
 
     @property
     def param_bytes(self) -> int:
-        """Bytes of the working copy of a parameter: 2 (FP8 keeps bf16 weights), 4 for FP32."""
+        """Bytes of the working copy of a parameter: 2 (FP8 and FP4 keep bf16 weights), 4 for
+        FP32."""
         return 4 if self is Precision.FP32 else 2
 
     @property
