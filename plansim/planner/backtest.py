@@ -1,12 +1,8 @@
 """Predict published runs: map a runs-CSV row to a model and a search space, pick the best.
 
-Row -> ModelSpec (schema in ../shared/reference/README.md): blank ``num_kv_heads`` means as
-many as the heads, blank ``ffn_hidden_size`` 4 x hidden, blank ``ffn_activation`` gelu (the
-schema's own definitions). The schema has no columns for norms, biases, embeddings or
-positions: GELU/ReLU rows are taken as GPT-style (LayerNorm, biases, learned positions, tied
-embeddings), SwiGLU rows as Llama-style (RMSNorm, no biases, RoPE, untied); the note says so.
-A blank vocabulary is taken from the preset with the same (layers, hidden, heads), noted, or
-the row is skipped.
+Row -> ModelSpec: ``plansim.planner.run_model``. A row that cannot be read (a cell that is
+not a number where one belongs, a shape whose heads do not divide the hidden size) is skipped
+with the reason, and the other rows are still predicted.
 
 Knobs: a blank tp, pp, dp, micro-batch size, recompute, ZeRO stage, sequence-parallel or
 virtual_pipeline_size cell is searched (the fastest feasible value is used) and the note lists
@@ -52,16 +48,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from plansim.catalog import PRESETS
 from plansim.errors import PlansimError
 from plansim.io.profiles import load_profile
 from plansim.io.runs import RunRow
 from plansim.planner.enumerate import SearchSpace
 from plansim.planner.evaluate import OUT_OF_MEMORY, Rejected, closest_miss
+from plansim.planner.run_model import Skip, row_model
 from plansim.planner.run_scripts import script_facts
 from plansim.planner.search import SearchResult, search
 from plansim.specs.hardware import HardwareProfile
-from plansim.specs.model import Activation, ModelSpec, Normalization, PositionEmbedding
 from plansim.specs.plan import AttentionKernel, Precision, Recompute, Schedule, Zero3ParamFetch
 
 FLASH_IN_MEGATRON_YEAR = 2023
@@ -105,51 +100,6 @@ class Prediction:
     step_time_error_pct: float | None = None
     predicted_peak_memory_gib: float | None = None
     plan_label: str = ""
-
-
-class Skip(PlansimError):
-    """A row that cannot be modelled; the message is the reason."""
-
-
-def _model(row: RunRow, notes: list[str]) -> ModelSpec:
-    layers, hidden = row.integer("num_layers"), row.integer("hidden_size")
-    heads, seq = row.integer("num_attention_heads"), row.integer("seq_len_tokens")
-    if not (layers and hidden and heads and seq):
-        raise Skip("model shape incomplete (layers, hidden, heads, seq_len)")
-    act_text = row.text("ffn_activation") or "gelu"
-    try:
-        activation = Activation(act_text)
-    except ValueError:
-        raise Skip(f"ffn_activation {act_text!r} not modelled") from None
-    vocab = row.integer("vocab_size")
-    if vocab is None:
-        vocab = _preset_vocab(layers, hidden, heads, notes)
-    llama = activation is Activation.SWIGLU
-    notes.append("llama-style model (rmsnorm, rope, untied)" if llama else "gpt-style model")
-    return ModelSpec(
-        name=row.text("model_name") or row.row_id,
-        num_layers=layers,
-        hidden_size=hidden,
-        num_attention_heads=heads,
-        num_query_groups=row.integer("num_kv_heads") or heads,
-        ffn_hidden_size=row.integer("ffn_hidden_size") or 4 * hidden,
-        activation=activation,
-        seq_length=seq,
-        vocab_size=vocab,
-        tied_embeddings=not llama,
-        normalization=Normalization.RMSNORM if llama else Normalization.LAYERNORM,
-        position_embedding=PositionEmbedding.ROPE if llama else PositionEmbedding.LEARNED,
-        add_bias_linear=not llama,
-    )
-
-
-def _preset_vocab(layers: int, hidden: int, heads: int, notes: list[str]) -> int:
-    for name in sorted(PRESETS):
-        spec = PRESETS[name]()
-        if (spec.num_layers, spec.hidden_size, spec.num_attention_heads) == (layers, hidden, heads):
-            notes.append(f"vocab blank: {spec.vocab_size} from preset {name}")
-            return spec.vocab_size
-    raise Skip("vocab_size blank and no preset has this shape")
 
 
 def _fixed(row: RunRow, column: str, notes: list[str], label: str) -> tuple[int, ...] | None:
@@ -196,7 +146,7 @@ def _space(row: RunRow, notes: list[str]) -> SearchSpace:
     if recompute is None and facts is not None:
         recompute = facts.recompute
         notes.append(f"recompute {recompute} from {facts.source}")
-    zero = row.integer("zero_stage")
+    zero = _zero_stage(row, notes)
     sp = row.flag("sequence_parallel")
     for label, value in (("recompute", recompute), ("zero_stage", zero), ("sp", sp)):
         if value is None:
@@ -241,6 +191,34 @@ def _space(row: RunRow, notes: list[str]) -> SearchSpace:
         # recompute (Korthikanti et al. 2022's release); a stated "full" is every layer.
         partial_recompute=recompute is None and modern,
     )
+
+
+#: Words of the free-text ``zero_stage_or_sharding`` column and the ZeRO stage they name, read
+#: when ``zero_stage`` is blank (the schema's own mapping: Megatron's distributed optimizer =
+#: 1, FSDP full shard = 3, shard-grad-op = 2).
+_SHARDING_WORDS = (
+    (re.compile(r"zero[- ]?(?:stage[- ]?)?([0-3])\b", re.IGNORECASE), None),
+    (re.compile(r"shard[-_ ]grad[-_ ]op", re.IGNORECASE), 2),
+    (re.compile(r"full[-_ ]shard|fsdp", re.IGNORECASE), 3),
+    (re.compile(r"distributed[-_ ]optimi[sz]er", re.IGNORECASE), 1),
+    (re.compile(r"^\s*(?:none|no)\s*$", re.IGNORECASE), 0),
+)
+
+
+def _zero_stage(row: RunRow, notes: list[str]) -> int | None:
+    """The ``zero_stage`` cell; when blank, the stage ``zero_stage_or_sharding`` names (noted);
+    None when neither says."""
+    stated = row.integer("zero_stage")
+    text = row.text("zero_stage_or_sharding")
+    if stated is not None or text is None:
+        return stated
+    for pattern, stage in _SHARDING_WORDS:
+        found = pattern.search(text)
+        if found:
+            value = stage if stage is not None else int(found.group(1))
+            notes.append(f"zero_stage {value} from zero_stage_or_sharding {text!r}")
+            return value
+    return None
 
 
 def _uneven_pipeline(row: RunRow, year: int | None) -> bool:
@@ -333,6 +311,28 @@ def _closest_to_fitting(
     return closest if closest is not None and closest.need_bytes <= limit else None
 
 
+def _no_candidate(row: RunRow, num_gpus: int, gbs: int) -> str:
+    """Why a search enumerated nothing: the stated layout cells cannot split the GPUs and the
+    global batch (names the stated cells)."""
+    stated = [
+        f"{label} {row.integer(column)}"
+        for label, column in (
+            ("tp", "tp"),
+            ("pp", "pp"),
+            ("dp", "dp"),
+            ("cp", "cp"),
+            ("vpp", "virtual_pipeline_size"),
+            ("mbs", "micro_batch_size_seqs"),
+        )
+        if row.integer(column) is not None
+    ]
+    cells = ", ".join(stated) if stated else "no stated layout cells"
+    return (
+        f"no layout with {cells} splits {num_gpus} GPUs, the model's heads and layers, and "
+        f"a global batch of {gbs}"
+    )
+
+
 def predict_row(row: RunRow, *, simulate_top: int = 8) -> Prediction:
     """Predict one run; a Prediction with status 'skipped' and the reason when it cannot,
     ``OVER_MEMORY`` when only the layouts plansim thinks slightly too big could be predicted.
@@ -342,7 +342,7 @@ def predict_row(row: RunRow, *, simulate_top: int = 8) -> Prediction:
         measured = row.number("step_time_s")
         if measured is None:
             raise Skip("no measured step_time_s")
-        model = _model(row, notes)
+        model = row_model(row, notes)
         try:
             profile = load_profile(row.text("gpu_type") or "")
         except PlansimError:
@@ -365,6 +365,8 @@ def predict_row(row: RunRow, *, simulate_top: int = 8) -> Prediction:
         result = run(profile)
     except Skip as exc:
         return Prediction(status="skipped", note=str(exc))
+    except PlansimError as exc:  # a malformed or inconsistent row: skip it, keep the others
+        return Prediction(status="skipped", note=f"row not usable: {exc}")
     status = "ok"
     closest = None if result.ranked else _closest_to_fitting(result.rejected, profile)
     if closest is not None:
@@ -379,7 +381,9 @@ def predict_row(row: RunRow, *, simulate_top: int = 8) -> Prediction:
             )
     if not result.ranked:
         examples = result.rejection_examples  # the nearest miss on memory says the most
-        first = examples.get(OUT_OF_MEMORY) or next(iter(examples.values()), "no candidate layout")
+        first = examples.get(OUT_OF_MEMORY) or next(
+            iter(examples.values()), _no_candidate(row, num_gpus, gbs)
+        )
         if result.batch_indivisible_dps:
             dps = ", ".join(map(str, result.batch_indivisible_dps))
             first += f"; layouts with dp in ({dps}) not tried: gbs {gbs} is not divisible by dp"
