@@ -217,6 +217,10 @@ def layer_pass_times(
         queries_x_keys = local.seq_length * model.seq_length
         softmax_bytes = 9.0 * model.num_attention_heads * queries_x_keys * b * width
         recompute_s = core_fwd + softmax_bytes / tp / hbm
+    elif plan.recompute is Recompute.SELECTIVE:
+        # Megatron-core checkpoints the fused attention call (recompute module "core_attn"):
+        # its forward, and with cp its KV ring, run again before its backward
+        recompute_s, cp_recompute = core.forward_s, ring.forward_s
     return PassTimes(
         forward_s=forward_s,
         backward_input_s=dgrad + ew_bwd + host_bwd,

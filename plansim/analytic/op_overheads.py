@@ -8,8 +8,19 @@ profile has it; without them these functions return what ``layer_cost`` computed
   kernel whose measured rate (``HardwareProfile.attention_efficiency``) differs from a GEMM's
   of the same FLOPs. A layer's call covers all its local heads and sequences; its forward
   FLOPs are half of the two core GEMMs' (causal: the masked half is skipped,
-  FlashAttention-2 §3.1.1), the backward's twice that. Without a curve: the GEMM pricing,
-  backward 2.5x the forward (FlashAttention-2 §3.1.2: five GEMMs to the forward's two).
+  FlashAttention-2 §3.1.1), the backward's twice that. Without a curve (every datasheet
+  profile: ``../shared/reference`` measures no attention kernel), the call is priced from its
+  mechanism (:func:`flash_core_times`): IO-aware (Q, K, V and O cross HBM, never the s x s
+  scores: Dao et al. 2022 §3), the causal FLOPs forward and 2.5x them backward
+  (FlashAttention-2 §3.1.2: five GEMMs to the forward's two) at ``FLASH_FRACTION_OF_GEMM``
+  of the profile's GEMM rate for a call of that size: FlashAttention-2 reaches 50-73% of an
+  A100's peak (Dao 2023, arXiv:2307.08691, abstract) where cuBLAS reaches 87% (MAMF 271.2 of
+  312 TFLOP/s, H04), and the bottom of that range over it is 0.575 (FlashAttention-3 reaches
+  up to 75% of an H100's peak, Shah et al. 2024, arXiv:2407.08608, so later kernels do
+  better). As a share of the GEMM rate it follows the job's sustained pace like the GEMMs.
+  Pricing a fused call as the unfused GEMMs, which write the s x s scores, made it 2-4x
+  slower than those kernels. Unfused attention keeps the GEMM pricing of its two batched
+  GEMMs, backward 2x.
 * **Host per-op overhead** (``HardwareProfile.host_overhead``): every eager op pays host
   time for its dispatch and autograd bookkeeping, forward and backward. The ops of a pass
   are counted from the cost model's own kernel lists (:func:`layer_ops`): one per weight
@@ -67,23 +78,61 @@ def attention_core_times(
     gemm_forward_s: float,
 ) -> CoreTimes:
     """Attention-core seconds of one layer: from the profile's fused-attention curve for
-    ``dtype`` when the plan's kernel is fused and the profile has one, else from the GEMM
-    pricing ``gemm_forward_s`` of the two core GEMMs (backward 2x unfused, 2.5x fused).
+    ``dtype`` when the plan's kernel is fused and the profile has one, from
+    :func:`flash_core_times` when fused without one, else (unfused) from the GEMM pricing
+    ``gemm_forward_s`` of the two core GEMMs, backward 2x.
 
     Forward: F / (peak * forward_fraction(F)); backward: 2F / (peak * backward_fraction(F)),
     F = :func:`attention_call_flops`.
     """
-    fused = plan.attention is AttentionKernel.FLASH
-    if not fused or dtype not in profile.attention_efficiency:
-        return CoreTimes(
-            forward_s=gemm_forward_s, backward_s=(2.5 if fused else 2.0) * gemm_forward_s
-        )
+    if plan.attention is not AttentionKernel.FLASH:
+        return CoreTimes(forward_s=gemm_forward_s, backward_s=2.0 * gemm_forward_s)
+    if dtype not in profile.attention_efficiency:
+        return flash_core_times(gemms, profile, dtype=dtype)
     call = attention_call_flops(gemms)
     if call <= 0:
         return CoreTimes(forward_s=0.0, backward_s=0.0)
     return CoreTimes(
         forward_s=call / profile.attention_flops_per_s(dtype, call, backward=False),
         backward_s=2.0 * call / profile.attention_flops_per_s(dtype, call, backward=True),
+    )
+
+
+#: Backward FLOPs of a fused attention call over its forward's: five GEMMs (dV, dP, dS->dQ,
+#: dK, and the recomputed scores) to the forward's two (FlashAttention-2 §3.1.2).
+FLASH_BACKWARD_FLOPS_RATIO = 2.5
+#: A fused attention kernel's rate over the GEMM rate without a measured curve: the bottom of
+#: the 50-73% of an A100's peak FlashAttention-2 reaches (Dao 2023, arXiv:2307.08691,
+#: abstract; FLOPs counted causal, the backward as 2.5x the forward) over the 271.2 / 312 of
+#: it cuBLAS reaches there (MAMF, H04). Later kernels reach more (FlashAttention-3: up to 75%
+#: of an H100's peak, arXiv:2407.08608), earlier ones less.
+FLASH_FRACTION_OF_GEMM = 0.50 / (271.2 / 312.0)
+
+
+def flash_core_times(
+    gemms: Sequence[fl.Gemm], profile: HardwareProfile, *, dtype: str
+) -> CoreTimes:
+    """Seconds of one layer's fused (FlashAttention) call on one rank from its mechanism, for
+    profiles without a measured ``attention_efficiency`` curve (module docstring).
+
+    Forward: max(F / R, B_f / HBM), F = :func:`attention_call_flops` (causal), R =
+    ``FLASH_FRACTION_OF_GEMM`` x the profile's GEMM rate for one call of F FLOPs, B_f the
+    16-bit Q, K, V read and O written (2 B per element, K and V counted per query head: an
+    upper bound under GQA). Backward: max(2.5 F / R, B_b / HBM), B_b
+    reading Q, K, V, O, dO and writing dQ, dK, dV.
+    """
+    call = attention_call_flops(gemms)
+    if call <= 0:
+        return CoreTimes(forward_s=0.0, backward_s=0.0)
+    scores = next(g for g in gemms if g.name == "attn_scores")
+    queries, keys, head = scores.count * scores.m, scores.count * scores.n, scores.k
+    io_fwd = 2.0 * head * (2 * queries + 2 * keys)  # Q, O; K, V
+    io_bwd = 2.0 * head * (4 * queries + 4 * keys)  # Q, O, dO, dQ; K, V, dK, dV
+    rate = FLASH_FRACTION_OF_GEMM * profile.matmul_flops_per_s(dtype, call)
+    hbm = profile.streaming_bytes_per_s()
+    return CoreTimes(
+        forward_s=max(call / rate, io_fwd / hbm),
+        backward_s=max(FLASH_BACKWARD_FLOPS_RATIO * call / rate, io_bwd / hbm),
     )
 
 

@@ -37,7 +37,7 @@ from plansim.units import (
 )
 
 #: Top-level YAML keys that are shown as curves, not as scalar rows.
-_CURVE_SECTIONS = ("matmul_efficiency", "intra_node")
+_CURVE_SECTIONS = ("matmul_efficiency", "attention_efficiency", "intra_node")
 _TEXT_KEYS = ("schema_version", "name", "description", "provenance")
 
 
@@ -161,6 +161,22 @@ def _matmul_tables(profile: HardwareProfile) -> None:
         print(table.to_string(index=False, formatters={"fraction_of_peak": "{:g}".format}))
 
 
+def _attention_tables(profile: HardwareProfile) -> None:
+    for dtype, curves in sorted(profile.attention_efficiency.items()):
+        peak = profile.peak_flops_per_s[dtype]
+        forward, backward = curves.forward, curves.backward
+        table = pd.DataFrame(
+            {
+                "attention_flops": [int(x) for x in forward.x],
+                "forward_fraction_of_peak": forward.y,
+                "backward_fraction_of_peak": [backward(x) for x in forward.x],
+                "forward_tflops": [_sig(flops_per_s_to_tflops(peak * y)) for y in forward.y],
+            }
+        )
+        print(f"\nattention_efficiency.{dtype}: {curves.source}")
+        print(table.to_string(index=False, float_format="{:.4g}".format))
+
+
 def _collective_tables(profile: HardwareProfile) -> None:
     ranks = profile.gpus_per_node
     for name, coll in profile.intra_node.items():
@@ -190,6 +206,7 @@ def run_show(args: argparse.Namespace) -> int:
     print(f"  usable memory {bytes_to_gib(profile.usable_memory_bytes):.2f} GiB (HBM - reserve)\n")
     _print_rows(_scalar_rows(data))
     _matmul_tables(profile)
+    _attention_tables(profile)
     _collective_tables(profile)
     return 0
 

@@ -45,8 +45,12 @@ class _Keys:
     def error(self, key: str, message: str) -> InputFileError:
         return InputFileError(f"{self.path}: key {key!r} {message}")
 
-    def get_int(self, key: str, default: int | None = None) -> int:
+    def get_int(
+        self, key: str, default: int | None = None, *, null_means_default: bool = False
+    ) -> int:
         value = self.data.get(key, default)
+        if value is None and null_means_default:  # a JSON null the format defines (n_inner)
+            value = default
         if value is None:
             raise self.error(key, "is missing")
         if isinstance(value, bool) or not isinstance(value, int):
@@ -105,7 +109,7 @@ def _gpt2(keys: _Keys) -> ModelSpec:
         hidden_size=hidden,
         num_attention_heads=heads,
         num_query_groups=heads,
-        ffn_hidden_size=keys.get_int("n_inner", 4 * hidden),
+        ffn_hidden_size=keys.get_int("n_inner", 4 * hidden, null_means_default=True),
         activation=keys.get_activation("activation_function", _ACTIVATIONS, "gelu_new"),
         seq_length=keys.get_int("n_positions"),
         vocab_size=keys.get_int("vocab_size"),

@@ -26,7 +26,9 @@ arXiv:2401.10241, January 2024) is offered to runs dated 2024 or later. When pp 
 divide the layers, the search splits them unevenly (embedding and loss counted as layers,
 or lighter first and last ranks: ``plansim.specs.layer_split.uneven_split_fields``) for a
 row that states such a pp, and for a searched pp only where the framework had uneven splits
-(DeepSpeed; Megatron-LM from 2024).
+(DeepSpeed; Megatron-LM from 2024). Rules that follow the framework rather than the date
+(DeepSpeed's pipeline engine and ZeRO-3, the DeepSpeed-based forks of Megatron-LM, a ZeRO
+stage named only in ``zero_stage_or_sharding``) are in ``plansim.planner.run_framework``.
 An undated row is searched over everything.
 
 Memory: a published run did fit its GPUs. When no layout of a row fits plansim's memory model,
@@ -45,6 +47,7 @@ says which.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, replace
 
@@ -53,11 +56,19 @@ from plansim.io.profiles import load_profile
 from plansim.io.runs import RunRow
 from plansim.planner.enumerate import SearchSpace
 from plansim.planner.evaluate import OUT_OF_MEMORY, Rejected, closest_miss
+from plansim.planner.run_framework import (
+    deepspeed_pp,
+    is_megatron_fork,
+    uneven_pipeline,
+    zero3_fetch,
+    zero_stage,
+    zero_stages,
+)
 from plansim.planner.run_model import Skip, row_model
 from plansim.planner.run_scripts import script_facts
 from plansim.planner.search import SearchResult, search
 from plansim.specs.hardware import HardwareProfile
-from plansim.specs.plan import AttentionKernel, Precision, Recompute, Schedule, Zero3ParamFetch
+from plansim.specs.plan import AttentionKernel, Precision, Recompute, Schedule
 
 FLASH_IN_MEGATRON_YEAR = 2023
 SP_AND_SELECTIVE_YEAR = 2022
@@ -67,14 +78,6 @@ GRAD_ACC_FUSION_YEAR = 2022
 INTERLEAVED_YEAR = 2021
 SCATTER_GATHER_P2P_YEAR = 2021
 ZERO_BUBBLE_YEAR = 2024
-#: Megatron-LM's uneven pipeline split (``--decoder-first/last-pipeline-num-layers``) came
-#: after mid-2024 (NVIDIA/Megatron-LM issue #857, June 2024, asks how to set per-stage layer
-#: counts); DeepSpeed's ``PipelineModule`` partitions layers unevenly since its pipeline
-#: engine appeared (2020).
-UNEVEN_PIPELINE_YEAR = 2024
-#: DeepSpeed ZeRO-3 fetched parameters per tensor, synchronously, in its 2021 releases (v0.3.x
-#: ``partition_parameters.py``); bucketed, coalesced prefetch replaced it from 2022.
-DEEPSPEED_PREFETCH_YEAR = 2022
 #: A blank cp is searched only for sequences at least this long (long-context training).
 LONG_CONTEXT_TOKENS = 16384
 #: Largest cp tried for a blank cp cell (a ring inside one 8-GPU node with tp = 1).
@@ -146,7 +149,7 @@ def _space(row: RunRow, notes: list[str]) -> SearchSpace:
     if recompute is None and facts is not None:
         recompute = facts.recompute
         notes.append(f"recompute {recompute} from {facts.source}")
-    zero = _zero_stage(row, notes)
+    zero = zero_stage(row, notes)
     sp = row.flag("sequence_parallel")
     for label, value in (("recompute", recompute), ("zero_stage", zero), ("sp", sp)):
         if value is None:
@@ -161,17 +164,17 @@ def _space(row: RunRow, notes: list[str]) -> SearchSpace:
     else:
         attention = _attention(year, notes)
     cps = _cp_values(row, stated_cp, attention, notes)
-    modern = year is None or year >= SP_AND_SELECTIVE_YEAR
+    modern = (year is None or year >= SP_AND_SELECTIVE_YEAR) and not is_megatron_fork(row, year)
     vpps, schedules = _pipeline_schedule(row, year, notes)
     return SearchSpace(
         vpps=vpps,
         schedules=schedules,
         tp=_fixed(row, "tp", notes, "tp"),
         cp=cps,
-        pp=_deepspeed_pp(row, zero, notes),
+        pp=deepspeed_pp(row, zero, notes),
         dp=_fixed(row, "dp", notes, "dp"),
         micro_batch_size=_fixed(row, "micro_batch_size_seqs", notes, "mbs"),
-        zero_stages=(zero,) if zero is not None else (0, 1, 2, 3),
+        zero_stages=zero_stages(row, zero, year, notes),
         recomputes=(Recompute(recompute),)
         if recompute
         else (Recompute.NONE, Recompute.FULL)
@@ -185,74 +188,12 @@ def _space(row: RunRow, notes: list[str]) -> SearchSpace:
         attention=attention,
         gradient_accumulation_fusion=year is None or year >= GRAD_ACC_FUSION_YEAR,
         scatter_gather_p2p=year is None or year >= SCATTER_GATHER_P2P_YEAR,
-        zero3_param_fetch=_zero3_fetch(row, year, notes),
-        uneven_pipeline=_uneven_pipeline(row, year),
+        zero3_param_fetch=zero3_fetch(row, year, notes),
+        uneven_pipeline=uneven_pipeline(row, year),
         # Megatron-LM's block method (--recompute-method block) came with selective
         # recompute (Korthikanti et al. 2022's release); a stated "full" is every layer.
         partial_recompute=recompute is None and modern,
     )
-
-
-#: Words of the free-text ``zero_stage_or_sharding`` column and the ZeRO stage they name, read
-#: when ``zero_stage`` is blank (the schema's own mapping: Megatron's distributed optimizer =
-#: 1, FSDP full shard = 3, shard-grad-op = 2).
-_SHARDING_WORDS = (
-    (re.compile(r"zero[- ]?(?:stage[- ]?)?([0-3])\b", re.IGNORECASE), None),
-    (re.compile(r"shard[-_ ]grad[-_ ]op", re.IGNORECASE), 2),
-    (re.compile(r"full[-_ ]shard|fsdp", re.IGNORECASE), 3),
-    (re.compile(r"distributed[-_ ]optimi[sz]er", re.IGNORECASE), 1),
-    (re.compile(r"^\s*(?:none|no)\s*$", re.IGNORECASE), 0),
-)
-
-
-def _zero_stage(row: RunRow, notes: list[str]) -> int | None:
-    """The ``zero_stage`` cell; when blank, the stage ``zero_stage_or_sharding`` names (noted);
-    None when neither says."""
-    stated = row.integer("zero_stage")
-    text = row.text("zero_stage_or_sharding")
-    if stated is not None or text is None:
-        return stated
-    for pattern, stage in _SHARDING_WORDS:
-        found = pattern.search(text)
-        if found:
-            value = stage if stage is not None else int(found.group(1))
-            notes.append(f"zero_stage {value} from zero_stage_or_sharding {text!r}")
-            return value
-    return None
-
-
-def _uneven_pipeline(row: RunRow, year: int | None) -> bool:
-    """Whether the search may split layers unevenly over the pipeline ranks: always when
-    the row states a pp that does not divide its layers (the run did), else for undated
-    rows, DeepSpeed runs and runs dated UNEVEN_PIPELINE_YEAR or later."""
-    framework = (row.text("framework") or "").lower()
-    return (
-        row.integer("pp") is not None
-        or year is None
-        or year >= UNEVEN_PIPELINE_YEAR
-        or "deepspeed" in framework
-    )
-
-
-def _deepspeed_pp(row: RunRow, zero: int | None, notes: list[str]) -> tuple[int, ...] | None:
-    """pp values: the stated one; for DeepSpeed with ZeRO stage 2 or 3 only 1 (DeepSpeed's
-    ``PipelineEngine`` asserts "ZeRO-2 and ZeRO-3 are incompatible with pipeline
-    parallelism", ``deepspeed/runtime/pipe/engine.py``); else searched."""
-    framework = (row.text("framework") or "").lower()
-    if row.integer("pp") is None and zero is not None and zero >= 2 and "deepspeed" in framework:
-        notes.append(f"pp 1 (DeepSpeed ZeRO-{zero} does not combine with pipeline parallelism)")
-        return (1,)
-    return _fixed(row, "pp", notes, "pp")
-
-
-def _zero3_fetch(row: RunRow, year: int | None, notes: list[str]) -> Zero3ParamFetch:
-    """DeepSpeed runs dated before DEEPSPEED_PREFETCH_YEAR fetch ZeRO-3 parameters one tensor
-    at a time, synchronously (``plansim.analytic.zero3``); everything else prefetches layers."""
-    framework = row.text("framework") or ""
-    if "deepspeed" in framework.lower() and year is not None and year < DEEPSPEED_PREFETCH_YEAR:
-        notes.append(f"ZeRO-3 per-tensor synchronous gathers (DeepSpeed, run dated {year})")
-        return Zero3ParamFetch.PER_TENSOR_SYNC
-    return Zero3ParamFetch.LAYER_PREFETCH
 
 
 def _cp_values(
@@ -327,10 +268,13 @@ def _no_candidate(row: RunRow, num_gpus: int, gbs: int) -> str:
         if row.integer(column) is not None
     ]
     cells = ", ".join(stated) if stated else "no stated layout cells"
-    return (
+    reason = (
         f"no layout with {cells} splits {num_gpus} GPUs, the model's heads and layers, and "
         f"a global batch of {gbs}"
     )
+    if (row.integer("virtual_pipeline_size") or 1) > 1 and row.integer("pp") == 1:
+        reason += " (a virtual pipeline size > 1 needs pp > 1)"
+    return reason
 
 
 def predict_row(row: RunRow, *, simulate_top: int = 8) -> Prediction:
@@ -342,6 +286,8 @@ def predict_row(row: RunRow, *, simulate_top: int = 8) -> Prediction:
         measured = row.number("step_time_s")
         if measured is None:
             raise Skip("no measured step_time_s")
+        if not math.isfinite(measured) or measured <= 0:
+            raise Skip(f"step_time_s {measured!r} is not a positive number of seconds")
         model = row_model(row, notes)
         try:
             profile = load_profile(row.text("gpu_type") or "")

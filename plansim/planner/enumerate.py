@@ -238,13 +238,10 @@ def enumerate_plan_groups(
 
 def _sp_modes(space: SearchSpace, *, tp: int) -> list[tuple[bool, bool]]:
     """(sequence_parallel, tp_comm_overlap) pairs for a layout of TP size ``tp``: SP only with
-    tp > 1, TP communication overlap only with SP."""
-    return [
-        (sp, overlap)
-        for sp in space.sequence_parallel
-        if not (sp and tp == 1)
-        for overlap in (space.tp_comm_overlap if sp else (False,))
-    ]
+    tp > 1 (asked for at tp 1 it is off, as Megatron-LM turns ``--sequence-parallel`` off when
+    tensor parallelism is), TP communication overlap only with SP."""
+    sps = dict.fromkeys(sp and tp > 1 for sp in space.sequence_parallel)
+    return [(sp, overlap) for sp in sps for overlap in (space.tp_comm_overlap if sp else (False,))]
 
 
 def _schedules(pp: int, vpp: int, num_microbatches: int, space: SearchSpace) -> list[Schedule]:
@@ -279,8 +276,12 @@ def _knobs(
     for zero, dp_sync, opt_dev, param_dev in _zero_modes(space, dp_cp=dp_cp):
         servers = space.ps_servers if dp_sync is DpSync.PARAMETER_SERVER else 0
         for recompute, block in _recompute_modes(space, chunk=chunk):
-            if recompute is Recompute.SELECTIVE and space.attention is AttentionKernel.FLASH:
-                continue  # FlashAttention stores no s x s scores: selective == none
+            if (
+                recompute is Recompute.SELECTIVE
+                and space.attention is AttentionKernel.FLASH
+                and Recompute.NONE in space.recomputes
+            ):
+                continue  # FlashAttention stores no s x s scores: selective ~ none, but slower
             for sp, tp_overlap in _sp_modes(space, tp=tp):
                 for schedule, modes in _comm_modes(schedules, space, dp_cp=dp_cp, zero=zero):
                     yield tuple(

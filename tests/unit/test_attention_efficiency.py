@@ -3,9 +3,12 @@
 Hand-worked numbers on the round-number profile (100 TFLOP/s flat GEMM curve, 1000 GB/s,
 no launch cost) and the tiny model (h 64, 4 heads of d 16, s 32, b 1): each attention-core
 GEMM (``attn_scores`` 32x32x16 and ``attn_over_v`` 32x16x32, 4 heads) moves
-2 B x 4 x 2048 = 16384 B, so is HBM-bound at 16.384 ns; the core costs 32.768 ns forward and
-2.5 x that backward on the GEMM pricing. The fused call's forward FLOPs are
-(131072 + 131072) / 2 = 131072 (causal half).
+2 B x 4 x 2048 = 16384 B, so is HBM-bound at 16.384 ns; unfused, the core costs 32.768 ns
+forward and 2 x that backward on the GEMM pricing. The fused call's forward FLOPs are
+(131072 + 131072) / 2 = 131072 (causal half). Fused without a curve
+(``flash_core_times``): Q, K, V, O are 4 x 32 x 16 x 2 B = 4096 B each, 16384 B forward
+(16.384 ns) and 32768 B backward (32.768 ns), more than the FLOPs at 0.575 x 100 TFLOP/s
+(2.28 and 5.70 ns): HBM-bound.
 """
 
 from __future__ import annotations
@@ -17,9 +20,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from plansim.analytic.layer_cost import layer_pass_times
-from plansim.analytic.op_overheads import attention_call_flops, attention_core_times
+from plansim.analytic import flops as fl
+from plansim.analytic.layer_cost import layer_gemms, layer_pass_times
+from plansim.analytic.op_overheads import (
+    FLASH_FRACTION_OF_GEMM,
+    attention_call_flops,
+    attention_core_times,
+    flash_core_times,
+)
 from plansim.analytic.ranks import layout_groups
+from plansim.analytic.sustained import job_compute_profile, sustained_pace_fraction
 from plansim.calibrate.build_terms import attention_terms
 from plansim.calibrate.fit import FitError, fit_attention
 from plansim.calibrate.rebuild import main as rebuild_main
@@ -34,6 +44,7 @@ from tests.unit.synthetic import TINY_MODEL, round_profile
 MODEL = TINY_MODEL
 PLAN = ParallelPlan(dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=1)
 CORE_GEMM_S = 2 * 16384 / 1000e9  # the two HBM-bound core GEMMs, forward
+FLASH_FWD_S, FLASH_BWD_S = 16384 / 1000e9, 32768 / 1000e9  # fused, no curve: Q K V O traffic
 CALL_FLOPS = 131072.0
 
 
@@ -64,9 +75,9 @@ def test_curve_prices_the_attention_core_forward_and_backward() -> None:
     fwd_s = CALL_FLOPS / (0.25 * 100e12)  # 5.24288 ns
     bwd_s = 2 * CALL_FLOPS / (0.2 * 100e12)  # 13.1072 ns
     old, new = passes(base), passes(fused)
-    assert new.forward_s - old.forward_s == pytest.approx(fwd_s - CORE_GEMM_S, rel=1e-9)
+    assert new.forward_s - old.forward_s == pytest.approx(fwd_s - FLASH_FWD_S, rel=1e-9)
     assert new.backward_input_s - old.backward_input_s == pytest.approx(
-        bwd_s - 2.5 * CORE_GEMM_S, rel=1e-9
+        bwd_s - FLASH_BWD_S, rel=1e-9
     )
     assert new.backward_weight_s == old.backward_weight_s
 
@@ -79,8 +90,35 @@ def test_absent_key_unfused_kernel_and_other_dtype_keep_the_gemm_pricing() -> No
     assert passes(fused, unfused) == passes(base, unfused)
     fp16 = dataclasses.replace(PLAN, precision=Precision.FP16)
     assert passes(fused, fp16) == passes(base, fp16)  # the curve is for bf16 only
-    core = attention_core_times((), PLAN, base, dtype="bf16", gemm_forward_s=1.0)
-    assert (core.forward_s, core.backward_s) == (1.0, 2.5)
+    core = attention_core_times((), unfused, base, dtype="bf16", gemm_forward_s=1.0)
+    assert (core.forward_s, core.backward_s) == (1.0, 2.0)
+    fused_core = attention_core_times(
+        layer_gemms(MODEL, PLAN), PLAN, base, dtype="bf16", gemm_forward_s=CORE_GEMM_S
+    )
+    assert (fused_core.forward_s, fused_core.backward_s) == pytest.approx(
+        (FLASH_FWD_S, FLASH_BWD_S), rel=1e-12
+    )
+
+
+def test_fused_attention_without_a_curve_runs_at_a_share_of_the_gemm_rate() -> None:
+    """A long-sequence call: the causal FLOPs at FLASH_FRACTION_OF_GEMM x the GEMM curve's
+    rate for the call (FlashAttention-2's 50% of an A100's peak over cuBLAS's 87%), backward
+    2.5x; the s x s scores never cross HBM; a job's sustained pace slows it like a GEMM."""
+    assert pytest.approx(0.50 / 0.8692, abs=1e-4) == FLASH_FRACTION_OF_GEMM
+    h100 = load_profile("h100-sxm5-80gb")
+    s, d, heads = 8192, 128, 8
+    scores = fl.Gemm(name="attn_scores", m=s, n=s, k=d, count=heads, has_weight=False)
+    over_v = fl.Gemm(name="attn_over_v", m=s, n=d, k=s, count=heads, has_weight=False)
+    core = flash_core_times((scores, over_v), h100, dtype="bf16")
+    call = 4 * heads * s * s * d / 2
+    rate = FLASH_FRACTION_OF_GEMM * h100.matmul_flops_per_s("bf16", call)
+    assert core.forward_s == pytest.approx(call / rate, rel=1e-12)
+    assert core.backward_s == pytest.approx(2.5 * call / rate, rel=1e-12)
+    job = job_compute_profile(h100, 64)
+    paced = flash_core_times((scores, over_v), job, dtype="bf16")
+    assert paced.forward_s == pytest.approx(
+        core.forward_s / sustained_pace_fraction(h100, 64), rel=1e-9
+    )
 
 
 def test_gpu_profile_without_the_key_is_unchanged() -> None:

@@ -53,6 +53,9 @@ def _predict(**cells: str) -> Prediction:
             {"ffn_hidden_size": "0"},
             "ffn_hidden_size 0: expected a positive width or a blank cell (4 x hidden)",
         ),
+        ({"step_time_s": "0"}, "step_time_s 0.0 is not a positive number of seconds"),
+        ({"step_time_s": "-1"}, "step_time_s -1.0 is not a positive number of seconds"),
+        ({"step_time_s": "nan"}, "step_time_s nan is not a positive number of seconds"),
         (
             {"dp": "3"},
             "no feasible layout: no layout with tp 1, pp 1, dp 3, mbs 4 splits 8 GPUs, the "
@@ -100,3 +103,45 @@ def test_one_bad_row_does_not_stop_the_others(
     assert "backtest: 2 runs, 1 skipped" in out
     assert "row not usable: model.hidden_size(2048) is not divisible" in out
     assert "R2" in (tmp_path / "pred.csv").read_text()
+
+
+def test_stated_selective_recompute_with_flash_attention_is_predicted() -> None:
+    # 2023+: FlashAttention; Megatron-core checkpoints the fused attention call
+    got = _predict(recompute="selective")
+    assert got.status == "ok", got.note
+    assert "selective" in got.plan_label and "unfused-attn" not in got.plan_label
+    none = _predict(recompute="none")
+    assert none.predicted_step_time_s is not None and got.predicted_step_time_s is not None
+    assert got.predicted_step_time_s > none.predicted_step_time_s  # the attention re-run
+
+
+def test_sequence_parallel_at_tp1_is_off_as_in_megatron() -> None:
+    got = _predict(sequence_parallel="yes")  # tp 1
+    assert got.status == "ok", got.note
+    assert " sp" not in got.plan_label
+
+
+def test_interleaving_without_a_pipeline_says_why() -> None:
+    got = _predict(virtual_pipeline_size="2")
+    assert got.status == "skipped"
+    assert got.note.endswith("(a virtual pipeline size > 1 needs pp > 1)")
+
+
+def test_deepspeed_forks_are_searched_with_what_they_had() -> None:
+    fork = {"framework": "Megatron-DeepSpeed (2022)", "recompute": "", "sequence_parallel": ""}
+    got = _predict(**fork, tp="2", pp="2")
+    assert got.status == "ok", got.note
+    # BLOOM's fork predates Korthikanti et al.'s SP and selective recompute
+    assert "sp" not in got.plan_label.split() and "selective" not in got.plan_label
+    # DeepSpeed's pipeline engine refuses ZeRO-2/3 with pp > 1
+    assert "ZeRO 0 or 1 (DeepSpeed's pipeline engine refuses ZeRO-2/3)" in got.note
+    nvidia = _predict(**{**fork, "framework": "Megatron-LM (2022)"}, tp="2", pp="2")
+    assert "DeepSpeed's pipeline engine" not in nvidia.note
+
+
+def test_megatron_lm_rows_are_offered_only_its_distributed_optimizer() -> None:
+    got = _predict(tp="2", pp="2")  # Megatron-LM (2023), zero_stage blank
+    assert "ZeRO 0 or 1 (Megatron-LM shards only the optimizer)" in got.note
+    assert {"zero0", "zero1"} & set(got.plan_label.split()), got.plan_label
+    old = _predict(framework="Megatron-LM (2021)", tp="2", pp="2")
+    assert "ZeRO 0 (Megatron-LM before its distributed optimizer, run 2021)" in old.note

@@ -190,6 +190,9 @@ def test_directory_and_resolve_model_read_config_json(tmp_path: Path) -> None:
 def test_gpt2_n_inner_and_llama_kv_default(tmp_path: Path) -> None:
     gpt2 = json.loads((FIXTURES / "gpt2.json").read_text(encoding="utf-8"))
     assert read_hf_config(_write(tmp_path, {**gpt2, "n_inner": 1000})).ffn_hidden_size == 1000
+    # the real GPT-2 configs say "n_inner": null, which the format defines as 4 x n_embd
+    null = read_hf_config(_write(tmp_path, {**gpt2, "n_inner": None}))
+    assert null.ffn_hidden_size == 4 * gpt2["n_embd"]
     llama = _llama_config(num_key_value_heads=_DROP)
     assert read_hf_config(_write(tmp_path, llama)).num_query_groups == 32
 

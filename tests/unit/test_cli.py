@@ -6,6 +6,7 @@ import csv
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from plansim.cli import main
@@ -246,10 +247,14 @@ def test_backtest_interleaved_rows(tmp_path: Path, capsys: pytest.CaptureFixture
 def test_backtest_malformed_cell_names_file_row_field(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    runs = _runs_csv(tmp_path, [{**BASE, "num_gpus": "eight"}])
-    assert main(["backtest", str(runs)]) == 2
-    err = capsys.readouterr().err
-    assert "runs.csv: row R1 (line 2): column num_gpus: expected an integer, got 'eight'" in err
+    """A malformed cell skips its row with the reason; the other rows are still predicted."""
+    runs = _runs_csv(tmp_path, [{**BASE, "num_gpus": "eight"}, {**BASE, "row_id": "R2"}])
+    assert main(["backtest", str(runs), "--out", str(tmp_path / "pred.csv")]) == 0
+    out = capsys.readouterr().out
+    assert "runs.csv: row R1 (line 2): column num_gpus: expected an integer, got 'eight'" in out
+    assert "backtest: 2 runs, 1 skipped" in out
+    written = pd.read_csv(tmp_path / "pred.csv")
+    assert list(written["status"]) == ["skipped", "ok"]
 
 
 def test_simulate_megatron_implementation_flags(capsys: pytest.CaptureFixture[str]) -> None:

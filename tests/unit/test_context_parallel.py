@@ -22,6 +22,7 @@ from plansim.analytic.memory import (
     rank_parameters,
     transient_bytes,
 )
+from plansim.analytic.op_overheads import FLASH_FRACTION_OF_GEMM
 from plansim.analytic.ranks import GroupSpan, layout_groups
 from plansim.analytic.zero3 import edge_param_tensors, layer_param_tensors
 from plansim.catalog import resolve_model
@@ -245,59 +246,67 @@ def _ring_times(cp: int, *, gpus_per_node: int) -> tuple[float, float]:
     return times.cp_forward_s, times.cp_backward_s
 
 
+#: The fused attention call's rate on the round-number profile without a measured curve:
+#: FLASH_FRACTION_OF_GEMM (0.5752) x its flat 100 TFLOP/s GEMM rate (op_overheads).
+FLASH_RATE = FLASH_FRACTION_OF_GEMM * 100e12
+
+
 def test_ring_hidden_inside_a_node() -> None:
-    # cp 2, tp 1, 8 GPUs/node: ring on NVLink. Attention core per rank, per head
-    # (8 heads): scores m 4096, n 8192, k 128 -> 2*4096*8192*128*8 = 68.72 GFLOP = 687.19 us
-    # at 100 TFLOP/s (compute-bound: 562 MB at 1000 GB/s = 562 us); attn_over_v the same:
-    # core forward 1374.39 us, per ring step 687.19 us. K/V chunk C = 2*4096*1024*2 = 16.78 MB:
-    # T(C) = 10 us + 16.78 MB / 100 GB/s = 177.77 us < 687.19 us -> fully hidden.
+    # cp 2, tp 1, 8 GPUs/node: ring on NVLink. Attention core per rank (8 heads): scores
+    # m 4096, n 8192, k 128 -> 2*4096*8192*128*8 = 68.72 GFLOP, attn_over_v the same; the
+    # fused call does the causal half, 68.72 GFLOP, at 57.52 TFLOP/s: core forward 1194.66 us,
+    # per ring step 597.33 us. K/V chunk C = 2*4096*1024*2 = 16.78 MB:
+    # T(C) = 10 us + 16.78 MB / 100 GB/s = 177.77 us < 597.33 us -> fully hidden.
     assert _ring_times(2, gpus_per_node=8) == (0.0, 0.0)
 
 
 def test_ring_exposed_across_nodes_cp2() -> None:
     # Same plan, one GPU per node: the ring hop is a NIC, T(C) = 5 us + 16.777216 MB / 10 GB/s
-    # = 1682.7216 us. Forward: (cp-1) * (1682.7216 - 687.19477) = 995.52683 us exposed.
-    # Backward (flash: 2.5 x core = 3435.97 us, per step 1717.99 us): two transfers of C,
-    # each hidden behind a step: 0.
+    # = 1682.7216 us. Forward: (cp-1) * (1682.7216 - 597.33084) = 1085.39076 us exposed.
+    # Backward (2.5 x core = 2986.65 us, per step 1493.33 us): two transfers of C,
+    # 2 * (1682.7216 - 1493.32709) = 378.78902 us.
     fwd, bwd = _ring_times(2, gpus_per_node=1)
-    step_fwd = 2 * 4096 * 8192 * 128 * 8 / 100e12  # one of the two core GEMMs = core / 2
-    assert fwd == pytest.approx(5 * US + 16_777_216 / 10e9 - step_fwd, rel=1e-12)
-    assert fwd == pytest.approx(995.52683 * US, rel=1e-8)
-    assert bwd == 0.0
+    core = 2 * 4096 * 8192 * 128 * 8 / FLASH_RATE  # the causal half of the two core GEMMs
+    t_c = 5 * US + 16_777_216 / 10e9
+    assert fwd == pytest.approx(t_c - core / 2, rel=1e-12)
+    assert fwd == pytest.approx(1085.39076 * US, rel=1e-8)
+    assert bwd == pytest.approx(2 * (t_c - 2.5 * core / 2), rel=1e-12)
+    assert bwd == pytest.approx(378.78902 * US, rel=1e-8)
 
 
 def test_ring_exposed_across_nodes_cp4() -> None:
-    # cp 4 on 1-GPU nodes. Core per rank: 2 GEMMs of 2*2048*8192*128*8 = 34.36 GFLOP
-    # (343.60 us each; bytes 289.4 MB = 289.4 us, compute-bound) = 687.19 us; per step
-    # forward 171.79869 us, backward 2.5 x 687.19477 / 4 = 429.49673 us.
+    # cp 4 on 1-GPU nodes. Core per rank: the causal half of 2 GEMMs of
+    # 2*2048*8192*128*8 = 34.36 GFLOP at 57.52 TFLOP/s = 597.33 us; per step forward
+    # 149.33 us, backward 2.5 x 597.33 / 4 = 373.33 us.
     # C = 2*2048*1024*2 = 8.39 MB: T(C) = 5 + 838.8608 = 843.8608 us; T(2C) = 1682.7216 us.
-    # forward: 3 * (843.8608 - 171.79869) = 2016.18632 us
-    # backward: 2 * (843.8608 - 429.49673) + (4 - 2) * (1682.7216 - 429.49673) = 3335.17788 us
+    # forward: 3 * (843.8608 - 149.33271) = 2083.58427 us
+    # backward: 2 * (843.8608 - 373.33177) + (4 - 2) * (1682.7216 - 373.33177) = 3559.83771 us
     fwd, bwd = _ring_times(4, gpus_per_node=1)
-    core = 2 * (2 * 2048 * 8192 * 128 * 8) / 100e12
+    core = 2 * 2048 * 8192 * 128 * 8 / FLASH_RATE
     t1, t2 = 5 * US + 8_388_608 / 10e9, 5 * US + 16_777_216 / 10e9
     assert fwd == pytest.approx(3 * (t1 - core / 4), rel=1e-12)
     assert bwd == pytest.approx(2 * (t1 - 2.5 * core / 4) + 2 * (t2 - 2.5 * core / 4), rel=1e-12)
-    assert (fwd, bwd) == pytest.approx((2016.18632 * US, 3335.17788 * US), rel=1e-8)
+    assert (fwd, bwd) == pytest.approx((2083.58427 * US, 3559.83771 * US), rel=1e-8)
 
 
 def test_exposed_ring_time_reaches_the_stage_work_and_the_timeline() -> None:
-    # RING has 2 layers on one stage: forward cp_comm = 2 x 995.53 us, on the blocking "tp"
-    # stream; full recompute repeats it; backward hidden (no segment).
+    # RING has 2 layers on one stage: forward cp_comm = 2 x 1085.39 us, on the blocking "tp"
+    # stream; full recompute repeats it; backward exposes 2 x 378.79 us more.
     prof = round_profile(gpus_per_node=1)
     plan = _plan(cp=2, recompute=Recompute.FULL)
     work = build_pipeline_work(RING, plan, prof)
     stage = work.stages[0]
     fwd = [s for s in stage.forward if s.kind == "cp_comm"]
     assert len(fwd) == 1 and fwd[0].stream == "tp"
-    assert fwd[0].duration_s == pytest.approx(2 * 995.52683 * US, rel=1e-8)
+    assert fwd[0].duration_s == pytest.approx(2 * 1085.39076 * US, rel=1e-8)
     assert fwd[0].num_bytes == 2 * 16_777_216
-    rec = [s for s in stage.backward if s.kind == "cp_comm"]
-    assert len(rec) == 1 and rec[0].duration_s == fwd[0].duration_s
-    assert [s.kind for s in stage.backward_input].count("cp_comm") == 1
+    rec = [s.duration_s for s in stage.backward if s.kind == "cp_comm"]
+    assert rec == pytest.approx([fwd[0].duration_s, 2 * 378.78902 * US], rel=1e-8)
+    assert [s.kind for s in stage.backward_input].count("cp_comm") == 2
     ev = evaluate(RING, plan, prof)
     assert isinstance(ev, Evaluation)
-    assert ev.exposed_comm_s_by_kind["cp_comm"] == pytest.approx(4 * 995.52683 * US, rel=1e-8)
+    exposed = 4 * 1085.39076 + 2 * 378.78902
+    assert ev.exposed_comm_s_by_kind["cp_comm"] == pytest.approx(exposed * US, rel=1e-8)
     hidden = build_pipeline_work(RING, plan, round_profile(gpus_per_node=8))
     assert all(s.kind != "cp_comm" for s in hidden.stages[0].forward + hidden.stages[0].backward)
 

@@ -402,6 +402,15 @@ def test_cli_show_prints_numbers_with_provenance(capsys: pytest.CaptureFixture[s
     assert "matmul_efficiency.fp8" in out
 
 
+@pytest.mark.parametrize("name", EVERY)
+def test_cli_show_prints_every_profile(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["profiles", "show", name]) == 0
+    out = capsys.readouterr().out
+    for dtype in load_profile(name).attention_efficiency:  # measured fused-attention curves
+        assert f"attention_efficiency.{dtype}: measured:" in out
+        assert "forward_fraction_of_peak  backward_fraction_of_peak" in out
+
+
 def test_cli_show_accepts_a_path(capsys: pytest.CaptureFixture[str]) -> None:
     path = profiles_dir() / "gb200-nvl72.yaml"
     assert main(["profiles", "show", str(path)]) == 0

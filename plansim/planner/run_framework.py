@@ -1,0 +1,143 @@
+"""What a published run's framework and date allow the back-test's search (pure).
+
+Rules that depend on which framework ran a row (its ``framework`` cell) rather than on when:
+DeepSpeed's pipeline engine refuses ZeRO-2/3, DeepSpeed's 2021 ZeRO-3 gathered parameters per
+tensor, the DeepSpeed-based forks of Megatron-LM lacked sequence parallelism and selective
+recompute, and a blank ``zero_stage`` may be named in the free-text ``zero_stage_or_sharding``
+cell. ``plansim.planner.backtest`` applies them; each rule cites its source.
+"""
+
+from __future__ import annotations
+
+import re
+
+from plansim.io.runs import RunRow
+from plansim.specs.plan import Zero3ParamFetch
+
+#: Megatron-LM's uneven pipeline split (``--decoder-first/last-pipeline-num-layers``) came
+#: after mid-2024 (NVIDIA/Megatron-LM issue #857, June 2024, asks how to set per-stage layer
+#: counts); DeepSpeed's ``PipelineModule`` partitions layers unevenly since its pipeline
+#: engine appeared (2020).
+UNEVEN_PIPELINE_YEAR = 2024
+#: DeepSpeed ZeRO-3 fetched parameters per tensor, synchronously, in its 2021 releases (v0.3.x
+#: ``partition_parameters.py``); bucketed, coalesced prefetch replaced it from 2022.
+DEEPSPEED_PREFETCH_YEAR = 2022
+#: Sequence parallelism and selective recompute (Korthikanti et al., arXiv:2205.05198) shipped
+#: in NVIDIA's Megatron-LM in 2022; the DeepSpeed-based forks that trained BLOOM
+#: (bigscience-workshop/Megatron-DeepSpeed) and GPT-NeoX branched from Megatron-LM before
+#: that, so their runs dated before this year are not offered either.
+FORK_SP_YEAR = 2023
+#: Megatron-LM's distributed optimizer (``--use-distributed-optimizer``: fp32 main weights,
+#: Adam states and gradients sharded over data-parallel ranks, M02 dist_optimizer.md) arrived
+#: with its 2022 releases, after the SC21 runs.
+DISTRIBUTED_OPTIMIZER_YEAR = 2022
+
+
+def is_deepspeed(row: RunRow) -> bool:
+    """Whether the row's framework names DeepSpeed or GPT-NeoX (which runs on DeepSpeed)."""
+    framework = (row.text("framework") or "").lower()
+    return "deepspeed" in framework or "neox" in framework
+
+
+def is_megatron_fork(row: RunRow, year: int | None) -> bool:
+    """A DeepSpeed-based fork of Megatron-LM (DeepSpeed or NeoX named, NVIDIA's Megatron-LM
+    not) dated before FORK_SP_YEAR: no sequence parallelism or selective recompute."""
+    framework = (row.text("framework") or "").lower()
+    return (
+        is_deepspeed(row)
+        and "megatron-lm" not in framework
+        and year is not None
+        and year < FORK_SP_YEAR
+    )
+
+
+def zero_stages(
+    row: RunRow, zero: int | None, year: int | None, notes: list[str]
+) -> tuple[int, ...]:
+    """ZeRO stages to search: the stated (or sharding-named) one; blank: all four, except
+
+    * DeepSpeed with a stated pp > 1: 0 and 1 (its ``PipelineEngine`` asserts "ZeRO-2 and
+      ZeRO-3 are incompatible with pipeline parallelism", ``deepspeed/runtime/pipe/engine.py``);
+    * NVIDIA's Megatron-LM alone (no DeepSpeed or FSDP named): its only sharding is the
+      distributed optimizer (``--use-distributed-optimizer``, ZeRO-1, M02), from
+      DISTRIBUTED_OPTIMIZER_YEAR; before that, none.
+    """
+    if zero is not None:
+        return (zero,)
+    if is_deepspeed(row) and (row.integer("pp") or 1) > 1:
+        notes.append("ZeRO 0 or 1 (DeepSpeed's pipeline engine refuses ZeRO-2/3)")
+        return (0, 1)
+    framework = (row.text("framework") or "").lower()
+    if "megatron-lm" in framework and not is_deepspeed(row) and "fsdp" not in framework:
+        if year is not None and year < DISTRIBUTED_OPTIMIZER_YEAR:
+            notes.append(f"ZeRO 0 (Megatron-LM before its distributed optimizer, run {year})")
+            return (0,)
+        notes.append("ZeRO 0 or 1 (Megatron-LM shards only the optimizer)")
+        return (0, 1)
+    return (0, 1, 2, 3)
+
+
+#: Words of the free-text ``zero_stage_or_sharding`` column and the ZeRO stage they name, read
+#: when ``zero_stage`` is blank (the schema's own mapping: Megatron's distributed optimizer =
+#: 1, FSDP full shard = 3, shard-grad-op = 2).
+_SHARDING_WORDS = (
+    (re.compile(r"zero[- ]?(?:stage[- ]?)?([0-3])\b", re.IGNORECASE), None),
+    (re.compile(r"shard[-_ ]grad[-_ ]op", re.IGNORECASE), 2),
+    (re.compile(r"full[-_ ]shard|fsdp", re.IGNORECASE), 3),
+    (re.compile(r"distributed[-_ ]optimi[sz]er", re.IGNORECASE), 1),
+    (re.compile(r"^\s*(?:none|no)\s*$", re.IGNORECASE), 0),
+)
+
+
+def zero_stage(row: RunRow, notes: list[str]) -> int | None:
+    """The ``zero_stage`` cell; when blank, the stage ``zero_stage_or_sharding`` names (noted);
+    None when neither says."""
+    stated = row.integer("zero_stage")
+    text = row.text("zero_stage_or_sharding")
+    if stated is not None or text is None:
+        return stated
+    for pattern, stage in _SHARDING_WORDS:
+        found = pattern.search(text)
+        if found:
+            value = stage if stage is not None else int(found.group(1))
+            notes.append(f"zero_stage {value} from zero_stage_or_sharding {text!r}")
+            return value
+    return None
+
+
+def uneven_pipeline(row: RunRow, year: int | None) -> bool:
+    """Whether the search may split layers unevenly over the pipeline ranks: always when
+    the row states a pp that does not divide its layers (the run did), else for undated
+    rows, DeepSpeed runs and runs dated UNEVEN_PIPELINE_YEAR or later."""
+    framework = (row.text("framework") or "").lower()
+    return (
+        row.integer("pp") is not None
+        or year is None
+        or year >= UNEVEN_PIPELINE_YEAR
+        or "deepspeed" in framework
+    )
+
+
+def deepspeed_pp(row: RunRow, zero: int | None, notes: list[str]) -> tuple[int, ...] | None:
+    """pp values: the stated one; for DeepSpeed with ZeRO stage 2 or 3 only 1 (DeepSpeed's
+    ``PipelineEngine`` asserts "ZeRO-2 and ZeRO-3 are incompatible with pipeline
+    parallelism", ``deepspeed/runtime/pipe/engine.py``); else searched."""
+    framework = (row.text("framework") or "").lower()
+    if row.integer("pp") is None and zero is not None and zero >= 2 and "deepspeed" in framework:
+        notes.append(f"pp 1 (DeepSpeed ZeRO-{zero} does not combine with pipeline parallelism)")
+        return (1,)
+    stated = row.integer("pp")
+    if stated is None:
+        notes.append("pp searched")
+        return None
+    return (stated,)
+
+
+def zero3_fetch(row: RunRow, year: int | None, notes: list[str]) -> Zero3ParamFetch:
+    """DeepSpeed runs dated before DEEPSPEED_PREFETCH_YEAR fetch ZeRO-3 parameters one tensor
+    at a time, synchronously (``plansim.analytic.zero3``); everything else prefetches layers."""
+    framework = row.text("framework") or ""
+    if "deepspeed" in framework.lower() and year is not None and year < DEEPSPEED_PREFETCH_YEAR:
+        notes.append(f"ZeRO-3 per-tensor synchronous gathers (DeepSpeed, run dated {year})")
+        return Zero3ParamFetch.PER_TENSOR_SYNC
+    return Zero3ParamFetch.LAYER_PREFETCH
