@@ -57,6 +57,7 @@ from plansim.io.runs import RunRow
 from plansim.planner.enumerate import SearchSpace
 from plansim.planner.evaluate import OUT_OF_MEMORY, Rejected, closest_miss
 from plansim.planner.run_framework import (
+    deepspeed_pipeline_engine,
     deepspeed_pp,
     is_megatron_fork,
     uneven_pipeline,
@@ -236,6 +237,9 @@ def _pipeline_schedule(
         notes.append(f"vpp {vpp} from the launch script")
     if vpp is not None:
         return (vpp,), ((Schedule.INTERLEAVED_1F1B,) if vpp > 1 else flat)
+    if deepspeed_pipeline_engine(row):
+        notes.append("1F1B (DeepSpeed's pipeline engine has no other training schedule)")
+        return (1,), (Schedule.ONE_F_ONE_B,)
     if year is not None and year < INTERLEAVED_YEAR:
         return (1,), flat
     notes.append("vpp searched")

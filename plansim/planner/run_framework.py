@@ -1,10 +1,11 @@
 """What a published run's framework and date allow the back-test's search (pure).
 
 Rules that depend on which framework ran a row (its ``framework`` cell) rather than on when:
-DeepSpeed's pipeline engine refuses ZeRO-2/3, DeepSpeed's 2021 ZeRO-3 gathered parameters per
-tensor, the DeepSpeed-based forks of Megatron-LM lacked sequence parallelism and selective
-recompute, and a blank ``zero_stage`` may be named in the free-text ``zero_stage_or_sharding``
-cell. ``plansim.planner.backtest`` applies them; each rule cites its source.
+DeepSpeed's pipeline engine runs only 1F1B and refuses ZeRO-2/3, DeepSpeed's 2021 ZeRO-3
+gathered parameters per tensor, Megatron-LM shards only the optimizer, the DeepSpeed-based
+forks of Megatron-LM lacked sequence parallelism and selective recompute, and a blank
+``zero_stage`` may be named in the free-text ``zero_stage_or_sharding`` cell.
+``plansim.planner.backtest`` applies them; each rule cites its source.
 """
 
 from __future__ import annotations
@@ -49,6 +50,15 @@ def is_megatron_fork(row: RunRow, year: int | None) -> bool:
         and year is not None
         and year < FORK_SP_YEAR
     )
+
+
+def deepspeed_pipeline_engine(row: RunRow) -> bool:
+    """Whether the row's pipeline ran on DeepSpeed's ``PipelineEngine`` (DeepSpeed or NeoX
+    named, NVIDIA's Megatron-LM not): its only training schedule is 1F1B-like
+    (``TrainSchedule``, ``deepspeed/runtime/pipe/schedule.py``), with no virtual stages, so
+    neither interleaving nor GPipe nor ZB-H1 is offered."""
+    framework = (row.text("framework") or "").lower()
+    return is_deepspeed(row) and "megatron-lm" not in framework
 
 
 def zero_stages(

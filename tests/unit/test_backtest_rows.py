@@ -145,3 +145,13 @@ def test_megatron_lm_rows_are_offered_only_its_distributed_optimizer() -> None:
     assert {"zero0", "zero1"} & set(got.plan_label.split()), got.plan_label
     old = _predict(framework="Megatron-LM (2021)", tp="2", pp="2")
     assert "ZeRO 0 (Megatron-LM before its distributed optimizer, run 2021)" in old.note
+
+
+def test_deepspeed_pipeline_rows_run_1f1b_only() -> None:
+    got = _predict(framework="Megatron-DeepSpeed (2022)", tp="2", pp="2")
+    assert "1F1B (DeepSpeed's pipeline engine has no other training schedule)" in got.note
+    assert got.plan_label.split()[-2:] != ["interleaved-1f1b"] and " 1f1b" in got.plan_label
+    assert "vpp" not in got.plan_label
+    # a row naming NVIDIA's Megatron-LM keeps its schedules (SC21's PTD-P rows)
+    ptdp = _predict(framework="Megatron-LM (PTD-P) / DeepSpeed ZeRO-3", tp="2", pp="2")
+    assert "no other training schedule" not in ptdp.note

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from plansim.cli import main
-from plansim.errors import SpecError
 from plansim.io.profiles import list_profiles, load_profile
 from plansim.specs.hardware import COLLECTIVES, CollectiveCurve, HardwareProfile, bus_factor
 
@@ -47,7 +46,7 @@ def test_profile_is_listed_and_loads(profile: HardwareProfile) -> None:
     assert profile.name == NAME
     assert profile.gpus_per_node == 8
     assert set(profile.intra_node) == set(COLLECTIVES)
-    assert profile.dtypes() == ("bf16", "fp16")
+    assert profile.dtypes() == ("bf16", "fp16", "fp8")
     kinds = {"datasheet", "nccl-tests", "measured", "derived", "assumption"}
     for key, text in profile.provenance.items():
         assert text.split(":")[0].split(" ")[0] in kinds, key
@@ -73,11 +72,14 @@ def test_matmul_plateau_is_mamf_over_peak(profile: HardwareProfile) -> None:
         assert achieved == pytest.approx(MAMF_BF16_TFLOPS, rel=0.001), dtype
 
 
-def test_fp8_has_a_peak_but_no_guessed_curve(profile: HardwareProfile) -> None:
-    """HW08 gives no fp8 MAMF: asking for an fp8 matmul rate is an error, not a guess."""
-    assert "fp8" in profile.peak_flops_per_s
-    with pytest.raises(SpecError, match="no matmul data for dtype 'fp8'"):
-        profile.matmul_flops_per_s("fp8", 2 * 8192**3)
+def test_fp8_curve_is_the_documented_assumption(profile: HardwareProfile) -> None:
+    """HW08 gives no fp8 MAMF: the fp8 curve assumes bf16's measured fraction of peak, and its
+    provenance says it is an assumption."""
+    largest = profile.matmul_efficiency["fp8"].x[-1]
+    fraction = MAMF_BF16_TFLOPS / PEAK_TFLOPS["bf16"]
+    achieved = profile.matmul_flops_per_s("fp8", largest) / 1e12
+    assert achieved == pytest.approx(fraction * PEAK_TFLOPS["fp8"], rel=0.001)
+    assert profile.provenance["matmul_efficiency.fp8"].startswith("assumption:")
 
 
 def test_all_reduce_on_8_gpus_at_4_gib_reproduces_c0160(profile: HardwareProfile) -> None:

@@ -56,7 +56,7 @@ MAMF_TFLOPS = {
     "gb200-nvl72": {"bf16": 1822.0, "fp8": 3615.6, "fp4": 3615.6 / 5000 * 10000},
     # GB200's: no GB300 MAMF (HP12 note 24); fp4 15000 peak (HP12)
     "gb300-nvl72": {"bf16": 1822.0, "fp8": 3615.6, "fp4": 3615.6 / 5000 * 15000},
-    "mi300x-192gb": {"bf16": 668.4},
+    "mi300x-192gb": {"bf16": 668.4, "fp8": 668.4 / 1307.4 * 2610},  # fp8: bf16's fraction
 }
 
 #: N01 (8x H100, nccl-tests all_reduce_perf, float32): size, oop time us, oop busbw, ip time us,
