@@ -54,6 +54,12 @@ class RunRow:
         value = (self.cells.get(column) or "").strip()
         return value or None
 
+    def choice(self, column: str) -> str | None:
+        """An enumerated cell (gpu_type, precision, recompute, ffn_activation): stripped and
+        lower-cased, as the schema's values are ("BF16" is bf16); None when blank."""
+        value = self.text(column)
+        return value.lower() if value is not None else None
+
     def integer(self, column: str) -> int | None:
         """Cell as an int (None when blank); InputFileError when not an integer."""
         value = self.text(column)

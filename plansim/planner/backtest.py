@@ -142,11 +142,11 @@ def _attention(year: int | None, notes: list[str]) -> AttentionKernel:
 
 
 def _space(row: RunRow, notes: list[str]) -> SearchSpace:
-    precision_text = row.text("precision") or ""
+    precision_text = row.choice("precision") or ""
     if precision_text not in {p.value for p in Precision}:
         raise Skip(f"precision {precision_text or 'blank'} not modelled")
     facts = script_facts(row.text("source_locator") or "")
-    recompute = row.text("recompute")
+    recompute = row.choice("recompute")
     if recompute is None and facts is not None:
         recompute = facts.recompute
         notes.append(f"recompute {recompute} from {facts.source}")
@@ -294,7 +294,8 @@ def predict_row(row: RunRow, *, simulate_top: int = 8) -> Prediction:
             raise Skip(f"step_time_s {measured!r} is not a positive number of seconds")
         model = row_model(row, notes)
         try:
-            profile = load_profile(row.text("gpu_type") or "")
+            gpu = row.text("gpu_type") or ""
+            profile = load_profile(gpu if gpu.endswith((".yaml", ".yml")) else gpu.lower())
         except PlansimError:
             raise Skip(f"unknown hardware profile {row.text('gpu_type')!r}") from None
         space = _space(row, notes)

@@ -34,7 +34,7 @@ def row_model(row: RunRow, notes: list[str]) -> ModelSpec:
     heads, seq = row.integer("num_attention_heads"), row.integer("seq_len_tokens")
     if not (layers and hidden and heads and seq):
         raise Skip("model shape incomplete (layers, hidden, heads, seq_len)")
-    act_text = row.text("ffn_activation") or "gelu"
+    act_text = row.choice("ffn_activation") or "gelu"
     try:
         activation = Activation(act_text)
     except ValueError:

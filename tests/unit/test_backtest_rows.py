@@ -155,3 +155,12 @@ def test_deepspeed_pipeline_rows_run_1f1b_only() -> None:
     # a row naming NVIDIA's Megatron-LM keeps its schedules (SC21's PTD-P rows)
     ptdp = _predict(framework="Megatron-LM (PTD-P) / DeepSpeed ZeRO-3", tp="2", pp="2")
     assert "no other training schedule" not in ptdp.note
+
+
+def test_enumerated_cells_are_case_insensitive() -> None:
+    upper = _predict(
+        precision="BF16", gpu_type="A100-SXM4-80GB", recompute="None", ffn_activation="GeLU"
+    )
+    lower = _predict(ffn_activation="gelu")
+    assert upper.status == "ok", upper.note
+    assert upper.predicted_step_time_s == lower.predicted_step_time_s
