@@ -139,12 +139,12 @@ def layer_pass_times(
 
     Compute = GEMMs (:func:`gemm_time_s`) + attention core
     (``op_overheads.attention_core_times``: the profile's fused-attention curve when it has
-    one for the dtype, else the two core GEMMs) + memory-bound kernels (their bytes scale with
-    the plan's activation width: 16-bit in ``elementwise``, fp32 moves twice as many; moved
-    at the profile's measured elementwise rate, else its streaming bandwidth; with fp8 or fp4
-    also Transformer Engine's casts of the GEMM operands, ``elementwise.quantize_traffic``),
-    then
-    the host cost of the pass's eager ops (``op_overheads.with_host_s``; nothing when the
+    one for the dtype, else a fused call priced from its mechanism, or the two core GEMMs when
+    unfused) + memory-bound kernels (their bytes scale with the plan's activation width:
+    16-bit in ``elementwise``, fp32 moves twice as many; moved at the profile's measured
+    elementwise rate, else its streaming bandwidth; with fp8 or fp4 also Transformer Engine's
+    casts of the GEMM operands, ``elementwise.quantize_traffic``), then the host cost of the
+    pass's eager ops (``op_overheads.with_host_s``; nothing when the
     profile has no ``host_overhead``). The backward's host cost is in ``backward_input_s``.
     """
     b, tp = plan.micro_batch_size, plan.tp
