@@ -66,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.out:
         write_predictions(args.out, header, out_rows)
-    sys.stdout.write(render(pd.DataFrame(table), "table"))
+    if table:  # an empty runs file prints only the summary line
+        sys.stdout.write(render(pd.DataFrame(table), "table"))
     skipped = len(rows) - len(errors)
     over = sum(1 for cells in out_rows if cells["status"] == OVER_MEMORY)
     if over:  # predicted although plansim's memory model fits none of their layouts

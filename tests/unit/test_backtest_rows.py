@@ -164,3 +164,12 @@ def test_enumerated_cells_are_case_insensitive() -> None:
     lower = _predict(ffn_activation="gelu")
     assert upper.status == "ok", upper.note
     assert upper.predicted_step_time_s == lower.predicted_step_time_s
+
+
+def test_a_runs_file_without_rows_prints_only_the_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = tmp_path / "runs.csv"
+    runs.write_text(",".join(ROW) + "\n")
+    assert main(["backtest", str(runs)]) == 0
+    assert capsys.readouterr().out == "backtest: 0 runs, 0 skipped, no run predicted\n"
