@@ -34,22 +34,21 @@ FORK_SP_YEAR = 2023
 DISTRIBUTED_OPTIMIZER_YEAR = 2022
 
 
+def framework_text(row: RunRow) -> str:
+    """The row's ``framework`` cell, lower-cased ('' when blank)."""
+    return (row.text("framework") or "").lower()
+
+
 def is_deepspeed(row: RunRow) -> bool:
     """Whether the row's framework names DeepSpeed or GPT-NeoX (which runs on DeepSpeed)."""
-    framework = (row.text("framework") or "").lower()
+    framework = framework_text(row)
     return "deepspeed" in framework or "neox" in framework
 
 
 def is_megatron_fork(row: RunRow, year: int | None) -> bool:
     """A DeepSpeed-based fork of Megatron-LM (DeepSpeed or NeoX named, NVIDIA's Megatron-LM
     not) dated before FORK_SP_YEAR: no sequence parallelism or selective recompute."""
-    framework = (row.text("framework") or "").lower()
-    return (
-        is_deepspeed(row)
-        and "megatron-lm" not in framework
-        and year is not None
-        and year < FORK_SP_YEAR
-    )
+    return deepspeed_pipeline_engine(row) and year is not None and year < FORK_SP_YEAR
 
 
 def deepspeed_pipeline_engine(row: RunRow) -> bool:
@@ -57,8 +56,7 @@ def deepspeed_pipeline_engine(row: RunRow) -> bool:
     named, NVIDIA's Megatron-LM not): its only training schedule is 1F1B-like
     (``TrainSchedule``, ``deepspeed/runtime/pipe/schedule.py``), with no virtual stages, so
     neither interleaving nor GPipe nor ZB-H1 is offered."""
-    framework = (row.text("framework") or "").lower()
-    return is_deepspeed(row) and "megatron-lm" not in framework
+    return is_deepspeed(row) and "megatron-lm" not in framework_text(row)
 
 
 def zero_stages(
@@ -77,7 +75,7 @@ def zero_stages(
     if is_deepspeed(row) and (row.integer("pp") or 1) > 1:
         notes.append("ZeRO 0 or 1 (DeepSpeed's pipeline engine refuses ZeRO-2/3)")
         return (0, 1)
-    framework = (row.text("framework") or "").lower()
+    framework = framework_text(row)
     if "megatron-lm" in framework and not is_deepspeed(row) and "fsdp" not in framework:
         if year is not None and year < DISTRIBUTED_OPTIMIZER_YEAR:
             notes.append(f"ZeRO 0 (Megatron-LM before its distributed optimizer, run {year})")
@@ -119,7 +117,7 @@ def uneven_pipeline(row: RunRow, year: int | None) -> bool:
     """Whether the search may split layers unevenly over the pipeline ranks: always when
     the row states a pp that does not divide its layers (the run did), else for undated
     rows, DeepSpeed runs and runs dated UNEVEN_PIPELINE_YEAR or later."""
-    framework = (row.text("framework") or "").lower()
+    framework = framework_text(row)
     return (
         row.integer("pp") is not None
         or year is None
@@ -132,7 +130,7 @@ def deepspeed_pp(row: RunRow, zero: int | None, notes: list[str]) -> tuple[int, 
     """pp values: the stated one; for DeepSpeed with ZeRO stage 2 or 3 only 1 (DeepSpeed's
     ``PipelineEngine`` asserts "ZeRO-2 and ZeRO-3 are incompatible with pipeline
     parallelism", ``deepspeed/runtime/pipe/engine.py``); else searched."""
-    framework = (row.text("framework") or "").lower()
+    framework = framework_text(row)
     if row.integer("pp") is None and zero is not None and zero >= 2 and "deepspeed" in framework:
         notes.append(f"pp 1 (DeepSpeed ZeRO-{zero} does not combine with pipeline parallelism)")
         return (1,)
@@ -146,8 +144,8 @@ def deepspeed_pp(row: RunRow, zero: int | None, notes: list[str]) -> tuple[int, 
 def zero3_fetch(row: RunRow, year: int | None, notes: list[str]) -> Zero3ParamFetch:
     """DeepSpeed runs dated before DEEPSPEED_PREFETCH_YEAR fetch ZeRO-3 parameters one tensor
     at a time, synchronously (``plansim.analytic.zero3``); everything else prefetches layers."""
-    framework = row.text("framework") or ""
-    if "deepspeed" in framework.lower() and year is not None and year < DEEPSPEED_PREFETCH_YEAR:
+    deepspeed = "deepspeed" in framework_text(row)
+    if deepspeed and year is not None and year < DEEPSPEED_PREFETCH_YEAR:
         notes.append(f"ZeRO-3 per-tensor synchronous gathers (DeepSpeed, run dated {year})")
         return Zero3ParamFetch.PER_TENSOR_SYNC
     return Zero3ParamFetch.LAYER_PREFETCH
