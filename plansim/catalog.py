@@ -54,7 +54,8 @@ def _llama(
     seq: int,
     vocab: int,
 ) -> ModelSpec:
-    """A Llama: SwiGLU, RMSNorm, RoPE, no linear biases, untied output layer."""
+    """A Llama: SwiGLU, RMSNorm, RoPE, no linear biases, untied output layer, no dropout (the
+    Meta Llama config.json files: ``attention_dropout`` 0.0 and no hidden dropout)."""
     return ModelSpec(
         name=name,
         num_layers=layers,
@@ -69,6 +70,7 @@ def _llama(
         normalization=Normalization.RMSNORM,
         position_embedding=PositionEmbedding.ROPE,
         add_bias_linear=False,
+        dropout=False,
     )
 
 

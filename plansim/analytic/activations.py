@@ -2,8 +2,9 @@
 
 Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
 Table 2 and Eqs. 1-6 (16-bit activations, 1-byte dropout masks), restated per term so that
-GQA (K/V narrower than Q) and SwiGLU (three FFN matrices) change only the terms they touch.
-In units of s*b*h bytes for a GPT layer (MHA, FFN = 4h, GELU):
+GQA (K/V narrower than Q), SwiGLU (three FFN matrices), dropout-free models and quantized
+GEMM inputs change only the terms they touch. In units of s*b*h bytes for a GPT layer (MHA,
+FFN = 4h, GELU, dropout on, 16-bit GEMM inputs):
 
     replicated over TP (divided by t only with sequence parallelism):
         layer-norm inputs 4, attention input 2, MLP input 2, two dropout masks 2   -> 10
@@ -15,6 +16,20 @@ which gives Eq. 2, s*b*h*(10 + 24/t + 5*a*s/(h*t)), and with SP Eq. 4, s*b*h/t*(
 Selective recompute and FlashAttention both drop the attention-core term (FlashAttention keeps
 the fp32 log-sum-exp, 4 bytes per (token, head)). Full recompute stores the layer input only,
 2*s*b*h (divided by t with SP, as Megatron stores the sequence-sharded input).
+
+Two terms follow the run rather than the shape:
+
+* Dropout (``model.dropout``): with hidden and attention dropout at 0 (Llama and Nemotron
+  configs) no mask is kept: PyTorch's dropout returns its input unchanged at p = 0
+  (``at::dropout``), so the two hidden masks go, and the unfused core keeps only the softmax
+  output (2 per a*s/h).
+* Quantized GEMM inputs (fp8 / fp4 with Transformer Engine): the GEMMs' inputs are kept for the
+  weight gradient in the quantized form the GEMM reads (TE ``Linear`` / ``LayerNormLinear`` /
+  ``LayerNormMLP`` save the FP8 copy of ``inputmat`` / ``ln_out`` / the activation output,
+  ``QUANTIZED_ELEMENT_BYTES`` per element), so the attention input, MLP input and FC2 input
+  take q bytes per element instead of 2; the attention-projection input is kept twice, the
+  16-bit output the fused attention kernel saves for its own backward and the projection's
+  q-byte copy (2 + q). FC1's output stays 16-bit (the activation's backward reads it).
 
 Context parallelism (cp ranks, Megatron-LM / Llama 3 §3.3.2): each rank keeps s/cp tokens of
 every sequence, so every per-token term above uses s/cp tokens; the attention core's key
@@ -44,10 +59,16 @@ class LayerActivations:
     working_bytes: float
 
 
-def _ffn_sharded_coeff(model: ModelSpec) -> float:
-    """FFN tensors in units of s*b*h: FC1 output + FC2 input (GELU: 4*ffn/h, SwiGLU: 6*ffn/h)."""
-    per_matrix = 2.0 * model.ffn_hidden_size / model.hidden_size
-    return per_matrix * (3 if model.activation is Activation.SWIGLU else 2)
+#: Bytes per element of a 16-bit activation.
+_HALF = 2.0
+
+
+def _ffn_sharded_coeff(model: ModelSpec, gemm_input_bytes: float) -> float:
+    """FFN tensors in units of s*b*h: FC1 output (16-bit; two matrices' worth for SwiGLU) +
+    FC2 input (``gemm_input_bytes`` per element): GELU 4*ffn/h, SwiGLU 6*ffn/h at 16 bits."""
+    ratio = model.ffn_hidden_size / model.hidden_size
+    fc1_outputs = 2 if model.activation is Activation.SWIGLU else 1
+    return ratio * (_HALF * fc1_outputs + gemm_input_bytes)
 
 
 def _layer_bytes(
@@ -58,13 +79,19 @@ def _layer_bytes(
     sequence_parallel: bool,
     core: float,
     cp: int = 1,
+    gemm_input_bytes: float = _HALF,
 ) -> float:
-    """(s/cp)*b*h*(10/(t if SP) + (24-equivalent + core)/t) for an attention-core
-    coefficient (in units of the rank's (s/cp)*b*h)."""
+    """(s/cp)*b*h*(replicated/(t if SP) + (sharded + core)/t) for an attention-core
+    coefficient (in units of the rank's (s/cp)*b*h); replicated = 10 and sharded = 24 for a
+    GPT layer at 16 bits (module docstring)."""
     h = model.hidden_size
     sbh = model.seq_length / cp * micro_batch_size * h
-    replicated = 10.0
-    sharded = 2.0 + 4.0 * model.kv_size / h + 2.0 + _ffn_sharded_coeff(model)
+    q = gemm_input_bytes
+    masks = 2.0 if model.dropout else 0.0
+    replicated = 2 * _HALF + 2 * q + masks  # two norm inputs, attention and MLP inputs
+    projection_input = _HALF if q == _HALF else _HALF + q
+    sharded = _HALF + 2 * _HALF * model.kv_size / h + projection_input
+    sharded += _ffn_sharded_coeff(model, q)
     rep_div = tp if sequence_parallel else 1
     return sbh * (replicated / rep_div + (sharded + core) / tp)
 
@@ -77,14 +104,17 @@ def full_layer_bytes(
     sequence_parallel: bool,
     flash: bool,
     cp: int = 1,
+    gemm_input_bytes: float = _HALF,
 ) -> float:
     """Bytes a layer stores without recompute (Korthikanti Eq. 2/4, generalised), on one of
-    ``cp`` context-parallel ranks (s/cp tokens; the unfused score matrix (s/cp) x s)."""
+    ``cp`` context-parallel ranks (s/cp tokens; the unfused score matrix (s/cp) x s), GEMM
+    inputs kept at ``gemm_input_bytes`` per element (module docstring)."""
     h = model.hidden_size
     if flash:
         core = 4.0 * model.num_attention_heads / h  # fp32 log-sum-exp per (token, head)
-    else:
-        core = 5.0 * model.num_attention_heads * model.seq_length / h
+    else:  # softmax output, and with dropout its mask and output
+        per_score = 5.0 if model.dropout else _HALF
+        core = per_score * model.num_attention_heads * model.seq_length / h
     return _layer_bytes(
         model,
         micro_batch_size=micro_batch_size,
@@ -92,6 +122,7 @@ def full_layer_bytes(
         sequence_parallel=sequence_parallel,
         core=core,
         cp=cp,
+        gemm_input_bytes=gemm_input_bytes,
     )
 
 
@@ -104,9 +135,12 @@ def layer_activations(
     recompute: Recompute,
     flash: bool,
     cp: int = 1,
+    gemm_input_bytes: float = _HALF,
 ) -> LayerActivations:
     """Activation bytes of one layer and micro-batch on one TP rank of one of ``cp``
-    context-parallel ranks, for a recompute mode (every term 1/cp of the cp = 1 value)."""
+    context-parallel ranks, for a recompute mode (every term 1/cp of the cp = 1 value), GEMM
+    inputs kept at ``gemm_input_bytes`` per element (2: 16-bit; fp8 / fp4 with Transformer
+    Engine: the quantized bytes, module docstring)."""
     full = full_layer_bytes(
         model,
         micro_batch_size=micro_batch_size,
@@ -114,6 +148,7 @@ def layer_activations(
         sequence_parallel=sequence_parallel,
         flash=flash,
         cp=cp,
+        gemm_input_bytes=gemm_input_bytes,
     )
     if recompute is Recompute.FULL:
         sbh = model.seq_length / cp * micro_batch_size * model.hidden_size
@@ -128,6 +163,7 @@ def layer_activations(
             sequence_parallel=sequence_parallel,
             core=lse,
             cp=cp,
+            gemm_input_bytes=gemm_input_bytes,
         )
         return LayerActivations(stored_bytes=no_core, working_bytes=0.0)
     return LayerActivations(stored_bytes=full, working_bytes=0.0)

@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from plansim.analytic.activations import layer_activations, ring_kv_chunk_bytes
+from plansim.analytic.elementwise import QUANTIZED_ELEMENT_BYTES
 from plansim.analytic.params import count_parameters
 from plansim.analytic.ranks import dp_cp_size
 from plansim.schedule.builders import interleaved_chunk, interleaved_warmup
@@ -251,6 +252,13 @@ def rank_memory(
     )
 
 
+def saved_gemm_input_bytes(plan: ParallelPlan) -> float:
+    """Bytes per element of the GEMM inputs kept for the backward: the quantized size with fp8
+    / fp4 (Transformer Engine saves the copy the GEMM read, ``plansim.analytic.activations``),
+    else 2 (16-bit; fp32 training scales every activation by 2 afterwards)."""
+    return QUANTIZED_ELEMENT_BYTES.get(plan.precision, 2.0)
+
+
 def _layer_stored_bytes(model: ModelSpec, plan: ParallelPlan, recompute: Recompute) -> float:
     """16-bit bytes one layer stores for one micro-batch under ``recompute``."""
     return layer_activations(
@@ -260,6 +268,7 @@ def _layer_stored_bytes(model: ModelSpec, plan: ParallelPlan, recompute: Recompu
         sequence_parallel=plan.sequence_parallel,
         recompute=recompute,
         flash=plan.attention is AttentionKernel.FLASH,
+        gemm_input_bytes=saved_gemm_input_bytes(plan),
         cp=plan.cp,
     ).stored_bytes
 
@@ -285,7 +294,7 @@ def microbatch_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: i
     s/cp tokens with context parallelism)."""
     counts = stage_layer_counts(model.num_layers, plan)[rank :: plan.pp]
     per_mb: float = sum(_chunk_layer_bytes(model, plan, counts))
-    if rank == 0:  # embedding output (dropout mask), Korthikanti §4.3
+    if rank == 0 and model.dropout:  # embedding output (dropout mask), Korthikanti §4.3
         sbh = model.seq_length / plan.cp * plan.micro_batch_size * model.hidden_size
         per_mb += sbh / (plan.tp if plan.sequence_parallel else 1)
     # Korthikanti's bytes are for 16-bit activations; fp32 training stores 4-byte ones.
@@ -354,6 +363,7 @@ def transient_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float
         recompute=plan.recompute,
         flash=plan.attention is AttentionKernel.FLASH,
         cp=plan.cp,
+        gemm_input_bytes=saved_gemm_input_bytes(plan),
     )
     total = act.working_bytes
     chunk = ring_kv_chunk_bytes(model, micro_batch_size=b, tp=plan.tp, cp=plan.cp)

@@ -14,6 +14,13 @@ Only the local file is read (no download). Supported ``model_type`` families and
 - ``gpt_neox``: hidden_size, num_hidden_layers, num_attention_heads, intermediate_size,
   vocab_size, max_position_embeddings, hidden_act, tie_word_embeddings (default false);
   rotary positions (partial rotary_pct has no parameters), LayerNorm, biases.
+
+Dropout (``ModelSpec.dropout``, which decides whether dropout masks are stored): on when any
+of the family's dropout probabilities is above 0, with the ``transformers`` defaults for a
+missing key: llama/mistral/qwen2 ``attention_dropout`` (0.0), gpt2 ``resid_pdrop``,
+``embd_pdrop``, ``attn_pdrop`` (0.1 each), gpt_neox ``hidden_dropout``,
+``attention_dropout`` and the older ``hidden_dropout_prob``, ``attention_probs_dropout_prob``
+(0.0 each).
 """
 
 from __future__ import annotations
@@ -63,6 +70,17 @@ class _Keys:
             raise self.error(key, f"must be true or false, got {value!r}")
         return value
 
+    def get_dropout(self, defaults: Mapping[str, float]) -> bool:
+        """Whether any dropout probability named in ``defaults`` (key -> the family's default
+        when the key is missing) is above 0."""
+        on = False
+        for key, default in defaults.items():
+            value = self.data.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+                raise self.error(key, f"must be a probability in [0, 1), got {value!r}")
+            on = on or value > 0
+        return on
+
     def get_activation(
         self, key: str, choices: Mapping[str, Activation], default: str
     ) -> Activation:
@@ -97,6 +115,7 @@ def _llama_like(keys: _Keys) -> ModelSpec:
         normalization=Normalization.RMSNORM,
         position_embedding=PositionEmbedding.ROPE,
         add_bias_linear=False,
+        dropout=keys.get_dropout({"attention_dropout": 0.0}),
     )
 
 
@@ -117,6 +136,7 @@ def _gpt2(keys: _Keys) -> ModelSpec:
         normalization=Normalization.LAYERNORM,
         position_embedding=PositionEmbedding.LEARNED,
         add_bias_linear=True,
+        dropout=keys.get_dropout({"resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1}),
     )
 
 
@@ -136,6 +156,14 @@ def _gpt_neox(keys: _Keys) -> ModelSpec:
         normalization=Normalization.LAYERNORM,
         position_embedding=PositionEmbedding.ROPE,
         add_bias_linear=True,
+        dropout=keys.get_dropout(
+            {
+                "hidden_dropout": 0.0,
+                "attention_dropout": 0.0,
+                "hidden_dropout_prob": 0.0,
+                "attention_probs_dropout_prob": 0.0,
+            }
+        ),
     )
 
 

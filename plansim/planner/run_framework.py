@@ -2,8 +2,9 @@
 
 Rules that depend on which framework ran a row (its ``framework`` cell) rather than on when:
 DeepSpeed's pipeline engine runs only 1F1B and refuses ZeRO-2/3, DeepSpeed's 2021 ZeRO-3
-gathered parameters per tensor, Megatron-LM shards only the optimizer, the DeepSpeed-based
-forks of Megatron-LM lacked sequence parallelism and selective recompute, and a blank
+gathered parameters per tensor, NVIDIA's Megatron family (Megatron-LM, Megatron-core, NeMo,
+Megatron-Bridge) shards only the optimizer unless FSDP is named, the DeepSpeed-based forks of
+Megatron-LM lacked sequence parallelism and selective recompute, and a blank
 ``zero_stage`` may be named in the free-text ``zero_stage_or_sharding`` cell.
 ``plansim.planner.backtest`` applies them; each rule cites its source.
 """
@@ -45,6 +46,21 @@ def is_deepspeed(row: RunRow) -> bool:
     return "deepspeed" in framework or "neox" in framework
 
 
+#: Framework names of NVIDIA's Megatron family: Megatron-LM, its core library and the NeMo
+#: framework and Megatron-Bridge built on it. Without FSDP their data-parallel sharding is
+#: the distributed optimizer alone (``DistributedDataParallel`` + ``DistributedOptimizer``,
+#: M02 dist_optimizer.md); ZeRO-3 comes only as the separately named Megatron FSDP.
+_NVIDIA_MEGATRON = re.compile(
+    r"megatron[- ]?lm|megatron[- ]?core|\bmcore\b|\bnemo\b|megatron[- ]?bridge"
+)
+
+
+def is_nvidia_megatron(row: RunRow) -> bool:
+    """Whether the row ran on NVIDIA's Megatron family (Megatron-LM, Megatron-core, NeMo,
+    Megatron-Bridge) without DeepSpeed."""
+    return bool(_NVIDIA_MEGATRON.search(framework_text(row))) and not is_deepspeed(row)
+
+
 def is_megatron_fork(row: RunRow, year: int | None) -> bool:
     """A DeepSpeed-based fork of Megatron-LM (DeepSpeed or NeoX named, NVIDIA's Megatron-LM
     not) dated before FORK_SP_YEAR: no sequence parallelism or selective recompute."""
@@ -66,9 +82,10 @@ def zero_stages(
 
     * DeepSpeed with a stated pp > 1: 0 and 1 (its ``PipelineEngine`` asserts "ZeRO-2 and
       ZeRO-3 are incompatible with pipeline parallelism", ``deepspeed/runtime/pipe/engine.py``);
-    * NVIDIA's Megatron-LM alone (no DeepSpeed or FSDP named): its only sharding is the
-      distributed optimizer (``--use-distributed-optimizer``, ZeRO-1, M02), from
-      DISTRIBUTED_OPTIMIZER_YEAR; before that, none.
+    * NVIDIA's Megatron family alone (Megatron-LM, Megatron-core, NeMo, Megatron-Bridge;
+      no DeepSpeed or FSDP named): its only sharding is the distributed optimizer
+      (``--use-distributed-optimizer``, ZeRO-1, M02), from DISTRIBUTED_OPTIMIZER_YEAR;
+      before that, none.
     """
     if zero is not None:
         return (zero,)
@@ -76,11 +93,11 @@ def zero_stages(
         notes.append("ZeRO 0 or 1 (DeepSpeed's pipeline engine refuses ZeRO-2/3)")
         return (0, 1)
     framework = framework_text(row)
-    if "megatron-lm" in framework and not is_deepspeed(row) and "fsdp" not in framework:
+    if is_nvidia_megatron(row) and "fsdp" not in framework:
         if year is not None and year < DISTRIBUTED_OPTIMIZER_YEAR:
             notes.append(f"ZeRO 0 (Megatron-LM before its distributed optimizer, run {year})")
             return (0,)
-        notes.append("ZeRO 0 or 1 (Megatron-LM shards only the optimizer)")
+        notes.append("ZeRO 0 or 1 (Megatron shards only the optimizer without FSDP)")
         return (0, 1)
     return (0, 1, 2, 3)
 

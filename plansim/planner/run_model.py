@@ -2,9 +2,13 @@
 
 Row -> ModelSpec (schema in ../shared/reference/README.md): blank ``num_kv_heads`` means as
 many as the heads, blank ``ffn_hidden_size`` 4 x hidden, blank ``ffn_activation`` gelu (the
-schema's own definitions). The schema has no columns for norms, biases, embeddings or
-positions: GELU/ReLU rows are taken as GPT-style (LayerNorm, biases, learned positions, tied
-embeddings), SwiGLU rows as Llama-style (RMSNorm, no biases, RoPE, untied); the note says so.
+schema's own definitions). The schema has no columns for norms, biases, embeddings,
+positions or dropout, so the activation names the family, as its published configs define it:
+GELU/ReLU rows are taken as GPT-style (LayerNorm, biases, learned positions, tied embeddings,
+dropout: Megatron-LM's GPT examples train with 0.1), SwiGLU rows as Llama-style (RMSNorm, no
+biases, RoPE, untied, no dropout: the Meta Llama configs), squared-ReLU rows as Nemotron-style
+(LayerNorm, no biases, RoPE, untied, no dropout: NVIDIA/NeMo ``NemotronConfig``,
+``nemo/collections/llm/gpt/model/nemotron.py``); the note says which.
 A blank vocabulary is taken from the preset with the same (layers, hidden, heads), noted, or
 the row is skipped.
 """
@@ -43,7 +47,13 @@ def row_model(row: RunRow, notes: list[str]) -> ModelSpec:
     if vocab is None:
         vocab = _preset_vocab(layers, hidden, heads, notes)
     llama = activation is Activation.SWIGLU
-    notes.append("llama-style model (rmsnorm, rope, untied)" if llama else "gpt-style model")
+    nemotron = activation is Activation.SQUARED_RELU
+    if llama:
+        notes.append("llama-style model (rmsnorm, rope, untied, no dropout)")
+    elif nemotron:
+        notes.append("nemotron-style model (layernorm, rope, untied, no biases, no dropout)")
+    else:
+        notes.append("gpt-style model")
     return ModelSpec(
         name=row.text("model_name") or row.row_id,
         num_layers=layers,
@@ -54,10 +64,13 @@ def row_model(row: RunRow, notes: list[str]) -> ModelSpec:
         activation=activation,
         seq_length=seq,
         vocab_size=vocab,
-        tied_embeddings=not llama,
+        tied_embeddings=not (llama or nemotron),
         normalization=Normalization.RMSNORM if llama else Normalization.LAYERNORM,
-        position_embedding=PositionEmbedding.ROPE if llama else PositionEmbedding.LEARNED,
-        add_bias_linear=not llama,
+        position_embedding=PositionEmbedding.ROPE
+        if llama or nemotron
+        else PositionEmbedding.LEARNED,
+        add_bias_linear=not (llama or nemotron),
+        dropout=not (llama or nemotron),
     )
 
 

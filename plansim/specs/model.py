@@ -63,6 +63,10 @@ class ModelSpec:
         normalization: LayerNorm (GPT) or RMSNorm (Llama).
         position_embedding: learned absolute (s x h parameters) or RoPE.
         add_bias_linear: linear layers carry biases (GPT-3: yes; Llama: no).
+        dropout: hidden and attention dropout are on in training (Megatron-LM's default
+            ``--hidden-dropout`` / ``--attention-dropout`` 0.1, GPT-3 style); False for models
+            trained without (Llama and Nemotron configs set both to 0): no dropout masks are
+            stored (``plansim.analytic.activations``).
 
     Raises:
         SpecError: a field is not positive, heads do not divide the width, or query groups do
@@ -82,6 +86,7 @@ class ModelSpec:
     normalization: Normalization = Normalization.LAYERNORM
     position_embedding: PositionEmbedding = PositionEmbedding.LEARNED
     add_bias_linear: bool = True
+    dropout: bool = True
 
     def __post_init__(self) -> None:
         for field in (

@@ -9,6 +9,8 @@ import pytest
 from plansim.cli import main
 from plansim.io.runs import RunRow
 from plansim.planner.backtest import Prediction, predict_row
+from plansim.planner.run_model import row_model
+from plansim.specs.model import PositionEmbedding
 
 ROW = {
     "row_id": "R1",
@@ -141,10 +143,17 @@ def test_deepspeed_forks_are_searched_with_what_they_had() -> None:
 
 def test_megatron_lm_rows_are_offered_only_its_distributed_optimizer() -> None:
     got = _predict(tp="2", pp="2")  # Megatron-LM (2023), zero_stage blank
-    assert "ZeRO 0 or 1 (Megatron-LM shards only the optimizer)" in got.note
+    assert "ZeRO 0 or 1 (Megatron shards only the optimizer without FSDP)" in got.note
     assert {"zero0", "zero1"} & set(got.plan_label.split()), got.plan_label
     old = _predict(framework="Megatron-LM (2021)", tp="2", pp="2")
     assert "ZeRO 0 (Megatron-LM before its distributed optimizer, run 2021)" in old.note
+    for name in ("NeMo 24.07 (Megatron-core, 2024)", "Megatron-Bridge 25.11", "Megatron-Core"):
+        family = _predict(framework=name, tp="2", pp="2")
+        assert "ZeRO 0 or 1 (Megatron shards only the optimizer" in family.note, name
+    # FSDP named in the sharding cell is ZeRO-3, stated rather than searched
+    fsdp = _predict(framework="Megatron-Bridge 25.11", zero_stage_or_sharding="FSDP", tp="2")
+    assert "zero_stage 3 from zero_stage_or_sharding 'FSDP'" in fsdp.note
+    assert "zero3" in fsdp.plan_label.split()
 
 
 def test_deepspeed_pipeline_rows_run_1f1b_only() -> None:
@@ -173,3 +182,23 @@ def test_a_runs_file_without_rows_prints_only_the_summary(
     runs.write_text(",".join(ROW) + "\n")
     assert main(["backtest", str(runs)]) == 0
     assert capsys.readouterr().out == "backtest: 0 runs, 0 skipped, no run predicted\n"
+
+
+@pytest.mark.parametrize(
+    ("activation", "style", "dropout", "positions"),
+    [
+        ("gelu", "gpt-style model", True, PositionEmbedding.LEARNED),
+        ("swiglu", "llama-style model", False, PositionEmbedding.ROPE),
+        ("squared_relu", "nemotron-style model", False, PositionEmbedding.ROPE),
+    ],
+)
+def test_the_activation_names_the_family(
+    activation: str, style: str, dropout: bool, positions: PositionEmbedding
+) -> None:
+    notes: list[str] = []
+    row = RunRow(path="runs.csv", line=2, cells={**ROW, "ffn_activation": activation})
+    model = row_model(row, notes)
+    assert any(note.startswith(style) for note in notes), notes
+    assert model.dropout is dropout
+    assert model.position_embedding is positions
+    assert model.add_bias_linear is (activation == "gelu")

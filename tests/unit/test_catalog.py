@@ -162,6 +162,19 @@ def test_gpt2_and_neox_families() -> None:
     assert neox.add_bias_linear and not neox.tied_embeddings
 
 
+def test_dropout_is_read_from_each_familys_keys(tmp_path: Path) -> None:
+    # GPT-2 trains with 0.1 dropout (resid/embd/attn_pdrop); Llama and NeoX-20B with none
+    assert read_hf_config(FIXTURES / "gpt2.json").dropout
+    assert not read_hf_config(FIXTURES / "llama3_8b.json").dropout
+    assert not read_hf_config(FIXTURES / "gpt_neox_20b.json").dropout
+    assert read_hf_config(_write(tmp_path, _llama_config(attention_dropout=0.1))).dropout
+    gpt2 = json.loads((FIXTURES / "gpt2.json").read_text(encoding="utf-8"))
+    zeros = {**gpt2, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+    assert not read_hf_config(_write(tmp_path, zeros)).dropout
+    with pytest.raises(InputFileError, match=r"key 'attention_dropout' must be a probability"):
+        read_hf_config(_write(tmp_path, _llama_config(attention_dropout="high")))
+
+
 def _write(tmp_path: Path, data: object, name: str = "config.json") -> Path:
     path = tmp_path / name
     path.write_text(json.dumps(data), encoding="utf-8")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from plansim.analytic.activations import full_layer_bytes, layer_activations
@@ -10,12 +12,13 @@ from plansim.analytic.memory import (
     microbatches_in_flight,
     model_state_bytes,
     rank_parameters,
+    saved_gemm_input_bytes,
     state_bytes_per_param,
 )
 from plansim.analytic.params import count_parameters
 from plansim.catalog import resolve_model
 from plansim.errors import SpecError
-from plansim.specs.plan import ParallelPlan, Precision, Recompute, Schedule
+from plansim.specs.plan import AttentionKernel, ParallelPlan, Precision, Recompute, Schedule
 
 ZERO_PAPER = StateBytesPerParam(param=2.0, grad=2.0, optimizer=12.0)  # K = 12 (M01 §5)
 
@@ -96,11 +99,40 @@ def test_korthikanti_eq4_tp_sp_and_eq6_selective() -> None:
 
 def test_gqa_swiglu_change_only_their_terms() -> None:
     llama = resolve_model("llama3-8b")
+    assert not llama.dropout  # Meta's configs: no dropout, so no masks (10 - 2 = 8)
     s, h = llama.seq_length, llama.hidden_size
     got = full_layer_bytes(llama, micro_batch_size=1, tp=1, sequence_parallel=False, flash=True)
     sharded = 2 + 4 * 1024 / h + 2 + 6 * llama.ffn_hidden_size / h
     lse = 4 * llama.num_attention_heads / h
+    assert got == pytest.approx(s * h * (8 + sharded + lse), rel=1e-12)
+    with_dropout = replace(llama, dropout=True)
+    got = full_layer_bytes(
+        with_dropout, micro_batch_size=1, tp=1, sequence_parallel=False, flash=True
+    )
     assert got == pytest.approx(s * h * (10 + sharded + lse), rel=1e-12)
+
+
+def test_dropout_free_unfused_core_keeps_only_the_softmax_output() -> None:
+    sbh, t = S * 1 * H, 8
+    plain = replace(GPT3, dropout=False)
+    got = full_layer_bytes(plain, micro_batch_size=1, tp=t, sequence_parallel=True, flash=False)
+    assert got == pytest.approx(sbh / t * (32 + 2 * A * S / H), rel=1e-12)
+
+
+@pytest.mark.parametrize(("q", "precision"), [(1.0, Precision.FP8), (0.5625, Precision.FP4)])
+def test_quantized_gemm_inputs_are_kept_quantized(q: float, precision: Precision) -> None:
+    # GPT-3 layer with SP and flash: 16-bit 34 + lse; quantized: attention and MLP inputs q
+    # (replicated 4 + 2q + 2), projection input 2 + q, FC2 input 4q (ffn = 4h)
+    sbh, t = S * 1 * H, 8
+    lse = 4 * A / H
+    got = full_layer_bytes(
+        GPT3, micro_batch_size=1, tp=t, sequence_parallel=True, flash=True, gemm_input_bytes=q
+    )
+    expected = (4 + 2 * q + 2) + (2 + 4 + (2 + q) + 8 + 4 * q) + lse
+    assert got == pytest.approx(sbh / t * expected, rel=1e-12)
+    plan = _plan(precision=precision, sequence_parallel=True, attention=AttentionKernel.FLASH)
+    assert saved_gemm_input_bytes(plan) == q
+    assert saved_gemm_input_bytes(replace(plan, precision=Precision.BF16)) == 2.0
 
 
 def _plan(**kw) -> ParallelPlan:
