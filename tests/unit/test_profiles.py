@@ -46,16 +46,16 @@ MEASURED = ("cpu-2core-gloo",)
 EVERY = tuple(sorted(SHIPPED + MEASURED))
 
 #: Measured MAMF (max achievable matmul TFLOP/s), hardware.csv / H04; H200 bf16 = H100's.
-#: fp4: not measured; the profiles assume the measured fp8 fraction of peak (README).
+#: fp4: measured on a B200 only (HP13, 5.50 PFLOP/s); GB200 and GB300 take its fraction of peak.
 MAMF_TFLOPS = {
     "a100-sxm4-40gb": {"bf16": 271.2},
     "a100-sxm4-80gb": {"bf16": 271.2},
     "h100-sxm5-80gb": {"bf16": 794.5, "fp8": 1402.6},
     "h200-sxm-141gb": {"bf16": 794.5, "fp8": 1453.4},
-    "b200-sxm-180gb": {"bf16": 1745.0, "fp8": 3432.5, "fp4": 3432.5 / 4500 * 9000},
-    "gb200-nvl72": {"bf16": 1822.0, "fp8": 3615.6, "fp4": 3615.6 / 5000 * 10000},
+    "b200-sxm-180gb": {"bf16": 1745.0, "fp8": 3432.5, "fp4": 5500.0},
+    "gb200-nvl72": {"bf16": 1822.0, "fp8": 3615.6, "fp4": 5500.0 / 9000 * 10000},
     # GB200's: no GB300 MAMF (HP12 note 24); fp4 15000 peak (HP12)
-    "gb300-nvl72": {"bf16": 1822.0, "fp8": 3615.6, "fp4": 3615.6 / 5000 * 15000},
+    "gb300-nvl72": {"bf16": 1822.0, "fp8": 3615.6, "fp4": 5500.0 / 9000 * 15000},
     "mi300x-192gb": {"bf16": 668.4, "fp8": 668.4 / 1307.4 * 2610},  # fp8: bf16's fraction
 }
 
