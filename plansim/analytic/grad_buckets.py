@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from plansim.analytic.comm import collective_time_s
-from plansim.analytic.memory import state_bytes_per_param
+from plansim.analytic.memory import plan_state_bytes
 from plansim.analytic.param_server import PUSH_KIND, ps_transfer, uses_parameter_server
 from plansim.analytic.params import count_parameters
 from plansim.analytic.ranks import LayoutGroups, dp_cp_size
@@ -123,7 +123,7 @@ def grad_buckets(
     total = params.total
     size = max(BUCKET_MIN_PARAMS, BUCKET_PARAMS_PER_DP_RANK * plan.dp) if stage == 0 else total
     count = max(1, math.ceil(total / size - 1e-9))
-    grad_bytes = state_bytes_per_param(plan.precision).grad
+    grad_bytes = plan_state_bytes(plan).grad
     collective = "all_reduce" if plan.zero_stage == 0 else "reduce_scatter"
     buckets = []
     for k in range(count):

@@ -34,7 +34,7 @@ from plansim.analytic.elementwise import (
     layer_elementwise_traffic,
     quantize_traffic,
 )
-from plansim.analytic.memory import state_bytes_per_param
+from plansim.analytic.memory import plan_state_bytes
 from plansim.analytic.op_overheads import (
     attention_core_times,
     edge_ops,
@@ -310,7 +310,7 @@ def _grad_accumulation_s(model: ModelSpec, plan: ParallelPlan, profile: Hardware
         return 0.0
     counts = count_parameters(model)
     local = (counts.attention_per_layer + counts.mlp_per_layer) / plan.tp + counts.norms_per_layer
-    per_param = state_bytes_per_param(plan.precision)
+    per_param = plan_state_bytes(plan)
     return local * (per_param.param + 2.0 * per_param.grad) / profile.streaming_bytes_per_s()
 
 

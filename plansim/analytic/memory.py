@@ -74,6 +74,14 @@ def state_bytes_per_param(precision: Precision) -> StateBytesPerParam:
     return StateBytesPerParam(param=2.0, grad=4.0, optimizer=12.0)
 
 
+def plan_state_bytes(plan: ParallelPlan) -> StateBytesPerParam:
+    """:func:`state_bytes_per_param` of the plan's precision, with 2-byte gradients when the
+    plan reduces them in bf16 (``plan.grad_reduce_in_bf16``, Megatron-LM
+    ``--grad-reduce-in-bf16``: no fp32 main-gradient buffer)."""
+    per_param = state_bytes_per_param(plan.precision)
+    return replace(per_param, grad=2.0) if plan.grad_reduce_in_bf16 else per_param
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelStates:
     """Bytes of weights, gradients and optimizer states on one rank."""
@@ -233,7 +241,7 @@ def rank_memory(
         params,
         dp=dp_cp_size(plan),
         zero_stage=plan.zero_stage,
-        per_param=state_bytes_per_param(plan.precision),
+        per_param=plan_state_bytes(plan),
         offload_optimizer=plan.offload_optimizer,
         offload_param=plan.offload_param,
     )

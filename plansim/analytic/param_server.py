@@ -70,7 +70,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plansim.analytic.elementwise import adam_step_bytes
-from plansim.analytic.memory import rank_parameters, state_bytes_per_param
+from plansim.analytic.memory import plan_state_bytes, rank_parameters, state_bytes_per_param
 from plansim.analytic.ranks import LayoutGroups, dp_cp_size
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
@@ -204,7 +204,7 @@ def ps_push(
 ) -> PsTraffic:
     """The push of pipeline rank ``rank``'s gradients (``state_bytes_per_param().grad``
     bytes per parameter: the fp32 main gradients a ring would all-reduce)."""
-    per_param = state_bytes_per_param(plan.precision).grad
+    per_param = plan_state_bytes(plan).grad
     return _rank_transfer(model, plan, profile, groups, rank=rank, bytes_per_param=per_param)
 
 

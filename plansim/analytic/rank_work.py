@@ -31,7 +31,11 @@ from dataclasses import dataclass
 
 from plansim.analytic.comm import collective_time_s
 from plansim.analytic.elementwise import adam_step_bytes
-from plansim.analytic.memory import rank_memory, rank_parameters, state_bytes_per_param
+from plansim.analytic.memory import (
+    plan_state_bytes,
+    rank_memory,
+    rank_parameters,
+)
 from plansim.analytic.offload import with_offload
 from plansim.analytic.param_server import ps_rank_work, uses_parameter_server
 from plansim.analytic.params import count_parameters
@@ -101,7 +105,7 @@ def rank_work(
     Raises:
         SpecError: overlap_param_gather without ``cover``.
     """
-    per_param = state_bytes_per_param(plan.precision)
+    per_param = plan_state_bytes(plan)
     params = rank_parameters(model, plan, rank=rank)
     grad_bytes = params * per_param.grad
     dp_cp = dp_cp_size(plan)

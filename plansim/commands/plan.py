@@ -66,6 +66,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "the gradient reduction (parameter all-gather hidden behind the next forward)",
     )
     p.add_argument(
+        "--grad-reduce-in-bf16",
+        action="store_true",
+        help="also try Megatron's --grad-reduce-in-bf16 (bf16 gradient buffer and reduction "
+        "instead of fp32; with --precision bf16, fp8 or fp4)",
+    )
+    p.add_argument(
         "--tp-comm-overlap",
         action="store_true",
         help="also try Megatron's --tp-comm-overlap for the sequence-parallel plans (TP "
@@ -122,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         offloads=offload_choices(profile),
         tp_comm_overlap=(False, True) if args.tp_comm_overlap else (False,),
         overlap_param_gather=(False, True) if args.overlap_param_gather else (False,),
+        grad_reduce_in_bf16=(False, True) if args.grad_reduce_in_bf16 else (False,),
     )
     result = search(
         model,

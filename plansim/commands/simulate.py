@@ -90,6 +90,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="add each micro-batch's weight gradients in a separate pass (pre-2022 Megatron)",
     )
     p.add_argument(
+        "--grad-reduce-in-bf16",
+        action="store_true",
+        help="accumulate and reduce gradients in bf16 instead of an fp32 main-gradient buffer "
+        "(Megatron flag; precision bf16, fp8 or fp4)",
+    )
+    p.add_argument(
         "--no-scatter-gather-tensors-in-pipeline",
         dest="scatter_gather_p2p",
         action="store_false",
@@ -210,6 +216,7 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
         overlap_grad_reduce=args.overlap_grad_reduce,
         overlap_param_gather=args.overlap_param_gather,
         gradient_accumulation_fusion=args.gradient_accumulation_fusion,
+        grad_reduce_in_bf16=args.grad_reduce_in_bf16,
         scatter_gather_p2p=args.scatter_gather_p2p,
         offload_optimizer=OffloadDevice(args.offload_optimizer),
         offload_param=OffloadDevice(args.offload_param),

@@ -57,6 +57,7 @@ from plansim.io.runs import RunRow
 from plansim.planner.enumerate import SearchSpace
 from plansim.planner.evaluate import OUT_OF_MEMORY, Rejected, closest_miss
 from plansim.planner.run_framework import (
+    bf16_grad_modes,
     deepspeed_pipeline_engine,
     deepspeed_pp,
     is_megatron_fork,
@@ -188,6 +189,7 @@ def _space(row: RunRow, notes: list[str]) -> SearchSpace:
         precision=Precision(precision_text),
         attention=attention,
         gradient_accumulation_fusion=year is None or year >= GRAD_ACC_FUSION_YEAR,
+        grad_reduce_in_bf16=bf16_grad_modes(row, year, notes),
         scatter_gather_p2p=year is None or year >= SCATTER_GATHER_P2P_YEAR,
         zero3_param_fetch=zero3_fetch(row, year, notes),
         uneven_pipeline=uneven_pipeline(row, year),

@@ -62,6 +62,8 @@ class SearchSpace:
             (Megatron-LM ``--overlap-param-gather``); default off only.
         tp_comm_overlap: values tried for sequence-parallel plans (Megatron-LM
             ``--tp-comm-overlap``); default off only, as Megatron-LM's default.
+        grad_reduce_in_bf16: values tried when the precision keeps an fp32 main-gradient
+            buffer (bf16, fp8, fp4; Megatron-LM ``--grad-reduce-in-bf16``); default off only.
         precision, attention, gradient_accumulation_fusion, scatter_gather_p2p,
             zero3_param_fetch: fixed for the whole search (implementation facts of the
             framework, not layout choices).
@@ -107,6 +109,7 @@ class SearchSpace:
     overlap_grad_reduce: tuple[bool, ...] = (False, True)
     overlap_param_gather: tuple[bool, ...] = (False,)
     tp_comm_overlap: tuple[bool, ...] = (False,)
+    grad_reduce_in_bf16: tuple[bool, ...] = (False,)
     precision: Precision = Precision.BF16
     attention: AttentionKernel = AttentionKernel.FLASH
     gradient_accumulation_fusion: bool = True
@@ -305,6 +308,7 @@ def _knobs(
                             overlap_grad_reduce=grad,
                             overlap_param_gather=param,
                             gradient_accumulation_fusion=space.gradient_accumulation_fusion,
+                            grad_reduce_in_bf16=bf16_grads,
                             scatter_gather_p2p=space.scatter_gather_p2p,
                             dp_sync=dp_sync,
                             ps_servers=servers,
@@ -314,6 +318,7 @@ def _knobs(
                             **split,  # type: ignore[arg-type]
                         )
                         for overlap, grad, param in modes
+                        for bf16_grads in _bf16_grad_modes(space)
                     )
 
 
@@ -359,6 +364,13 @@ def _zero_modes(
             param_ok = param_dev.value in offload_devices("offload_param", zero)
             if opt_ok and param_ok and (opt_dev, param_dev) != (none, none):
                 yield zero, DpSync.RING, opt_dev, param_dev
+
+
+def _bf16_grad_modes(space: SearchSpace) -> tuple[bool, ...]:
+    """``space.grad_reduce_in_bf16`` where the precision has an fp32 gradient buffer to
+    replace (``ParallelPlan.grad_reduce_in_bf16``), else off only."""
+    fp32_buffer = space.precision in (Precision.BF16, Precision.FP8, Precision.FP4)
+    return space.grad_reduce_in_bf16 if fp32_buffer else (False,)
 
 
 def _comm_modes(

@@ -4,8 +4,9 @@ Rules that depend on which framework ran a row (its ``framework`` cell) rather t
 DeepSpeed's pipeline engine runs only 1F1B and refuses ZeRO-2/3, DeepSpeed's 2021 ZeRO-3
 gathered parameters per tensor, NVIDIA's Megatron family (Megatron-LM, Megatron-core, NeMo,
 Megatron-Bridge) shards only the optimizer unless FSDP is named, the DeepSpeed-based forks of
-Megatron-LM lacked sequence parallelism and selective recompute, and a blank
-``zero_stage`` may be named in the free-text ``zero_stage_or_sharding`` cell.
+Megatron-LM lacked sequence parallelism and selective recompute, the Megatron family reduces
+gradients in bf16 or fp32 from 2024 (searched), and a blank ``zero_stage`` may be named in the
+free-text ``zero_stage_or_sharding`` cell.
 ``plansim.planner.backtest`` applies them; each rule cites its source.
 """
 
@@ -33,6 +34,11 @@ FORK_SP_YEAR = 2023
 #: Adam states and gradients sharded over data-parallel ranks, M02 dist_optimizer.md) arrived
 #: with its 2022 releases, after the SC21 runs.
 DISTRIBUTED_OPTIMIZER_YEAR = 2022
+#: bf16 gradient reduction in NVIDIA's Megatron family: Megatron-core's
+#: ``DistributedDataParallelConfig(grad_reduce_in_fp32=False)`` (Megatron-LM
+#: ``--grad-reduce-in-bf16``), which NeMo 2's fp8 recipe ``bf16_with_fp8_mixed`` sets ("NVIDIA
+#: recommends False for FP8"), 2024 releases; before, bf16 training reduced in fp32.
+GRAD_REDUCE_IN_BF16_YEAR = 2024
 
 
 def framework_text(row: RunRow) -> str:
@@ -100,6 +106,17 @@ def zero_stages(
         notes.append("ZeRO 0 or 1 (Megatron shards only the optimizer without FSDP)")
         return (0, 1)
     return (0, 1, 2, 3)
+
+
+def bf16_grad_modes(row: RunRow, year: int | None, notes: list[str]) -> tuple[bool, ...]:
+    """Gradient-reduction dtypes to search (``ParallelPlan.grad_reduce_in_bf16``): fp32 and
+    bf16 for NVIDIA Megatron-family rows dated GRAD_REDUCE_IN_BF16_YEAR or later and for
+    undated rows, fp32 only otherwise (the search applies it only to bf16 / fp8 / fp4)."""
+    if year is None or (is_nvidia_megatron(row) and year >= GRAD_REDUCE_IN_BF16_YEAR):
+        if (row.choice("precision") or "") in ("bf16", "fp8", "fp4"):
+            notes.append("gradient reduction in fp32 or bf16 searched")
+        return (False, True)
+    return (False,)
 
 
 #: Words of the free-text ``zero_stage_or_sharding`` column and the ZeRO stage they name, read

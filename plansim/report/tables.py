@@ -48,10 +48,12 @@ def plan_row(ev: Evaluation) -> dict[str, Any]:
 
 
 def _grad_reduce(p: ParallelPlan) -> str:
-    """'end', 'overlap', or 'overlap+params' (the parameter all-gather hidden too)."""
-    if not p.overlap_grad_reduce:
-        return "end"
-    return "overlap+params" if p.overlap_param_gather else "overlap"
+    """'end', 'overlap', or 'overlap+params' (the parameter all-gather hidden too), with
+    ' bf16' when the gradients are reduced in bf16."""
+    when = "end"
+    if p.overlap_grad_reduce:
+        when = "overlap+params" if p.overlap_param_gather else "overlap"
+    return f"{when} bf16" if p.grad_reduce_in_bf16 else when
 
 
 def pipeline_split_label(p: ParallelPlan) -> str:
@@ -129,6 +131,7 @@ def evaluation_dict(ev: Evaluation) -> dict[str, Any]:
             "overlap_grad_reduce": p.overlap_grad_reduce,
             **({"overlap_param_gather": True} if p.overlap_param_gather else {}),
             "gradient_accumulation_fusion": p.gradient_accumulation_fusion,
+            **({"grad_reduce_in_bf16": True} if p.grad_reduce_in_bf16 else {}),
             "scatter_gather_p2p": p.scatter_gather_p2p,
             "num_gpus": p.num_gpus,
             **(

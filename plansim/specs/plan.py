@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from plansim.errors import SpecError, choice_error, require_positive_int
 from plansim.specs.plan_checks import (
     check_dp_sync,
+    check_grad_reduce_in_bf16,
     check_offload,
     check_overlap_param_gather,
     check_recompute,
@@ -93,6 +94,13 @@ class ParallelPlan:
             with ``overlap_grad_reduce``): the ZeRO-1/2 parameter all-gather after the
             optimizer is issued per gradient bucket and waited for at the next step's
             forward, one bucket ahead (``plansim.analytic.rank_work``).
+        grad_reduce_in_bf16: gradients accumulate and are reduced over data parallelism in
+            bf16, 2 bytes per parameter, instead of Megatron's fp32 main-gradient buffer
+            (Megatron-LM ``--grad-reduce-in-bf16``, ``DistributedDataParallelConfig
+            (grad_reduce_in_fp32=False)``; NeMo 2's fp8 recipe ``bf16_with_fp8_mixed`` sets it,
+            "NVIDIA recommends False for FP8"): halves the gradient memory and the DP
+            reduce-scatter / all-reduce bytes. Needs precision bf16, fp8 or fp4 (fp16
+            gradients are 16-bit already, fp32 training has no 16-bit gradients).
         gradient_accumulation_fusion: weight-gradient GEMMs accumulate straight into the
             gradient buffer (Megatron-LM ``--gradient-accumulation-fusion``, default on since
             2022); off, every micro-batch adds its fresh weight gradients into the buffer with
@@ -179,6 +187,7 @@ class ParallelPlan:
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
     gradient_accumulation_fusion: bool = True
+    grad_reduce_in_bf16: bool = False
     scatter_gather_p2p: bool = True
     dp_sync: DpSync = DpSync.RING
     ps_servers: int = 0
@@ -219,6 +228,7 @@ class ParallelPlan:
             "scatter_gather_p2p",
             "tp_comm_overlap",
             "overlap_param_gather",
+            "grad_reduce_in_bf16",
         )
         for flag in flags:
             if not isinstance(getattr(self, flag), bool):
@@ -232,6 +242,7 @@ class ParallelPlan:
             )
         check_tp_comm_overlap(self)
         check_overlap_param_gather(self)
+        check_grad_reduce_in_bf16(self)
         check_schedule(self)
         check_uneven_split(self)
         check_recompute(self)
@@ -309,6 +320,8 @@ class ParallelPlan:
             parts.append("overlap-param")
         if not self.gradient_accumulation_fusion:
             parts.append("unfused-grad-acc")
+        if self.grad_reduce_in_bf16:
+            parts.append("bf16-grads")
         if self.pp > 1 and self.tp > 1 and not (self.scatter_gather_p2p or self.sequence_parallel):
             parts.append("full-p2p")
         if self.attention is AttentionKernel.UNFUSED:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from plansim.errors import SpecError, choice_error, require_positive_int
-from plansim.specs.plan_enums import DpSync, OffloadDevice, Recompute, Schedule
+from plansim.specs.plan_enums import DpSync, OffloadDevice, Precision, Recompute, Schedule
 
 if TYPE_CHECKING:
     from plansim.specs.plan import ParallelPlan
@@ -144,6 +144,18 @@ def check_overlap_param_gather(plan: ParallelPlan) -> None:
             "plan.overlap_param_gather needs zero_stage 1 or 2 and overlap_grad_reduce (got "
             f"zero_stage={plan.zero_stage}, overlap_grad_reduce={plan.overlap_grad_reduce}), "
             "as Megatron-LM's --overlap-param-gather"
+        )
+
+
+def check_grad_reduce_in_bf16(plan: ParallelPlan) -> None:
+    """bf16 gradient reduction replaces an fp32 main-gradient buffer, which only the bf16 and
+    the quantized (fp8, fp4) mixed-precision modes keep."""
+    allowed = (Precision.BF16, Precision.FP8, Precision.FP4)
+    if plan.grad_reduce_in_bf16 and plan.precision not in allowed:
+        raise SpecError(
+            f"plan.grad_reduce_in_bf16 needs precision "
+            f"{', '.join(p.value for p in allowed)} (got {plan.precision.value}: its "
+            "gradients are not kept in an fp32 buffer)"
         )
 
 

@@ -31,7 +31,7 @@ from plansim.analytic.comm import (
     p2p_latency_s,
     p2p_time_s,
 )
-from plansim.analytic.memory import state_bytes_per_param
+from plansim.analytic.memory import plan_state_bytes, state_bytes_per_param
 from plansim.analytic.ranks import layout_groups
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import stage_num_layers
@@ -120,7 +120,7 @@ def flat_all_reduce_s(
 ) -> tuple[float, float, float]:
     """(seconds, bytes, latency seconds) of the rank's gradient all-reduce with its flat
     copies; latency = the all-reduce's alpha plus the copies (not link time)."""
-    per_param = state_bytes_per_param(plan.precision).grad
+    per_param = plan_state_bytes(plan).grad
     grad_bytes = sum(rank_tensors(model, plan, pp_rank=pp_rank)) * per_param
     span = layout_groups(plan, gpus_per_node=profile.gpus_per_node).dp_cp
     reduce_s = collective_time_s(

@@ -1,0 +1,99 @@
+"""Megatron-LM --grad-reduce-in-bf16: bf16 gradient buffer and reduction instead of fp32."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from plansim.analytic.cost import build_pipeline_work
+from plansim.analytic.memory import plan_state_bytes, rank_memory
+from plansim.catalog import resolve_model
+from plansim.cli import main
+from plansim.errors import SpecError
+from plansim.io.profiles import load_profile
+from plansim.io.runs import RunRow
+from plansim.planner.enumerate import SearchSpace, enumerate_plans
+from plansim.planner.run_framework import bf16_grad_modes
+from plansim.specs.plan import ParallelPlan, Precision, Recompute
+
+H100 = load_profile("h100-sxm5-80gb")
+MODEL = resolve_model("llama2-7b")
+
+
+def _plan(**kw: object) -> ParallelPlan:
+    base: dict[str, object] = dict(
+        dp=8, tp=1, pp=1, micro_batch_size=1, global_batch_size=64, zero_stage=1
+    )
+    base.update(kw)
+    return ParallelPlan(**base)  # type: ignore[arg-type]
+
+
+def test_gradient_bytes_halve_in_memory_and_on_the_wire() -> None:
+    fp32, bf16 = _plan(), _plan(grad_reduce_in_bf16=True)
+    assert plan_state_bytes(fp32).grad == 4.0 and plan_state_bytes(bf16).grad == 2.0
+    assert plan_state_bytes(_plan(precision=Precision.FP8, grad_reduce_in_bf16=True)).grad == 2.0
+    mem32 = rank_memory(MODEL, fp32, H100, rank=0)
+    mem16 = rank_memory(MODEL, bf16, H100, rank=0)
+    assert mem16.gradients_bytes == pytest.approx(mem32.gradients_bytes / 2)
+    assert mem16.optimizer_bytes == mem32.optimizer_bytes
+    assert mem16.weights_bytes == mem32.weights_bytes
+
+    def dp_bytes(plan: ParallelPlan) -> float:
+        work = build_pipeline_work(MODEL, plan, H100)
+        return sum(s.num_bytes for s in work.ranks[0].grad_sync if s.kind == "dp_comm")
+
+    assert dp_bytes(bf16) == pytest.approx(dp_bytes(fp32) / 2)
+    assert dp_bytes(fp32) > 0
+
+
+def test_plan_rule_label_and_search() -> None:
+    with pytest.raises(SpecError, match="grad_reduce_in_bf16 needs precision bf16, fp8, fp4"):
+        _plan(precision=Precision.FP16, grad_reduce_in_bf16=True)
+    assert "bf16-grads" in _plan(grad_reduce_in_bf16=True).label()
+    narrow = dict(zero_stages=(0, 1), recomputes=(Recompute.NONE,), micro_batch_size=(1,))
+    off = list(enumerate_plans(num_gpus=8, global_batch_size=16, space=SearchSpace(**narrow)))  # type: ignore[arg-type]
+    on = list(
+        enumerate_plans(
+            num_gpus=8,
+            global_batch_size=16,
+            space=SearchSpace(**narrow, grad_reduce_in_bf16=(False, True)),  # type: ignore[arg-type]
+        )
+    )
+    added = [p for p in on if p.grad_reduce_in_bf16]
+    assert not any(p.grad_reduce_in_bf16 for p in off)
+    assert len(added) == len(off) and len(on) == 2 * len(off)
+    assert {dataclasses.replace(p, grad_reduce_in_bf16=False) for p in added} == set(off)
+    fp16 = SearchSpace(**narrow, grad_reduce_in_bf16=(False, True), precision=Precision.FP16)  # type: ignore[arg-type]
+    assert not any(
+        p.grad_reduce_in_bf16 for p in enumerate_plans(num_gpus=8, global_batch_size=16, space=fp16)
+    )
+
+
+def test_backtest_searches_it_for_recent_megatron_family_rows() -> None:
+    def modes(framework: str, precision: str = "fp8") -> tuple[bool, ...]:
+        row = RunRow(path="r.csv", line=2, cells={"framework": framework, "precision": precision})
+        return bf16_grad_modes(row, 2025 if "25" in framework else 2022, [])
+
+    assert modes("Megatron-Bridge 25.11") == (False, True)
+    assert modes("Megatron-LM (2022)") == (False,)
+    assert modes("DeepSpeed 0.15 (2025)") == (False,)
+    notes: list[str] = []
+    undated = RunRow(path="r.csv", line=2, cells={"precision": "bf16"})
+    assert bf16_grad_modes(undated, None, notes) == (False, True)
+    assert notes == ["gradient reduction in fp32 or bf16 searched"]
+
+
+def test_simulate_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["simulate", "--model", "llama2-7b", "--gpu", "h100-sxm5-80gb", "--gpus", "8"]
+    args += ["--gbs", "64", "--tp", "1", "--pp", "1", "--mbs", "1", "--zero", "1"]
+    out = []
+    for extra in ([], ["--grad-reduce-in-bf16"]):
+        assert main([*args, *extra, "--format", "json"]) == 0
+        out.append(json.loads(capsys.readouterr().out))
+    assert "grad_reduce_in_bf16" not in out[0]["plan"]
+    assert out[1]["plan"]["grad_reduce_in_bf16"] is True
+    assert out[1]["peak_memory_bytes"] < out[0]["peak_memory_bytes"]
+    assert main([*args, "--grad-reduce-in-bf16", "--precision", "fp16"]) == 2
+    assert "grad_reduce_in_bf16 needs precision" in capsys.readouterr().err
