@@ -115,13 +115,25 @@ def _fixed(row: RunRow, column: str, notes: list[str], label: str) -> tuple[int,
     return (value,)
 
 
+#: An NGC container release named in ``framework`` ("NeMo 24.07", "Megatron-Bridge 25.11",
+#: "nvcr.io/nvidia/pytorch:20.12-py3"): NVIDIA numbers its containers YY.MM.
+_CONTAINER_RELEASE = re.compile(
+    r"(?:nemo|megatron[- ]?bridge|pytorch)\S*[ :]v?(\d\d)\.(?:0[1-9]|1[0-2])\b", re.IGNORECASE
+)
+
+
 def run_year(row: RunRow) -> int | None:
-    """Year the run was made: from ``framework`` ("Megatron-LM (2021)"), else from
-    ``source_locator`` ("SC21", "MLSys 2023", "arXiv:2104.04473"), else from the launch script
-    the locator cites (``plansim.planner.run_scripts``); None when undated."""
-    match = re.search(r"\b(20\d\d)\b", row.text("framework") or "")
+    """Year the run was made: from ``framework`` ("Megatron-LM (2021)", or an NGC container
+    release "NeMo 24.07"), else from ``source_locator`` ("SC21", "MLSys 2023",
+    "arXiv:2104.04473"), else from the launch script the locator cites
+    (``plansim.planner.run_scripts``); None when undated."""
+    framework = row.text("framework") or ""
+    match = re.search(r"\b(20\d\d)\b", framework)
     if match:
         return int(match.group(1))
+    release = _CONTAINER_RELEASE.search(framework)
+    if release:
+        return 2000 + int(release.group(1))
     locator = row.text("source_locator") or ""
     for pattern, fmt in (
         (r"\b(?:SC|ISCA|MLSys|NSDI|OSDI|SOSP|ATC|EuroSys|PPoPP)[ \'’]?(\d\d)\b", "20{}"),

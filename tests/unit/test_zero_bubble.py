@@ -457,6 +457,10 @@ def _row(**cells: str) -> RunRow:
         ({"framework": "Megatron-LM (2024)"}, 2024, True),
         ({"source_locator": "arXiv:2401.10241"}, 2024, True),
         ({"source_locator": "SC21"}, 2021, False),
+        ({"framework": "NeMo 24.07"}, 2024, True),
+        ({"framework": "Megatron-Bridge 25.11"}, 2025, True),
+        ({"framework": "NeMo (nvcr.io/nvidia/nemo:23.11)"}, 2023, False),
+        ({"framework": "PyTorch 2.1 FSDP"}, None, True),
         ({}, None, True),
     ],
 )
