@@ -89,7 +89,8 @@ def _layer_bytes(
     q = gemm_input_bytes
     masks = 2.0 if model.dropout else 0.0
     replicated = 2 * _HALF + 2 * q + masks  # two norm inputs, attention and MLP inputs
-    projection_input = _HALF if q == _HALF else _HALF + q
+    quantized = q < _HALF
+    projection_input = _HALF + q if quantized else _HALF  # + the attention kernel's 16-bit O
     sharded = _HALF + 2 * _HALF * model.kv_size / h + projection_input
     sharded += _ffn_sharded_coeff(model, q)
     rep_div = tp if sequence_parallel else 1

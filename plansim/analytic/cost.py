@@ -53,8 +53,8 @@ from plansim.analytic.grad_buckets import grad_buckets
 from plansim.analytic.layer_cost import EdgeTimes, PassTimes, edge_times, layer_pass_times
 from plansim.analytic.link_tags import Memo, with_links
 from plansim.analytic.memory import (
+    plan_state_bytes,
     stage_activation_bytes,
-    state_bytes_per_param,
 )
 from plansim.analytic.offload import with_param_fetch
 from plansim.analytic.pipeline_send import pipeline_send
@@ -270,7 +270,7 @@ def _build(
     )
     edges = _memoised(memo, ("edges", *pass_key), lambda: edge_times(model, plan, job, groups))
     bucket_key = tuple(getattr(plan, f) for f in _BUCKET_FIELDS)
-    per_param = state_bytes_per_param(plan.precision)
+    per_param = plan_state_bytes(plan)
     z3_bytes = {"param_bytes": per_param.param, "grad_bytes": per_param.param}
     z3_layer = _memoised(
         memo,

@@ -381,7 +381,7 @@ def transient_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float
     if plan.zero_stage == 3:
         counts = count_parameters(model)
         layer = (counts.attention_per_layer + counts.mlp_per_layer) / plan.tp
-        total += 2 * layer * state_bytes_per_param(plan.precision).param
+        total += 2 * layer * plan_state_bytes(plan).param
     return total
 
 

@@ -46,7 +46,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from plansim.analytic.grad_buckets import stage_parameters as stage_param_counts
-from plansim.analytic.memory import rank_parameters, state_bytes_per_param
+from plansim.analytic.memory import plan_state_bytes, rank_parameters
 from plansim.analytic.ranks import dp_cp_size
 from plansim.errors import SpecError
 from plansim.specs.hardware import HardwareProfile, HostSpec
@@ -133,7 +133,7 @@ def host_bytes_per_gpu(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> fl
     elif plan.offload_optimizer is OffloadDevice.NVME:
         per_param += HOST_OPTIMIZER_BYTES_PER_PARAM - NVME_OPTIMIZER_BYTES_PER_PARAM
     if plan.offload_param is OffloadDevice.CPU:
-        per_param += state_bytes_per_param(plan.precision).param
+        per_param += plan_state_bytes(plan).param
     return local * per_param
 
 
@@ -220,7 +220,7 @@ def host_step_segments(
     if plan.offload_optimizer is OffloadDevice.NONE:
         return ()
     host = require_host(plan, profile)
-    half = state_bytes_per_param(plan.precision).param * local_params  # 16-bit shard
+    half = plan_state_bytes(plan).param * local_params  # 16-bit shard
     nvme = plan.offload_optimizer is OffloadDevice.NVME
     segs = [_copy("offload_d2h", half, profile)]
     if nvme:
@@ -263,7 +263,7 @@ def with_offload(
     rest = tuple(s for s in optimizer if s.kind != "optimizer")
     if plan.offload_optimizer is not OffloadDevice.NONE:
         return host_step_segments(plan, profile, local_params=local_params) + rest
-    half = state_bytes_per_param(plan.precision).param * local_params
+    half = plan_state_bytes(plan).param * local_params
     back = _copy("offload_d2h", half, profile)
     if plan.offload_param is OffloadDevice.NVME:
         return (*step, back, _nvme("nvme_write", half, plan, profile), *rest)
@@ -284,7 +284,7 @@ def param_fetch_segments(
         return ()
     require_host(plan, profile)
     params = stage_parameters(model, plan, stage=stage)
-    shard = params * state_bytes_per_param(plan.precision).param / dp_cp_size(plan)
+    shard = params * plan_state_bytes(plan).param / dp_cp_size(plan)
     fetch = _copy("offload_h2d", shard, profile)
     if plan.offload_param is OffloadDevice.NVME:
         return (_nvme("nvme_read", shard, plan, profile), fetch)

@@ -70,7 +70,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plansim.analytic.elementwise import adam_step_bytes
-from plansim.analytic.memory import plan_state_bytes, rank_parameters, state_bytes_per_param
+from plansim.analytic.memory import plan_state_bytes, rank_parameters
 from plansim.analytic.ranks import LayoutGroups, dp_cp_size
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
@@ -202,8 +202,8 @@ def ps_push(
     *,
     rank: int,
 ) -> PsTraffic:
-    """The push of pipeline rank ``rank``'s gradients (``state_bytes_per_param().grad``
-    bytes per parameter: the fp32 main gradients a ring would all-reduce)."""
+    """The push of pipeline rank ``rank``'s gradients (``plan_state_bytes(plan).grad`` bytes
+    per parameter: the main gradients a ring would all-reduce, fp32 unless reduced in bf16)."""
     per_param = plan_state_bytes(plan).grad
     return _rank_transfer(model, plan, profile, groups, rank=rank, bytes_per_param=per_param)
 
@@ -218,7 +218,7 @@ def ps_pull(
 ) -> PsTraffic:
     """The pull of pipeline rank ``rank``'s updated 16-bit weights (``.param`` bytes per
     parameter, as the ZeRO-1 all-gather)."""
-    per_param = state_bytes_per_param(plan.precision).param
+    per_param = plan_state_bytes(plan).param
     return _rank_transfer(model, plan, profile, groups, rank=rank, bytes_per_param=per_param)
 
 

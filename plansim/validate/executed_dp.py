@@ -31,7 +31,7 @@ from plansim.analytic.comm import (
     p2p_latency_s,
     p2p_time_s,
 )
-from plansim.analytic.memory import plan_state_bytes, state_bytes_per_param
+from plansim.analytic.memory import plan_state_bytes
 from plansim.analytic.ranks import layout_groups
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import stage_num_layers
@@ -138,7 +138,7 @@ def broadcasts_s(
     rank: one broadcast per parameter tensor over dp, each priced as a send/recv of its
     bytes; latency = the tensors' send/recv latencies."""
     across = layout_groups(plan, gpus_per_node=profile.gpus_per_node).dp_cp.num_nodes > 1
-    param_bytes = state_bytes_per_param(plan.precision).param
+    param_bytes = plan_state_bytes(plan).param
     sizes = [n * param_bytes for n in rank_tensors(model, plan, pp_rank=pp_rank)]
     seconds = sum(p2p_time_s(profile, message_bytes=b, inter_node=across) for b in sizes)
     alpha = p2p_latency_s(profile, inter_node=across)
