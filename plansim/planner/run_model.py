@@ -8,17 +8,25 @@ GELU/ReLU rows are taken as GPT-style (LayerNorm, biases, learned positions, tie
 dropout: Megatron-LM's GPT examples train with 0.1), SwiGLU rows as Llama-style (RMSNorm, no
 biases, RoPE, untied, no dropout: the Meta Llama configs), squared-ReLU rows as Nemotron-style
 (LayerNorm, no biases, RoPE, untied, no dropout: NVIDIA/NeMo ``NemotronConfig``,
-``nemo/collections/llm/gpt/model/nemotron.py``); the note says which.
+``nemo/collections/llm/gpt/model/nemotron.py``); the note says which. A GELU row whose model
+is named MPT is GPT-style without dropout: MosaicML's ``MosaicGPTConfig`` (mosaicml/examples,
+later llm-foundry ``MPTConfig``) defaults ``attn_pdrop``, ``resid_pdrop`` and ``emb_pdrop`` to
+0 (biases, learned positions and tied embeddings as GPT: its parameter counts include them).
 A blank vocabulary is taken from the preset with the same (layers, hidden, heads), noted, or
 the row is skipped.
 """
 
 from __future__ import annotations
 
+import re
+
 from plansim.catalog import PRESETS
 from plansim.errors import PlansimError
 from plansim.io.runs import RunRow
 from plansim.specs.model import Activation, ModelSpec, Normalization, PositionEmbedding
+
+#: A model name of MosaicML's MPT family ("MPT-7B", "mpt 30b").
+_MPT_NAME = re.compile(r"\s*mpt\b", re.IGNORECASE)
 
 
 class Skip(PlansimError):
@@ -48,10 +56,13 @@ def row_model(row: RunRow, notes: list[str]) -> ModelSpec:
         vocab = _preset_vocab(layers, hidden, heads, notes)
     llama = activation is Activation.SWIGLU
     nemotron = activation is Activation.SQUARED_RELU
+    mpt = not (llama or nemotron) and _MPT_NAME.match(row.text("model_name") or "") is not None
     if llama:
         notes.append("llama-style model (rmsnorm, rope, untied, no dropout)")
     elif nemotron:
         notes.append("nemotron-style model (layernorm, rope, untied, no biases, no dropout)")
+    elif mpt:
+        notes.append("gpt-style model without dropout (MPT)")
     else:
         notes.append("gpt-style model")
     return ModelSpec(
@@ -70,7 +81,7 @@ def row_model(row: RunRow, notes: list[str]) -> ModelSpec:
         if llama or nemotron
         else PositionEmbedding.LEARNED,
         add_bias_linear=not (llama or nemotron),
-        dropout=not (llama or nemotron),
+        dropout=not (llama or nemotron or mpt),
     )
 
 

@@ -202,3 +202,16 @@ def test_the_activation_names_the_family(
     assert model.dropout is dropout
     assert model.position_embedding is positions
     assert model.add_bias_linear is (activation == "gelu")
+
+
+@pytest.mark.parametrize(
+    ("name", "dropout"), [("MPT-7b", False), ("mpt 30B", False), ("GPT-3 175B", True)]
+)
+def test_an_mpt_row_is_gpt_style_without_dropout(name: str, dropout: bool) -> None:
+    notes: list[str] = []
+    cells = {**ROW, "ffn_activation": "gelu", "model_name": name}
+    model = row_model(RunRow(path="runs.csv", line=2, cells=cells), notes)
+    assert model.dropout is dropout
+    assert model.add_bias_linear and model.tied_embeddings
+    assert model.position_embedding is PositionEmbedding.LEARNED
+    assert any(("(MPT)" in note) is not dropout for note in notes), notes

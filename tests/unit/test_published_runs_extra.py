@@ -12,15 +12,42 @@ from plansim.planner.run_model import row_model
 EXTRA = Path(__file__).resolve().parents[2] / "benchmarks" / "published_runs"
 
 
-@pytest.mark.parametrize("name", ["nemo_performance.csv"])
-def test_rows_build_models_and_their_step_times_follow_from_throughput(name: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "count", "throughput"),
+    [("nemo_performance.csv", 36, "tokens_per_s_per_gpu"), ("mosaic_llm_foundry.csv", 191, "")],
+)
+def test_rows_build_models_and_their_step_times_follow_from_throughput(
+    name: str, count: int, throughput: str
+) -> None:
     _, rows = read_runs(EXTRA / name)
-    assert len(rows) == 36
+    assert len(rows) == count
     for row in rows:
         model = row_model(row, [])
         gpus = row.integer("num_gpus")
         tokens = row.integer("global_batch_size_seqs") * model.seq_length
-        step = tokens / (row.number("tokens_per_s_per_gpu") * gpus)
+        if throughput:
+            step = tokens / (row.number(throughput) * gpus)
+        else:
+            step = tokens / row.number("tokens_per_s_total")
         assert row.number("step_time_s") == pytest.approx(step, abs=6e-5), row.row_id
         layout = row.integer("tp") * row.integer("pp") * row.integer("cp") * row.integer("dp")
         assert layout == gpus, row.row_id
+
+
+def test_the_mosaic_rows_agree_with_their_published_mfu() -> None:
+    """llm-foundry's MFU (benchmarking README): (6 N + 12 L h s) x tokens/s over GPUs x peak
+    (312 TFLOP/s A100 bf16, 989 H100 bf16), N the table's parameter count (learned
+    positions, biases, tied embeddings); a mistyped throughput, GPU count or sequence length
+    breaks the agreement, and micro-batch x accumulation x GPUs must be the global batch."""
+    _, rows = read_runs(EXTRA / "mosaic_llm_foundry.csv")
+    peak = {"a100-sxm4-80gb": 312e12, "a100-sxm4-40gb": 312e12, "h100-sxm5-80gb": 989e12}
+    for row in rows:
+        model = row_model(row, [])
+        layers, hidden, seq = model.num_layers, model.hidden_size, model.seq_length
+        params = layers * (12 * hidden**2 + 13 * hidden) + (model.vocab_size + seq + 2) * hidden
+        assert row.number("params_billion") == pytest.approx(params / 1e9, abs=6e-4)
+        flops = (6 * params + 12 * layers * hidden * seq) * row.number("tokens_per_s_total")
+        mfu = 100 * flops / (row.integer("num_gpus") * peak[row.choice("gpu_type") or ""])
+        assert mfu == pytest.approx(row.number("mfu_pct"), rel=1e-3), row.row_id
+        batch = row.integer("micro_batch_size_seqs") * row.integer("grad_accum_steps")
+        assert batch * row.integer("num_gpus") == row.integer("global_batch_size_seqs")
