@@ -237,11 +237,12 @@ def rank_memory(
     """Peak memory of pipeline rank ``rank`` (one GPU) under ``plan``; ZeRO shards over
     dp * cp ranks."""
     params = rank_parameters(model, plan, rank=rank)
+    fsdp = plan.use_torch_fsdp2  # PyTorch FSDP keeps fp32 training's states (plan docstring)
     states = model_state_bytes(
         params,
         dp=dp_cp_size(plan),
         zero_stage=plan.zero_stage,
-        per_param=plan_state_bytes(plan),
+        per_param=state_bytes_per_param(Precision.FP32) if fsdp else plan_state_bytes(plan),
         offload_optimizer=plan.offload_optimizer,
         offload_param=plan.offload_param,
     )

@@ -72,6 +72,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "instead of fp32; with --precision bf16, fp8 or fp4)",
     )
     p.add_argument(
+        "--use-torch-fsdp2",
+        action="store_true",
+        help="price the ZeRO-3 plans as PyTorch FSDP (Megatron flag): fp32 sharded parameters "
+        "are the master weights, 16 bytes per parameter instead of DeepSpeed's 18",
+    )
+    p.add_argument(
         "--tp-comm-overlap",
         action="store_true",
         help="also try Megatron's --tp-comm-overlap for the sequence-parallel plans (TP "
@@ -129,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         tp_comm_overlap=(False, True) if args.tp_comm_overlap else (False,),
         overlap_param_gather=(False, True) if args.overlap_param_gather else (False,),
         grad_reduce_in_bf16=(False, True) if args.grad_reduce_in_bf16 else (False,),
+        use_torch_fsdp2=args.use_torch_fsdp2,
     )
     result = search(
         model,

@@ -61,6 +61,7 @@ from plansim.planner.run_framework import (
     deepspeed_pipeline_engine,
     deepspeed_pp,
     is_megatron_fork,
+    is_torch_fsdp,
     uneven_pipeline,
     zero3_fetch,
     zero_stage,
@@ -204,6 +205,7 @@ def _space(row: RunRow, notes: list[str]) -> SearchSpace:
         grad_reduce_in_bf16=bf16_grad_modes(row, year, notes),
         scatter_gather_p2p=year is None or year >= SCATTER_GATHER_P2P_YEAR,
         zero3_param_fetch=zero3_fetch(row, year, notes),
+        use_torch_fsdp2=is_torch_fsdp(row, notes),
         uneven_pipeline=uneven_pipeline(row, year),
         # Megatron-LM's block method (--recompute-method block) came with selective
         # recompute (Korthikanti et al. 2022's release); a stated "full" is every layer.

@@ -65,8 +65,8 @@ class SearchSpace:
         grad_reduce_in_bf16: values tried when the precision keeps an fp32 main-gradient
             buffer (bf16, fp8, fp4; Megatron-LM ``--grad-reduce-in-bf16``); default off only.
         precision, attention, gradient_accumulation_fusion, scatter_gather_p2p,
-            zero3_param_fetch: fixed for the whole search (implementation facts of the
-            framework, not layout choices).
+            zero3_param_fetch, use_torch_fsdp2 (ZeRO-3 plans only): fixed for the whole
+            search (implementation facts of the framework, not layout choices).
         uneven_pipeline: when the layers do not split evenly over pp * vpp stages, offer
             the uneven split of ``plansim.specs.layer_split.uneven_split_fields`` (Megatron-LM
             ``--account-for-embedding/loss-in-pipeline-split`` or
@@ -120,6 +120,7 @@ class SearchSpace:
         (OffloadDevice.NONE, OffloadDevice.NONE),
     )
     zero3_param_fetch: Zero3ParamFetch = Zero3ParamFetch.LAYER_PREFETCH
+    use_torch_fsdp2: bool = False
     uneven_pipeline: bool = True
     partial_recompute: bool = True
 
@@ -315,6 +316,9 @@ def _knobs(
                             offload_optimizer=opt_dev,
                             offload_param=param_dev,
                             zero3_param_fetch=space.zero3_param_fetch,
+                            use_torch_fsdp2=space.use_torch_fsdp2
+                            and zero == 3
+                            and opt_dev is param_dev is OffloadDevice.NONE,
                             **split,  # type: ignore[arg-type]
                         )
                         for overlap, grad, param in modes

@@ -108,6 +108,24 @@ def zero_stages(
     return (0, 1, 2, 3)
 
 
+_TORCH_FSDP = re.compile(r"(?:py)?torch[- ]fsdp|fsdp2|fully_shard")
+
+
+def is_torch_fsdp(row: RunRow, notes: list[str]) -> bool:
+    """Whether the row's ZeRO-3 is PyTorch FSDP (``ParallelPlan.use_torch_fsdp2``): named
+    ("PyTorch FSDP", "torch FSDP", "FSDP2", ``fully_shard``) in the framework or sharding
+    cell, or FSDP named by a row that is neither DeepSpeed nor NVIDIA's Megatron family (whose
+    FSDP is Megatron-FSDP)."""
+    sharding = (row.text("zero_stage_or_sharding") or "").lower()
+    text = f"{framework_text(row)} {sharding}"
+    torch_fsdp = bool(_TORCH_FSDP.search(text)) or (
+        "fsdp" in text and not is_deepspeed(row) and not is_nvidia_megatron(row)
+    )
+    if torch_fsdp:
+        notes.append("PyTorch FSDP: fp32 sharded parameters are the master weights")
+    return torch_fsdp
+
+
 def bf16_grad_modes(row: RunRow, year: int | None, notes: list[str]) -> tuple[bool, ...]:
     """Gradient-reduction dtypes to search (``ParallelPlan.grad_reduce_in_bf16``): fp32 and
     bf16 for NVIDIA Megatron-family rows dated GRAD_REDUCE_IN_BF16_YEAR or later and for

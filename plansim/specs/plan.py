@@ -12,6 +12,7 @@ from plansim.specs.plan_checks import (
     check_overlap_param_gather,
     check_recompute,
     check_schedule,
+    check_torch_fsdp,
     check_tp_comm_overlap,
     check_uneven_split,
     offload_devices,
@@ -143,6 +144,15 @@ class ParallelPlan:
             bottleneck). Must be 0 with ring.
         zero3_param_fetch: with zero_stage 3, how parameters are gathered and gradients
             reduce-scattered (:class:`Zero3ParamFetch`); ignored otherwise.
+        use_torch_fsdp2: ZeRO-3 through PyTorch FSDP (FSDP1 ``FlatParameter`` or FSDP2
+            ``fully_shard``; Megatron-LM ``--use-torch-fsdp2``) rather than DeepSpeed: the
+            sharded parameters stay in fp32 and are the optimizer's master weights (FSDP
+            ``MixedPrecision``: outside forward and backward the sharded parameters are kept
+            in full precision), and the reduced gradient shard is cast back to them (fp32,
+            pytorch/pytorch PR #85062), so a rank keeps 4 + 4 + 8 (Adam m, v) = 16 bytes per
+            parameter / (dp * cp) where DeepSpeed's estimator counts 18 (16-bit and fp32
+            copies, ../shared/reference memory.md §4.2). The 16-bit gathered layers are as
+            before. Needs zero_stage 3, no DeepSpeed offload and no per-tensor-sync fetch.
         decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers: transformer
             layers on the first / last pipeline rank (Megatron-LM
             ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``,
@@ -194,6 +204,7 @@ class ParallelPlan:
     offload_optimizer: OffloadDevice = OffloadDevice.NONE
     offload_param: OffloadDevice = OffloadDevice.NONE
     zero3_param_fetch: Zero3ParamFetch = Zero3ParamFetch.LAYER_PREFETCH
+    use_torch_fsdp2: bool = False
     decoder_first_pipeline_num_layers: int | None = None
     decoder_last_pipeline_num_layers: int | None = None
     account_for_embedding_in_pipeline_split: bool = False
@@ -229,6 +240,7 @@ class ParallelPlan:
             "tp_comm_overlap",
             "overlap_param_gather",
             "grad_reduce_in_bf16",
+            "use_torch_fsdp2",
         )
         for flag in flags:
             if not isinstance(getattr(self, flag), bool):
@@ -243,6 +255,7 @@ class ParallelPlan:
         check_tp_comm_overlap(self)
         check_overlap_param_gather(self)
         check_grad_reduce_in_bf16(self)
+        check_torch_fsdp(self)
         check_schedule(self)
         check_uneven_split(self)
         check_recompute(self)
@@ -334,6 +347,8 @@ class ParallelPlan:
             parts.append(f"offload-param-{self.offload_param.value}")
         if self.zero_stage == 3 and self.zero3_param_fetch is not Zero3ParamFetch.LAYER_PREFETCH:
             parts.append(f"zero3-{self.zero3_param_fetch.value}")
+        if self.use_torch_fsdp2:
+            parts.append("torch-fsdp")
         if self.decoder_first_pipeline_num_layers is not None:
             parts.append(f"first-stage-{self.decoder_first_pipeline_num_layers}")
         if self.decoder_last_pipeline_num_layers is not None:

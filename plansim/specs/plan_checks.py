@@ -7,7 +7,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from plansim.errors import SpecError, choice_error, require_positive_int
-from plansim.specs.plan_enums import DpSync, OffloadDevice, Precision, Recompute, Schedule
+from plansim.specs.plan_enums import (
+    DpSync,
+    OffloadDevice,
+    Precision,
+    Recompute,
+    Schedule,
+    Zero3ParamFetch,
+)
 
 if TYPE_CHECKING:
     from plansim.specs.plan import ParallelPlan
@@ -157,6 +164,25 @@ def check_grad_reduce_in_bf16(plan: ParallelPlan) -> None:
             f"{', '.join(p.value for p in allowed)} (got {plan.precision.value}: its "
             "gradients are not kept in an fp32 buffer)"
         )
+
+
+def check_torch_fsdp(plan: ParallelPlan) -> None:
+    """PyTorch FSDP is a ZeRO-3 implementation here: stage 3, its own fetch (layer-prefetch,
+    or layer-sync on a CPU device), none of DeepSpeed's offload paths."""
+    if not plan.use_torch_fsdp2:
+        return
+    problems = []
+    if plan.zero_stage != 3:
+        problems.append(f"zero_stage 3 (got {plan.zero_stage})")
+    if plan.zero3_param_fetch is Zero3ParamFetch.PER_TENSOR_SYNC:
+        problems.append("zero3_param_fetch layer-prefetch or layer-sync (got per-tensor-sync)")
+    if (plan.offload_optimizer, plan.offload_param) != (OffloadDevice.NONE, OffloadDevice.NONE):
+        problems.append(
+            "no offload (got offload_optimizer="
+            f"{plan.offload_optimizer.value}, offload_param={plan.offload_param.value})"
+        )
+    if problems:
+        raise SpecError(f"plan.use_torch_fsdp2 needs {'; '.join(problems)}")
 
 
 def offload_devices(field: str, zero_stage: int) -> list[str]:
