@@ -207,3 +207,29 @@ def adam_step_bytes(num_params: float, *, precision: Precision = Precision.BF16)
     if precision is Precision.FP16:
         return 54.0 * num_params
     return 42.0 * num_params
+
+
+def cross_entropy_bytes(activation_bytes: float) -> tuple[float, float]:
+    """HBM bytes per logit of the loss, forward and backward, kernel by kernel as Megatron-LM's
+    ``_VocabParallelCrossEntropy`` (``megatron/mpu/cross_entropy.py``, later
+    ``megatron/core/tensor_parallel/cross_entropy.py``) runs them on the logits the model casts
+    to fp32 (``output.float()``, the default without ``--fp16-lm-cross-entropy``):
+
+        forward: cast 16-bit -> fp32 (read 2, write 4), max (read 4), ``sub_`` (read, write:
+        8), ``exp`` (8), sum (4), ``div_`` to the softmax kept for backward (8) = 38 B;
+        backward: ``mul_`` by the loss gradient (8), cast back to 16-bit (read 4, write 2)
+        = 14 B.
+
+    With fp32 activations the casts are no-ops (32 and 8 B). PyTorch's eager
+    ``F.cross_entropy`` under autocast (fp32 cast, log-softmax, NLL and their backward) moves
+    about as much (~52 B in all), so the same count stands for eager frameworks; fused losses
+    (Megatron-core ``--cross-entropy-loss-fusion``) move less and are not modelled.
+
+    Raises:
+        SpecError: ``activation_bytes`` is not 2 or 4.
+    """
+    if activation_bytes not in (2.0, 4.0):
+        raise SpecError(f"activation_bytes must be 2 or 4 (got {activation_bytes})")
+    cast_forward = activation_bytes + 4.0 if activation_bytes == 2.0 else 0.0
+    cast_backward = 4.0 + activation_bytes if activation_bytes == 2.0 else 0.0
+    return cast_forward + 4.0 + 8.0 + 8.0 + 4.0 + 8.0, 8.0 + cast_backward

@@ -31,6 +31,7 @@ from plansim.analytic.activations import ring_kv_chunk_bytes
 from plansim.analytic.comm import collective_time_s, p2p_time_s
 from plansim.analytic.elementwise import (
     QUANTIZED_ELEMENT_BYTES,
+    cross_entropy_bytes,
     layer_elementwise_traffic,
     quantize_traffic,
 )
@@ -335,9 +336,9 @@ def edge_times(
     Vocab-parallel embedding ends in an all-reduce (reduce-scatter with SP) of b*s*h 16-bit
     values; vocab-parallel cross-entropy all-reduces three fp32 values per token (max,
     sum of exponentials, target logit) (Megatron-LM ``VocabParallelEmbedding`` and
-    ``vocab_parallel_cross_entropy``). Cross-entropy traffic: read 16-bit logits, write fp32,
-    softmax read and write fp32 (14 B per logit forward; 16 B with fp32 logits); backward 8 B
-    per logit. Activations are 16-bit, or 4-byte in fp32 training. With context parallelism
+    ``vocab_parallel_cross_entropy``). Cross-entropy traffic is that of Megatron-LM's
+    ``_VocabParallelCrossEntropy`` op by op on fp32 logits (:func:`cross_entropy_bytes`).
+    Activations are 16-bit, or 4-byte in fp32 training. With context parallelism
     every cp rank does this for its s/cp tokens. Host cost of the embedding and head ops
     (``op_overheads.edge_ops``, ``with_host_s``) when the profile has ``host_overhead``.
     """
@@ -363,18 +364,22 @@ def edge_times(
     num_logits = tokens * model.vocab_size / tp
     norm_s = 2.0 * act * model.hidden_size * tokens / hbm + launch
     first, last = edge_ops(model.position_embedding)
+    ce_forward_bytes, ce_backward_bytes = cross_entropy_bytes(act)
     return EdgeTimes(
         first_forward_s=with_host_s(act_bytes / hbm + launch, first, profile, backward=False),
         first_backward_s=with_host_s(3.0 * act_bytes / hbm + launch, first, profile, backward=True),
         first_tp_s=emb_tp,
         last_forward_s=with_host_s(
-            logits_s + norm_s + (12.0 + act) * num_logits / hbm + 2 * launch,
+            logits_s + norm_s + ce_forward_bytes * num_logits / hbm + 6 * launch,
             last,
             profile,
             backward=False,
         ),
         last_backward_input_s=with_host_s(
-            logits_s + 2.0 * norm_s + 8.0 * num_logits / hbm + launch, last, profile, backward=True
+            logits_s + 2.0 * norm_s + ce_backward_bytes * num_logits / hbm + 3 * launch,
+            last,
+            profile,
+            backward=True,
         ),
         last_backward_weight_s=logits_s,
         last_tp_s=ce_tp,

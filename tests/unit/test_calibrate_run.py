@@ -93,6 +93,8 @@ def test_calibrate_quick_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixtur
     pytest.importorskip("torch")
     out = tmp_path / "cpu-e2e.yaml"
     command = ["calibrate", "--backend", "gloo", "--nproc", "2", "--quick", "--out", str(out)]
+    # a 2-core CI machine takes 200-250 s for this run: the hang guard must not be what fails
+    command += ["--timeout", "1200"]
     assert main(command) == 0
     assert "wrote cpu-e2e.yaml and cpu-e2e.raw.csv" in capsys.readouterr().out
     profile = load_profile(str(out))

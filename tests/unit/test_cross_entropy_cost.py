@@ -1,0 +1,40 @@
+"""The loss is priced kernel by kernel as Megatron-LM's _VocabParallelCrossEntropy runs it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from plansim.analytic.elementwise import cross_entropy_bytes
+from plansim.analytic.layer_cost import edge_times
+from plansim.analytic.ranks import layout_groups
+from plansim.catalog import resolve_model
+from plansim.errors import SpecError
+from plansim.io.profiles import load_profile
+from plansim.specs.plan import ParallelPlan
+
+A100 = load_profile("a100-sxm4-80gb")
+
+
+def test_bytes_per_logit_follow_the_op_sequence() -> None:
+    # forward: cast 2+4, max 4, sub_ 8, exp 8, sum 4, div_ 8; backward: mul_ 8, cast 4+2
+    assert cross_entropy_bytes(2.0) == (38.0, 14.0)
+    assert cross_entropy_bytes(4.0) == (32.0, 8.0)  # fp32 training: the casts are no-ops
+    with pytest.raises(SpecError, match="activation_bytes must be 2 or 4"):
+        cross_entropy_bytes(1.0)
+
+
+def test_a_larger_vocabulary_costs_its_logits_traffic_at_the_streaming_rate() -> None:
+    model = resolve_model("gpt3-175b")
+    plan = ParallelPlan(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=4)
+    wide = dataclasses.replace(model, vocab_size=model.vocab_size + 32768)
+    groups = layout_groups(plan, gpus_per_node=A100.gpus_per_node)
+    base, more = edge_times(model, plan, A100, groups), edge_times(wide, plan, A100, groups)
+    logits = 32768 * model.seq_length
+    hbm = A100.streaming_bytes_per_s()
+    forward_extra = more.last_forward_s - base.last_forward_s
+    backward_extra = more.last_backward_input_s - base.last_backward_input_s
+    gemm_extra = more.last_backward_weight_s - base.last_backward_weight_s  # one logits GEMM
+    assert forward_extra - gemm_extra == pytest.approx(38.0 * logits / hbm, rel=0.02)
+    assert backward_extra - gemm_extra == pytest.approx(14.0 * logits / hbm, rel=0.02)
