@@ -132,6 +132,7 @@ def evaluation_dict(ev: Evaluation) -> dict[str, Any]:
             **({"overlap_param_gather": True} if p.overlap_param_gather else {}),
             "gradient_accumulation_fusion": p.gradient_accumulation_fusion,
             **({"grad_reduce_in_bf16": True} if p.grad_reduce_in_bf16 else {}),
+            **({"use_torch_fsdp2": True} if p.use_torch_fsdp2 else {}),
             "scatter_gather_p2p": p.scatter_gather_p2p,
             "num_gpus": p.num_gpus,
             **(

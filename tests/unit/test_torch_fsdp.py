@@ -120,6 +120,7 @@ def test_simulate_flag(capsys: pytest.CaptureFixture[str]) -> None:
     deepspeed = json.loads(capsys.readouterr().out)
     assert main([*args.split(), "--use-torch-fsdp2", "--format", "json"]) == 0
     fsdp = json.loads(capsys.readouterr().out)
+    assert fsdp["plan"]["use_torch_fsdp2"] is True and "use_torch_fsdp2" not in deepspeed["plan"]
     assert fsdp["step_time_s"] == deepspeed["step_time_s"]
     saved = 2 * count_parameters(MODEL).total / 8
     assert deepspeed["peak_memory_bytes"] - fsdp["peak_memory_bytes"] == pytest.approx(saved)
