@@ -108,18 +108,22 @@ def zero_stages(
     return (0, 1, 2, 3)
 
 
-_TORCH_FSDP = re.compile(r"(?:py)?torch[- ]fsdp|fsdp2|fully_shard")
+_TORCH_FSDP = re.compile(r"(?:py)?torch[- ]fsdp|\bfsdp2\b|fully_shard")
+#: NVIDIA's own FSDP (Megatron-core ``--use-megatron-fsdp`` / custom FSDP), not PyTorch's.
+_MEGATRON_FSDP = re.compile(r"megatron[- ]fsdp|custom[- ]fsdp|\bmfsdp\b")
 
 
 def is_torch_fsdp(row: RunRow, notes: list[str]) -> bool:
     """Whether the row's ZeRO-3 is PyTorch FSDP (``ParallelPlan.use_torch_fsdp2``): named
     ("PyTorch FSDP", "torch FSDP", "FSDP2", ``fully_shard``) in the framework or sharding
     cell, or FSDP named by a row that is neither DeepSpeed nor NVIDIA's Megatron family (whose
-    FSDP is Megatron-FSDP)."""
+    FSDP is Megatron-FSDP); never when Megatron-FSDP is named."""
     sharding = (row.text("zero_stage_or_sharding") or "").lower()
     text = f"{framework_text(row)} {sharding}"
-    torch_fsdp = bool(_TORCH_FSDP.search(text)) or (
-        "fsdp" in text and not is_deepspeed(row) and not is_nvidia_megatron(row)
+    megatron_fsdp = bool(_MEGATRON_FSDP.search(text))
+    torch_fsdp = not megatron_fsdp and (
+        bool(_TORCH_FSDP.search(text))
+        or ("fsdp" in text and not is_deepspeed(row) and not is_nvidia_megatron(row))
     )
     if torch_fsdp:
         notes.append("PyTorch FSDP: fp32 sharded parameters are the master weights")

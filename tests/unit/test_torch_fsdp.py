@@ -100,6 +100,8 @@ def test_the_search_applies_it_to_zero3_plans_only() -> None:
         ("Megatron-LM (--use-torch-fsdp2)", "", True),
         ("DeepSpeed", "ZeRO-3", False),
         ("DeepSpeed", "FSDP-like ZeRO-3", False),
+        ("Megatron-Bridge 26.02", "Megatron-FSDP2 (sharding group 64)", False),
+        ("MCore (custom FSDP)", "FSDP2", False),
     ],
 )
 def test_backtest_rows_naming_pytorch_fsdp(framework: str, sharding: str, expected: bool) -> None:
