@@ -8,6 +8,7 @@ import sys
 
 import pandas as pd
 
+from plansim.errors import InputFileError
 from plansim.io.runs import read_runs, write_predictions
 from plansim.planner.backtest import OVER_MEMORY, Prediction, predict_row
 from plansim.report.tables import render
@@ -26,6 +27,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--simulate-top", type=int, default=8, help="candidates simulated per searched row"
     )
+    p.add_argument(
+        "--group-by",
+        default=None,
+        metavar="COLUMN",
+        help="also print the error summary per value of this runs-CSV column (e.g. gpu_type, "
+        "precision, framework)",
+    )
     p.set_defaults(func=run)
 
 
@@ -33,9 +41,36 @@ def _fmt(value: float | None, digits: int) -> str:
     return "" if value is None else f"{value:.{digits}f}"
 
 
+def _group_table(groups: dict[str, list[float]], column: str) -> str:
+    """Per-value error summary: runs predicted, mean |error|, median |error|, mean signed
+    error (%), values in sorted order; a blank cell is ``(blank)``."""
+    records = [
+        {
+            column: value,
+            "runs": len(errs),
+            "mean_abs_error_pct": f"{statistics.fmean(abs(e) for e in errs):.1f}",
+            "median_abs_error_pct": f"{statistics.median(abs(e) for e in errs):.1f}",
+            "mean_signed_error_pct": f"{statistics.fmean(errs):+.1f}",
+        }
+        for value, errs in sorted(groups.items())
+    ]
+    return render(pd.DataFrame(records), "table")
+
+
 def run(args: argparse.Namespace) -> int:
-    """Predict each row, print the table and the summary line."""
+    """Predict each row, print the table, the per-group table (``--group-by``) and the
+    summary line.
+
+    Raises:
+        InputFileError: ``--group-by`` names no column of the runs file.
+    """
     header, rows = read_runs(args.runs)
+    if args.group_by is not None and args.group_by not in header:
+        raise InputFileError(
+            f"--group-by {args.group_by!r} is not a column of {args.runs}; columns: "
+            + ", ".join(header)
+        )
+    groups: dict[str, list[float]] = {}
     out_rows: list[dict[str, str]] = []
     table: list[dict[str, str]] = []
     errors: list[float] = []  # signed, predicted vs measured, %
@@ -52,6 +87,9 @@ def run(args: argparse.Namespace) -> int:
         out_rows.append(cells)
         if pred.step_time_error_pct is not None:
             errors.append(pred.step_time_error_pct)
+            if args.group_by is not None:
+                value = row.text(args.group_by) or "(blank)"
+                groups.setdefault(value, []).append(pred.step_time_error_pct)
         table.append(
             {
                 "row": row.row_id,
@@ -68,6 +106,8 @@ def run(args: argparse.Namespace) -> int:
         write_predictions(args.out, header, out_rows)
     if table:  # an empty runs file prints only the summary line
         sys.stdout.write(render(pd.DataFrame(table), "table"))
+    if groups:
+        sys.stdout.write("\n" + _group_table(groups, args.group_by))
     skipped = len(rows) - len(errors)
     over = sum(1 for cells in out_rows if cells["status"] == OVER_MEMORY)
     if over:  # predicted although plansim's memory model fits none of their layouts

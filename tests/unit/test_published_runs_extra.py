@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from plansim.cli import main
 from plansim.io.runs import read_runs
 from plansim.planner.run_model import row_model
 
@@ -51,3 +52,29 @@ def test_the_mosaic_rows_agree_with_their_published_mfu() -> None:
         assert mfu == pytest.approx(row.number("mfu_pct"), rel=1e-3), row.row_id
         batch = row.integer("micro_batch_size_seqs") * row.integer("grad_accum_steps")
         assert batch * row.integer("num_gpus") == row.integer("global_batch_size_seqs")
+
+
+def test_backtest_groups_the_errors_by_a_column(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--group-by prints one summary row per value, computed from the per-row errors."""
+    lines = (EXTRA / "mosaic_llm_foundry.csv").read_text(encoding="utf-8").splitlines()
+    picked = [lines[0], lines[1], lines[2], lines[141], lines[142], lines[143]]  # A100-80, H100
+    runs = tmp_path / "runs.csv"
+    runs.write_text("\n".join(picked) + "\n", encoding="utf-8")
+    assert main(["backtest", str(runs), "--group-by", "gpu_type"]) == 0
+    out = capsys.readouterr().out
+    per_row: dict[str, list[float]] = {}
+    for line in out.splitlines():
+        cells = line.split()
+        if cells and cells[0].startswith("M0"):
+            gpu = "h100-sxm5-80gb" if int(cells[0][1:]) > 139 else "a100-sxm4-80gb"
+            per_row.setdefault(gpu, []).append(float(cells[5]))
+    assert {k: len(v) for k, v in per_row.items()} == {"a100-sxm4-80gb": 2, "h100-sxm5-80gb": 3}
+    for gpu, errors in per_row.items():
+        row = next(line.split() for line in out.splitlines() if line.startswith(gpu))
+        assert int(row[1]) == len(errors)
+        assert float(row[2]) == pytest.approx(sum(abs(e) for e in errors) / len(errors), abs=0.06)
+        assert float(row[4]) == pytest.approx(sum(errors) / len(errors), abs=0.06)
+    assert main(["backtest", str(runs), "--group-by", "nope"]) == 2
+    assert "--group-by 'nope' is not a column" in capsys.readouterr().err
