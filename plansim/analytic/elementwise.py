@@ -230,6 +230,5 @@ def cross_entropy_bytes(activation_bytes: float) -> tuple[float, float]:
     """
     if activation_bytes not in (2.0, 4.0):
         raise SpecError(f"activation_bytes must be 2 or 4 (got {activation_bytes})")
-    cast_forward = activation_bytes + 4.0 if activation_bytes == 2.0 else 0.0
-    cast_backward = 4.0 + activation_bytes if activation_bytes == 2.0 else 0.0
-    return cast_forward + 4.0 + 8.0 + 8.0 + 4.0 + 8.0, 8.0 + cast_backward
+    cast = 6.0 if activation_bytes == 2.0 else 0.0  # 16-bit <-> fp32: read 2 + write 4
+    return cast + 4.0 + 8.0 + 8.0 + 4.0 + 8.0, 8.0 + cast

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from typing import NamedTuple
 
 import pandas as pd
 
@@ -41,19 +42,37 @@ def _fmt(value: float | None, digits: int) -> str:
     return "" if value is None else f"{value:.{digits}f}"
 
 
+class _ErrorStats(NamedTuple):
+    """Summary of signed step-time errors (%): mean, median and max of |error|, mean signed."""
+
+    mean_abs: float
+    median_abs: float
+    max_abs: float
+    mean_signed: float
+
+
+def _error_stats(errors: list[float]) -> _ErrorStats:
+    sizes = [abs(e) for e in errors]
+    return _ErrorStats(
+        statistics.fmean(sizes), statistics.median(sizes), max(sizes), statistics.fmean(errors)
+    )
+
+
 def _group_table(groups: dict[str, list[float]], column: str) -> str:
     """Per-value error summary: runs predicted, mean |error|, median |error|, mean signed
     error (%), values in sorted order; a blank cell is ``(blank)``."""
-    records = [
-        {
-            column: value,
-            "runs": len(errs),
-            "mean_abs_error_pct": f"{statistics.fmean(abs(e) for e in errs):.1f}",
-            "median_abs_error_pct": f"{statistics.median(abs(e) for e in errs):.1f}",
-            "mean_signed_error_pct": f"{statistics.fmean(errs):+.1f}",
-        }
-        for value, errs in sorted(groups.items())
-    ]
+    records = []
+    for value, errs in sorted(groups.items()):
+        stats = _error_stats(errs)
+        records.append(
+            {
+                column: value,
+                "runs": len(errs),
+                "mean_abs_error_pct": f"{stats.mean_abs:.1f}",
+                "median_abs_error_pct": f"{stats.median_abs:.1f}",
+                "mean_signed_error_pct": f"{stats.mean_signed:+.1f}",
+            }
+        )
     return render(pd.DataFrame(records), "table")
 
 
@@ -115,11 +134,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         skipped_text = f"{skipped} skipped"
     if errors:
-        sizes = [abs(e) for e in errors]
+        stats = _error_stats(errors)
         summary = (
-            f"mean |error| {statistics.fmean(sizes):.1f}%, "
-            f"median {statistics.median(sizes):.1f}%, max {max(sizes):.1f}%, "
-            f"mean signed {statistics.fmean(errors):+.1f}% (below 0: predicted too fast)"
+            f"mean |error| {stats.mean_abs:.1f}%, "
+            f"median {stats.median_abs:.1f}%, max {stats.max_abs:.1f}%, "
+            f"mean signed {stats.mean_signed:+.1f}% (below 0: predicted too fast)"
         )
     else:
         summary = "no run predicted"
