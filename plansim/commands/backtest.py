@@ -24,7 +24,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "per-row table and the error summary, optionally write predictions.",
     )
     p.add_argument("runs", help="runs CSV (schema: ../shared/reference/README.md)")
-    p.add_argument("--out", default=None, help="write the rows with prediction columns here")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="write the rows with prediction columns here: status, note, predicted step "
+        "time, error, peak memory, the chosen plan, its MFU, bubble fraction and exposed "
+        "communication by kind (seconds per pipeline rank, kind=seconds;...)",
+    )
     p.add_argument(
         "--simulate-top", type=int, default=8, help="candidates simulated per searched row"
     )
@@ -40,6 +46,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def _fmt(value: float | None, digits: int) -> str:
     return "" if value is None else f"{value:.{digits}f}"
+
+
+def _fmt_kinds(seconds_by_kind: dict[str, float]) -> str:
+    """``kind=seconds`` pairs joined by ``;`` in key order (``dp_comm=0.2400;tp_comm=3.9843``)."""
+    return ";".join(f"{kind}={seconds:.4f}" for kind, seconds in sorted(seconds_by_kind.items()))
 
 
 class _ErrorStats(NamedTuple):
@@ -102,6 +113,10 @@ def run(args: argparse.Namespace) -> int:
             predicted_step_time_s=_fmt(pred.predicted_step_time_s, 4),
             step_time_error_pct=_fmt(pred.step_time_error_pct, 2),
             predicted_peak_memory_gib=_fmt(pred.predicted_peak_memory_gib, 2),
+            predicted_plan=pred.plan_label,
+            predicted_mfu_pct=_fmt(pred.mfu_pct, 2),
+            predicted_bubble_fraction=_fmt(pred.bubble_fraction, 4),
+            predicted_exposed_comm_s=_fmt_kinds(pred.exposed_comm_s_by_kind),
         )
         out_rows.append(cells)
         if pred.step_time_error_pct is not None:

@@ -33,6 +33,10 @@ OUTPUT_COLUMNS = (
     "predicted_step_time_s",
     "step_time_error_pct",
     "predicted_peak_memory_gib",
+    "predicted_plan",
+    "predicted_mfu_pct",
+    "predicted_bubble_fraction",
+    "predicted_exposed_comm_s",
 )
 
 

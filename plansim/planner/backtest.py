@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from plansim.errors import PlansimError
 from plansim.io.profiles import load_profile
@@ -98,7 +98,15 @@ OVER_MEMORY = "over-memory"
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Prediction:
     """Outcome of one row: ``ok`` or ``OVER_MEMORY`` with a prediction, or ``skipped`` with
-    the reason in ``note``."""
+    the reason in ``note``.
+
+    Besides the step time, a prediction says where the simulated step goes, so a row's error
+    can be read against it: ``mfu_pct`` (model FLOPs over the step at the dense peak,
+    Korthikanti et al. 2022 App. A, comparable with a row's ``mfu_pct``), the pipeline
+    ``bubble_fraction`` and ``exposed_comm_s_by_kind``, communication not hidden behind
+    compute per kind, seconds per pipeline rank (the simulation's sum over the ranks of one
+    pipeline, ``SimResult.exposed_s_by_kind``, over pp).
+    """
 
     status: str
     note: str
@@ -106,6 +114,9 @@ class Prediction:
     step_time_error_pct: float | None = None
     predicted_peak_memory_gib: float | None = None
     plan_label: str = ""
+    mfu_pct: float | None = None
+    bubble_fraction: float | None = None
+    exposed_comm_s_by_kind: dict[str, float] = field(default_factory=dict)
 
 
 def _fixed(row: RunRow, column: str, notes: list[str], label: str) -> tuple[int, ...] | None:
@@ -364,4 +375,9 @@ def predict_row(row: RunRow, *, simulate_top: int = 8) -> Prediction:
         step_time_error_pct=100.0 * (best.step_time_s - measured) / measured,
         predicted_peak_memory_gib=best.peak_memory_bytes / 2**30,
         plan_label=best.plan.label(),
+        mfu_pct=100.0 * best.mfu,
+        bubble_fraction=best.bubble_fraction,
+        exposed_comm_s_by_kind={
+            kind: seconds / best.plan.pp for kind, seconds in best.exposed_comm_s_by_kind.items()
+        },
     )

@@ -242,6 +242,43 @@ def test_backtest_interleaved_rows(tmp_path: Path, capsys: pytest.CaptureFixture
     # the searched row may pick any vpp, so it is at least as fast as both fixed ones
     best = float(rows["VB"]["predicted_step_time_s"])
     assert best <= min(float(rows[k]["predicted_step_time_s"]) for k in ("V1", "V3"))
+    # the predictions say where the step goes: fewer idle slots with three model chunks
+    bubble = {k: float(r["predicted_bubble_fraction"]) for k, r in rows.items()}
+    assert 0 < bubble["V3"] < bubble["V1"] < 1
+
+
+def test_backtest_out_breaks_the_prediction_down(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--out names the chosen plan, its MFU and exposed communication per kind; a skipped
+    row leaves them blank."""
+    runs = _runs_csv(
+        tmp_path,
+        [
+            BASE,
+            {**BASE, "row_id": "R4", "micro_batch_size_seqs": "2"},
+            {**BASE, "row_id": "R2", "gpu_type": "v100-sxm2-32gb"},
+        ],
+    )
+    out_csv = tmp_path / "pred.csv"
+    assert main(["backtest", str(runs), "--out", str(out_csv)]) == 0
+    capsys.readouterr()
+    rows = {r["row_id"]: r for r in csv.DictReader(out_csv.open())}
+    one, two = rows["R1"], rows["R4"]
+    assert one["predicted_plan"] == one["note"].split("chosen: ")[1]
+    assert "mbs4" in one["predicted_plan"] and "mbs2" in two["predicted_plan"]
+    # same model, GPUs and batch: the same model FLOPs per step, so MFU x step time agrees
+    work = [float(r["predicted_mfu_pct"]) * float(r["predicted_step_time_s"]) for r in (one, two)]
+    assert work[0] == pytest.approx(work[1], rel=1e-3)
+    assert 0 < float(one["predicted_mfu_pct"]) < 100
+    exposed = dict(pair.split("=") for pair in one["predicted_exposed_comm_s"].split(";"))
+    assert "dp_comm" in exposed and list(exposed) == sorted(exposed)
+    # dp 8 reduces its gradients after the backward (no overlap flag): exposed, not all of it
+    assert 0 < float(exposed["dp_comm"]) < float(one["predicted_step_time_s"])
+    skipped = rows["R2"]
+    assert skipped["status"] == "skipped"
+    assert skipped["predicted_plan"] == skipped["predicted_mfu_pct"] == ""
+    assert skipped["predicted_exposed_comm_s"] == ""
 
 
 def test_backtest_malformed_cell_names_file_row_field(
