@@ -55,10 +55,10 @@ fetches parameters (``plan.zero3_param_fetch``):
   and norm weight of a GPT-3-size layer) stay gathered and are never fetched per layer, and
   after a module is fetched the next module's parameters are gathered asynchronously on a
   side stream (``prefetch_next_sub_modules``). Without the small tensors' gathers alone the
-  SC21 ZeRO-3 rows come out 28-41% too fast (-8..+5% and -20..-22% here), more with the
-  prefetch, so the measured runs paid a cost the code does not show (the SC21 authors' DeepSpeed configuration is not published). This mode gathers
-  every tensor synchronously and stands in for that cost; it is not a faithful account of
-  the released code.
+  SC21 ZeRO-3 rows come out 28-41% too fast (-10..+5% here), more with the prefetch, so
+  the measured runs paid a cost the code does not show (the SC21 authors' DeepSpeed
+  configuration is not published). This mode gathers every tensor synchronously and stands
+  in for that cost; it is not a faithful account of the released code.
 
 Parameter tensors of one layer follow Megatron-LM's modules: fused QKV weight (and bias),
 attention output projection, first MLP matrix (up, or fused gate+up for SwiGLU) and second
