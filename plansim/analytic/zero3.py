@@ -55,7 +55,7 @@ fetches parameters (``plan.zero3_param_fetch``):
   and norm weight of a GPT-3-size layer) stay gathered and are never fetched per layer, and
   after a module is fetched the next module's parameters are gathered asynchronously on a
   side stream (``prefetch_next_sub_modules``). Without the small tensors' gathers alone the
-  SC21 ZeRO-3 rows come out 28-41% too fast (-10..+5% here), more with the prefetch, so
+  SC21 ZeRO-3 rows come out 28-41% too fast (-22..+5% here), more with the prefetch, so
   the measured runs paid a cost the code does not show (the SC21 authors' DeepSpeed
   configuration is not published). This mode gathers every tensor synchronously and stands
   in for that cost; it is not a faithful account of the released code.
