@@ -102,8 +102,10 @@ class Prediction:
 
     Besides the step time, a prediction says where the simulated step goes, so a row's error
     can be read against it: ``mfu_pct`` (model FLOPs over the step at the dense peak,
-    Korthikanti et al. 2022 App. A, comparable with a row's ``mfu_pct``), the pipeline
-    ``bubble_fraction`` and ``exposed_comm_s_by_kind``, communication not hidden behind
+    Korthikanti et al. 2022 App. A, comparable with a row's ``mfu_pct``),
+    ``bubble_fraction`` (the compute stream's idle share of the pipeline time,
+    ``SimResult.bubble_fraction``: pipeline bubbles and waits on blocking communication)
+    and ``exposed_comm_s_by_kind``, communication not hidden behind
     compute per kind, seconds per pipeline rank (the simulation's sum over the ranks of one
     pipeline, ``SimResult.exposed_s_by_kind``, over pp).
     """
