@@ -37,6 +37,11 @@ OUTPUT_COLUMNS = (
     "predicted_mfu_pct",
     "predicted_bubble_fraction",
     "predicted_exposed_comm_s",
+    "peak_memory_error_pct",
+    "predicted_layer_forward_ms",
+    "predicted_layer_backward_ms",
+    "layer_forward_error_pct",
+    "layer_backward_error_pct",
 )
 
 

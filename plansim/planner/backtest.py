@@ -37,6 +37,11 @@ when within ``MEMORY_MODEL_SLACK`` of the GPU's memory), with status ``OVER_MEMO
 closest need in the note: the step-time question stays answerable and the memory model's
 disagreement stays visible.
 
+Finer checks (``plansim.planner.run_checks``): a row that gives one layer's forward and
+backward milliseconds is also checked on them, under the predicted plan, or, without a step
+time, under the layout it states (status ``per-layer``); a row that gives its measured peak
+memory, on the predicted worst-rank peak.
+
 Context parallelism (cp; Megatron-LM, Llama 3 §3.3.2): a stated cp is modelled as given
 (cp > 1 with FlashAttention whatever the date: Megatron-LM runs cp only through Transformer
 Engine's fused attention). A blank cp is searched over 1 and the divisors of the GPU count up
@@ -56,6 +61,14 @@ from plansim.io.profiles import load_profile
 from plansim.io.runs import RunRow
 from plansim.planner.enumerate import SearchSpace
 from plansim.planner.evaluate import OUT_OF_MEMORY, Rejected, closest_miss
+from plansim.planner.run_checks import (
+    PER_LAYER,
+    LayerCheck,
+    has_layer_times,
+    layer_check,
+    memory_error_pct,
+    stated_layer_plan,
+)
 from plansim.planner.run_framework import (
     bf16_grad_modes,
     deepspeed_pipeline_engine,
@@ -108,6 +121,11 @@ class Prediction:
     and ``exposed_comm_s_by_kind``, communication not hidden behind
     compute per kind, seconds per pipeline rank (the simulation's sum over the ranks of one
     pipeline, ``SimResult.exposed_s_by_kind``, over pp).
+
+    Finer checks where the row gives the measurement (``plansim.planner.run_checks``):
+    ``layer`` (one layer's forward and backward milliseconds and their errors; a row with
+    per-layer times but no step time has status ``PER_LAYER`` and only this) and
+    ``peak_memory_error_pct`` (the predicted peak against ``measured_peak_mem_gb``).
     """
 
     status: str
@@ -119,6 +137,8 @@ class Prediction:
     mfu_pct: float | None = None
     bubble_fraction: float | None = None
     exposed_comm_s_by_kind: dict[str, float] = field(default_factory=dict)
+    layer: LayerCheck | None = None
+    peak_memory_error_pct: float | None = None
 
 
 def _fixed(row: RunRow, column: str, notes: list[str], label: str) -> tuple[int, ...] | None:
@@ -317,9 +337,9 @@ def predict_row(row: RunRow, *, simulate_top: int = 8) -> Prediction:
     notes: list[str] = []
     try:
         measured = row.number("step_time_s")
-        if measured is None:
-            raise Skip("no measured step_time_s")
-        if not math.isfinite(measured) or measured <= 0:
+        if measured is None and not has_layer_times(row):
+            raise Skip("no measured step_time_s or per-layer times")
+        if measured is not None and (not math.isfinite(measured) or measured <= 0):
             raise Skip(f"step_time_s {measured!r} is not a positive number of seconds")
         model = row_model(row, notes)
         try:
@@ -328,6 +348,15 @@ def predict_row(row: RunRow, *, simulate_top: int = 8) -> Prediction:
         except PlansimError:
             raise Skip(f"unknown hardware profile {row.text('gpu_type')!r}") from None
         space = _space(row, notes)
+        if measured is None:  # per-layer timings only: the layout the row states
+            plan = stated_layer_plan(row, space, notes)
+            notes.append(f"per-layer times of {plan.label()}")
+            return Prediction(
+                status=PER_LAYER,
+                note="; ".join(notes),
+                plan_label=plan.label(),
+                layer=layer_check(row, model, plan, profile),
+            )
         num_gpus, gbs = row.integer("num_gpus"), row.integer("global_batch_size_seqs")
         if not num_gpus or not gbs:
             raise Skip("num_gpus or global_batch_size_seqs blank")
@@ -370,6 +399,11 @@ def predict_row(row: RunRow, *, simulate_top: int = 8) -> Prediction:
         return Prediction(status="skipped", note=f"no feasible layout: {first}")
     best = result.ranked[0]
     notes.append(f"chosen: {best.plan.label()}")
+    try:
+        layer = layer_check(row, model, best.plan, profile)
+        memory_error = memory_error_pct(row, best.peak_memory_bytes)
+    except Skip as exc:
+        return Prediction(status="skipped", note=str(exc))
     return Prediction(
         status=status,
         note="; ".join(notes),
@@ -382,4 +416,6 @@ def predict_row(row: RunRow, *, simulate_top: int = 8) -> Prediction:
         exposed_comm_s_by_kind={
             kind: seconds / best.plan.pp for kind, seconds in best.exposed_comm_s_by_kind.items()
         },
+        layer=layer,
+        peak_memory_error_pct=memory_error,
     )
