@@ -224,8 +224,9 @@ def test_backtest_reads_blank_cells_from_the_cited_launch_script() -> None:
 
 
 def test_backtest_predicts_a_run_that_overflows_plansims_memory_model_and_says_so() -> None:
-    """SC21's 530B ZeRO-3 run on 640 GPUs (mbs 4) ran; plansim's memory model puts its closest
-    layout at ~91 GiB on an 80 GiB A100. The row is predicted on that layout, marked."""
+    """SC21's 530B ZeRO-3 run on 640 GPUs (mbs 4) ran, and fits plansim's memory model
+    (DeepSpeed 2021 gathers one tensor at a time); with mbs 5 the closest layout needs ~91 GiB
+    on an 80 GiB A100. Such a row is predicted on that layout, marked."""
     cells = {
         **ROW,
         "row_id": "Z530",
@@ -241,13 +242,18 @@ def test_backtest_predicts_a_run_that_overflows_plansims_memory_model_and_says_s
         "recompute": "",
         "step_time_s": "255.5",
     }
+    as_run = predict_row(RunRow(path="runs.csv", line=2, cells=cells))
+    assert as_run.status == "ok", as_run.note
+    assert as_run.predicted_peak_memory_gib is not None
+    assert as_run.predicted_peak_memory_gib < 80
+    cells = {**cells, "micro_batch_size_seqs": "5", "global_batch_size_seqs": "3200"}
     got = predict_row(RunRow(path="runs.csv", line=2, cells=cells))
     assert got.status == OVER_MEMORY, got.note
     assert "no layout fits plansim's memory model" in got.note
     assert re.search(r"stage 0 needs 9\d\.\d GiB, 80\.0 GiB available", got.note)
     assert "full" in got.plan_label and got.predicted_step_time_s is not None
     assert got.predicted_peak_memory_gib is not None and got.predicted_peak_memory_gib > 80
-    # Far beyond the slack (2.5x the sequences per micro-batch), the row is skipped instead.
+    # Far beyond the slack (3.2x the sequences per micro-batch), the row is skipped instead.
     far = predict_row(
         RunRow(
             path="runs.csv",
@@ -256,3 +262,22 @@ def test_backtest_predicts_a_run_that_overflows_plansims_memory_model_and_says_s
         )
     )
     assert far.status == "skipped" and far.note.startswith("no feasible layout: stage 0 needs")
+
+
+def test_per_tensor_fetching_holds_the_largest_tensor_not_two_layers() -> None:
+    from plansim.analytic.memory import transient_bytes
+
+    model = resolve_model("gpt3-175b")
+    h, vocab = model.hidden_size, model.vocab_size
+    counts = count_parameters(model)
+    layer = counts.attention_per_layer + counts.mlp_per_layer
+    for pp, rank, largest in ((1, 0, vocab * h), (2, 1, vocab * h), (4, 1, 4 * h * h)):
+        prefetch = plan(pp=pp, dp=8, global_batch_size=8 * pp)
+        per_tensor = replace(prefetch, zero3_param_fetch=PER_TENSOR)
+        # layer-prefetch: a gathered and a prefetched layer; per tensor: DeepSpeed's
+        # estimator's 4 Psi_L, the largest module (an embedding on an edge rank, else an
+        # MLP matrix) gathered plus its unsharded 16-bit gradient
+        saved = transient_bytes(model, prefetch, rank=rank) - transient_bytes(
+            model, per_tensor, rank=rank
+        )
+        assert saved == pytest.approx(2 * 2 * layer - 2 * 2 * largest), (pp, rank)
