@@ -15,6 +15,7 @@ generated at all.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
@@ -211,8 +212,10 @@ def enumerate_plan_groups(
     *, num_gpus: int, global_batch_size: int, space: SearchSpace, num_layers: int | None = None
 ) -> Iterator[tuple[ParallelPlan, ...]]:
     """:func:`enumerate_plans` (same plans, same order) in groups of plans that differ only
-    in the communication-overlap flags (``overlap_p2p_comm``, ``overlap_grad_reduce``), which
-    neither divisibility nor memory depends on: one check serves a whole group."""
+    in the communication-overlap flags (``overlap_p2p_comm``, ``overlap_grad_reduce``,
+    ``overlap_param_gather``), which neither divisibility nor memory depends on: one check
+    serves a whole group. ``grad_reduce_in_bf16`` halves the gradient buffer, so its values
+    are separate groups."""
     for layout in layouts(num_gpus, space):
         dp = layout.dp
         if global_batch_size % dp:
@@ -287,7 +290,10 @@ def _knobs(
             ):
                 continue  # FlashAttention stores no s x s scores: selective ~ none, but slower
             for sp, tp_overlap in _sp_modes(space, tp=tp):
-                for schedule, modes in _comm_modes(schedules, space, dp_cp=dp_cp, zero=zero):
+                for (schedule, modes), bf16_grads in itertools.product(
+                    _comm_modes(schedules, space, dp_cp=dp_cp, zero=zero),
+                    _bf16_grad_modes(space),
+                ):
                     yield tuple(
                         ParallelPlan(
                             dp=dp,
@@ -322,7 +328,6 @@ def _knobs(
                             **split,  # type: ignore[arg-type]
                         )
                         for overlap, grad, param in modes
-                        for bf16_grads in _bf16_grad_modes(space)
                     )
 
 

@@ -97,3 +97,22 @@ def test_simulate_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert out[1]["peak_memory_bytes"] < out[0]["peak_memory_bytes"]
     assert main([*args, "--grad-reduce-in-bf16", "--precision", "fp16"]) == 2
     assert "grad_reduce_in_bf16 needs precision" in capsys.readouterr().err
+
+
+def test_search_keeps_the_bf16_plan_that_fits_where_fp32_gradients_do_not() -> None:
+    from plansim.planner.search import search
+
+    plan = _plan(recompute=Recompute.FULL)
+    need32 = rank_memory(MODEL, plan, H100, rank=0).total_bytes
+    need16 = rank_memory(MODEL, _plan(recompute=Recompute.FULL, grad_reduce_in_bf16=True), H100,
+                         rank=0).total_bytes  # fmt: skip
+    tight = dataclasses.replace(H100, hbm_capacity_bytes=(need32 + need16) / 2)
+    space = SearchSpace(
+        tp=(1,), pp=(1,), dp=(8,), micro_batch_size=(1,), zero_stages=(1,),
+        recomputes=(Recompute.FULL,), partial_recompute=False,
+        grad_reduce_in_bf16=(False, True),
+    )  # fmt: skip
+    result = search(MODEL, tight, num_gpus=8, global_batch_size=64, space=space)
+    # one memory check once served fp32 and bf16 gradients alike and rejected both
+    assert result.ranked and all(e.plan.grad_reduce_in_bf16 for e in result.ranked)
+    assert result.rejected and not any(r.plan.grad_reduce_in_bf16 for r in result.rejected)
