@@ -201,15 +201,21 @@ def _stage_work(
 _NOT_IN_WORK = ("schedule", "overlap_p2p_comm")
 _WORK_FIELDS = tuple(f for f in ParallelPlan.__dataclass_fields__ if f not in _NOT_IN_WORK)
 #: Plan fields of the per-layer and edge pass times (``layer_cost``; groups tp and cp
-#: follow from tp, cp and the profile).
+#: follow from tp, cp and the profile; the gradient dtype sets the bytes of an unfused
+#: gradient accumulation).
 _PASS_FIELDS = (
     "micro_batch_size", "tp", "cp", "attention", "precision", "recompute",
     "sequence_parallel", "tp_comm_overlap", "gradient_accumulation_fusion",
+    "grad_reduce_in_bf16",
 )  # fmt: skip
 #: Plan fields of one layer's ZeRO-3 traffic (``plansim.analytic.zero3``).
 _ZERO3_FIELDS = ("tp", "cp", "dp", "zero_stage", "zero3_param_fetch", "precision")
-#: Plan fields of one stage's gradient buckets (``grad_buckets``), besides first/last.
-_BUCKET_FIELDS = ("tp", "cp", "dp", "pp", "vpp", "zero_stage", "precision", "dp_sync", "ps_servers")
+#: Plan fields of one stage's gradient buckets (``grad_buckets``), besides first/last; the
+#: gradient dtype sets their bytes. ``tests/unit/test_work_memo.py`` checks these keys.
+_BUCKET_FIELDS = (
+    "tp", "cp", "dp", "pp", "vpp", "zero_stage", "precision", "grad_reduce_in_bf16",
+    "dp_sync", "ps_servers",
+)  # fmt: skip
 
 
 def build_pipeline_work(
