@@ -230,3 +230,38 @@ def test_unfused_gradient_accumulation_adds_one_pass_over_layer_params() -> None
     local = (counts.attention_per_layer + counts.mlp_per_layer) / 8 + counts.norms_per_layer
     # bf16: read the 2-byte fresh gradient, read and write the 4-byte fp32 main grad
     assert times[False] - times[True] == pytest.approx(local * (2 + 8) / 1000e9, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("preset", "pp", "mbs", "gbs"),
+    [
+        ("korthikanti-22b", 1, 4, 4),
+        ("korthikanti-175b", 8, 1, 64),
+        ("korthikanti-530b", 35, 1, 280),
+        ("korthikanti-1t", 64, 1, 512),
+    ],
+)
+def test_korthikanti_table3_fits_only_with_sp_and_selective_or_full_recompute(
+    preset: str, pp: int, mbs: int, gbs: int
+) -> None:
+    """Korthikanti et al. 2022 §6 / Figure 7 (reference memory.md §2.3): on 80 GB A100s with
+    tp 8, none of the Table 3 configurations fits without sequence parallelism and selective
+    recompute together (or full recompute)."""
+    from plansim.analytic.memory import worst_rank_memory
+    from plansim.io.profiles import load_profile
+
+    a100 = load_profile("a100-sxm4-80gb")
+    model = resolve_model(preset)
+
+    def fits(recompute: Recompute, sp: bool) -> bool:
+        plan = ParallelPlan(
+            dp=1, tp=8, pp=pp, micro_batch_size=mbs, global_batch_size=gbs, recompute=recompute,
+            sequence_parallel=sp, attention=AttentionKernel.UNFUSED,
+        )  # fmt: skip
+        return worst_rank_memory(model, plan, a100).total_bytes <= a100.hbm_capacity_bytes
+
+    assert not fits(Recompute.NONE, False)
+    assert not fits(Recompute.NONE, True)
+    assert not fits(Recompute.SELECTIVE, False)
+    assert fits(Recompute.SELECTIVE, True)
+    assert fits(Recompute.FULL, False)
