@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from plansim.analytic.layer_timing import layer_wall_times
 from plansim.analytic.sustained import expected_slowest_z, sustained_pace_fraction
 from plansim.commands.common import (
     add_dp_sync_args,
@@ -269,10 +270,13 @@ def run(args: argparse.Namespace) -> int:
     title = f"{model.name} on {plan.num_gpus} x {profile.name}: {plan.label()}"
     _write_outputs(outputs, outcome, title=title, capacity_bytes=profile.hbm_capacity_bytes)
     pace = sustained_pace_fraction(profile, plan.num_gpus)
+    layer = layer_wall_times(model, plan, profile)
     if args.format == "json":
         doc = {"status": "ok", "model": model.name, "profile": profile.name}
         doc.update(evaluation_dict(outcome))
         doc["gemm_pace_fraction"] = pace
+        doc["layer_forward_ms"] = 1e3 * layer.forward_s
+        doc["layer_backward_ms"] = 1e3 * layer.backward_s
         out.write(json.dumps(doc, indent=2) + "\n")
         return 0
     out.write(f"{model.name} on {plan.num_gpus} x {profile.name}: {plan.label()}\n\n")
@@ -282,6 +286,11 @@ def run(args: argparse.Namespace) -> int:
     )
     out.write(f"\nmemory of the worst pipeline rank (stage {outcome.memory.rank}), GiB:\n")
     out.write(render(memory_table(outcome), "table"))
+    out.write(
+        f"\none layer, one micro-batch: forward {1e3 * layer.forward_s:.2f} ms, backward "
+        f"{1e3 * layer.backward_s:.2f} ms (as a per-layer timer sees them: blocking TP "
+        "collectives and recompute included)\n"
+    )
     if pace < 1.0:
         out.write(_pace_note(profile, plan.num_gpus, pace))
     return 0

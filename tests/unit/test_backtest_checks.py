@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -186,3 +187,21 @@ def test_the_cli_summarises_layer_and_memory_errors(
     assert written["S1"]["peak_memory_error_pct"] != ""
     assert written["S1"]["layer_forward_error_pct"] == ""
     assert written["X1"]["status"] == "skipped"
+
+
+def test_simulate_prints_one_layers_times(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["simulate", "--model", "korthikanti-22b", "--gpu", "a100-sxm4-80gb", "--gpus", "8"]
+    args += ["--gbs", "4", "--tp", "8", "--pp", "1", "--mbs", "4", "--recompute", "full"]
+    args += ["--attention", "unfused"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    want = layer_wall_times(_model(), _plan(Recompute.FULL), load_profile("a100-sxm4-80gb"))
+    line = (
+        f"one layer, one micro-batch: forward {1e3 * want.forward_s:.2f} ms, "
+        f"backward {1e3 * want.backward_s:.2f} ms"
+    )
+    assert line in text
+    assert main([*args, "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["layer_forward_ms"] == pytest.approx(1e3 * want.forward_s)
+    assert doc["layer_backward_ms"] == pytest.approx(1e3 * want.backward_s)
