@@ -7,7 +7,7 @@ Megatron-Bridge) shards only the optimizer unless FSDP is named, the DeepSpeed-b
 Megatron-LM lacked sequence parallelism and selective recompute, the Megatron family reduces
 gradients in bf16 or fp32 from 2024 (searched), and a blank ``zero_stage`` may be named in the
 free-text ``zero_stage_or_sharding`` cell.
-``plansim.planner.backtest`` applies them; each rule cites its source.
+``plansim.planner.run_space`` applies them; each rule cites its source.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Some published runs give their configuration only through the script they were launched
 with: the runs-CSV row cites it in ``source_locator`` but leaves the cells blank. The
-back-test (``plansim.planner.backtest``) fills such blank cells from the script's own
+back-test (``plansim.planner.run_space``) fills such blank cells from the script's own
 flags instead of searching them, and dates the run by the software it names. Each entry
 cites the script and the flags it was read from; a stated cell always wins.
 """

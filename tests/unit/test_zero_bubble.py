@@ -18,9 +18,9 @@ from plansim.analytic.memory import microbatch_activation_bytes, microbatches_in
 from plansim.catalog import resolve_model
 from plansim.errors import SpecError
 from plansim.io.runs import RunRow
-from plansim.planner.backtest import ZERO_BUBBLE_YEAR, _pipeline_schedule, run_year
 from plansim.planner.enumerate import SearchSpace, enumerate_plans
 from plansim.planner.evaluate import Evaluation, evaluate
+from plansim.planner.run_space import ZERO_BUBBLE_YEAR, _pipeline_schedule, run_year
 from plansim.schedule import (
     Action,
     ActionKind,
