@@ -33,7 +33,7 @@ from plansim.analytic.activations import layer_activations, ring_kv_chunk_bytes
 from plansim.analytic.elementwise import QUANTIZED_ELEMENT_BYTES
 from plansim.analytic.params import count_parameters
 from plansim.analytic.ranks import dp_cp_size
-from plansim.analytic.zero3 import edge_param_tensors, layer_param_tensors
+from plansim.analytic.zero3 import gathered_bytes
 from plansim.schedule.builders import interleaved_chunk, interleaved_warmup
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import pipeline_layer_counts, stage_layer_counts
@@ -46,7 +46,6 @@ from plansim.specs.plan import (
     Precision,
     Recompute,
     Schedule,
-    Zero3ParamFetch,
 )
 from plansim.units import bytes_to_gib
 
@@ -359,13 +358,7 @@ def transient_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float
 
     Full recompute re-materialises one layer (Korthikanti §5); the last rank holds fp32
     logits 4*s*b*V/t for the cross-entropy plus the final-norm and output-layer inputs
-    (Korthikanti §4.3); ZeRO-3 holds one gathered layer and one prefetched layer, or, when
-    parameters are fetched one tensor at a time (``per-tensor-sync``: DeepSpeed 2021,
-    ``plansim.analytic.zero3``), the rank's largest tensor (a layer's or, on an edge rank,
-    the embedding or output layer) gathered, and its unsharded gradient before the
-    reduce-scatter: nothing else is gathered while it is in use (DeepSpeed's own
-    ``estimate_zero3_model_states_mem_needs`` keeps 4 Psi_L bytes on the GPU, Psi_L the
-    largest module's parameters: reference memory.md §4.2). With cp,
+    (Korthikanti §4.3); ZeRO-3 its gathered parameters (``zero3.gathered_bytes``). With cp,
     s is the rank's s/cp tokens, and one layer's ring attention holds max(cp, 4) K/V chunks
     (``ring_kv_chunk_bytes``): Transformer Engine's ``AttnFuncWithCPAndKVP2P`` keeps every
     received chunk until the layer's forward ends, and its backward double-buffers (K, V,
@@ -388,15 +381,7 @@ def transient_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float
     if rank == plan.pp - 1:
         total += 4.0 * s * b * model.vocab_size / plan.tp + 4.0 * s * b * h / plan.tp
     if plan.zero_stage == 3:
-        param_bytes = plan_state_bytes(plan).param
-        if plan.zero3_param_fetch is Zero3ParamFetch.PER_TENSOR_SYNC:
-            edges = edge_param_tensors(model, plan, first=rank == 0, last=rank == plan.pp - 1)
-            largest = max(layer_param_tensors(model, plan) + edges)
-            total += 2 * largest * param_bytes
-        else:
-            counts = count_parameters(model)
-            layer = (counts.attention_per_layer + counts.mlp_per_layer) / plan.tp
-            total += 2 * layer * param_bytes
+        total += gathered_bytes(model, plan, rank=rank, param_bytes=plan_state_bytes(plan).param)
     return total
 
 

@@ -123,6 +123,25 @@ def edge_param_tensors(
     return tuple(tensors)
 
 
+def gathered_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int, param_bytes: float) -> float:
+    """Bytes of gathered (unsharded) parameters, and gradients before their reduce-scatter, a
+    ZeRO-3 pipeline rank holds at its peak, with ``param_bytes`` per 16-bit element.
+
+    Per layer (``layer-prefetch``, ``layer-sync``): one gathered layer and one prefetched
+    layer. One tensor at a time (``per-tensor-sync``): the rank's largest tensor (a layer's
+    or, on an edge rank, the embedding or output layer) gathered, and its unsharded gradient;
+    nothing else is gathered while it is in use (DeepSpeed's own
+    ``estimate_zero3_model_states_mem_needs`` keeps 4 Psi_L bytes on the GPU, Psi_L the
+    largest module's parameters: reference memory.md §4.2).
+    """
+    if plan.zero3_param_fetch is Zero3ParamFetch.PER_TENSOR_SYNC:
+        edges = edge_param_tensors(model, plan, first=rank == 0, last=rank == plan.pp - 1)
+        return 2 * max(layer_param_tensors(model, plan) + edges) * param_bytes
+    counts = count_parameters(model)
+    layer = (counts.attention_per_layer + counts.mlp_per_layer) / plan.tp
+    return 2 * layer * param_bytes
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Zero3Traffic:
     """ZeRO-3 communication of one unit of parameters (a layer, or a stage's edges).
