@@ -212,10 +212,8 @@ def enumerate_plan_groups(
     *, num_gpus: int, global_batch_size: int, space: SearchSpace, num_layers: int | None = None
 ) -> Iterator[tuple[ParallelPlan, ...]]:
     """:func:`enumerate_plans` (same plans, same order) in groups of plans that differ only
-    in the communication-overlap flags (``overlap_p2p_comm``, ``overlap_grad_reduce``,
-    ``overlap_param_gather``), which neither divisibility nor memory depends on: one check
-    serves a whole group. ``grad_reduce_in_bf16`` halves the gradient buffer, so its values
-    are separate groups."""
+    in the overlap flags (``overlap_p2p_comm``, ``overlap_grad_reduce``, ``overlap_param_gather``;
+    not ``grad_reduce_in_bf16``), which neither divisibility nor memory depends on."""
     for layout in layouts(num_gpus, space):
         dp = layout.dp
         if global_batch_size % dp:
@@ -280,6 +278,7 @@ def _knobs(
     tp, pp, dp = layout.tp, layout.pp, layout.dp
     dp_cp = dp * layout.cp  # ranks that reduce gradients and shard ZeRO states together
     schedules = _schedules(pp, vpp, gbs // (mbs * dp), space)
+    bf16_modes = _bf16_grad_modes(space)  # gradient memory differs: not one group
     for zero, dp_sync, opt_dev, param_dev in _zero_modes(space, dp_cp=dp_cp):
         servers = space.ps_servers if dp_sync is DpSync.PARAMETER_SERVER else 0
         for recompute, block in _recompute_modes(space, chunk=chunk):
@@ -290,10 +289,8 @@ def _knobs(
             ):
                 continue  # FlashAttention stores no s x s scores: selective ~ none, but slower
             for sp, tp_overlap in _sp_modes(space, tp=tp):
-                for (schedule, modes), bf16_grads in itertools.product(
-                    _comm_modes(schedules, space, dp_cp=dp_cp, zero=zero),
-                    _bf16_grad_modes(space),
-                ):
+                comm = _comm_modes(schedules, space, dp_cp=dp_cp, zero=zero)
+                for (schedule, modes), bf16_grads in itertools.product(comm, bf16_modes):
                     yield tuple(
                         ParallelPlan(
                             dp=dp,
