@@ -15,7 +15,6 @@ generated at all.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
@@ -290,7 +289,7 @@ def _knobs(
                 continue  # FlashAttention stores no s x s scores: selective ~ none, but slower
             for sp, tp_overlap in _sp_modes(space, tp=tp):
                 comm = _comm_modes(schedules, space, dp_cp=dp_cp, zero=zero)
-                for (schedule, modes), bf16_grads in itertools.product(comm, bf16_modes):
+                for (schedule, modes), bf16_grads in [(c, b) for c in comm for b in bf16_modes]:
                     yield tuple(
                         ParallelPlan(
                             dp=dp,
