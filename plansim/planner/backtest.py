@@ -31,6 +31,7 @@ from plansim.planner.evaluate import OUT_OF_MEMORY, Rejected, closest_miss
 from plansim.planner.run_checks import (
     PER_LAYER,
     LayerCheck,
+    check_measurements,
     has_layer_times,
     layer_check,
     memory_error_pct,
@@ -128,6 +129,7 @@ def predict_row(row: RunRow, *, simulate_top: int = 8) -> Prediction:
             raise Skip("no measured step_time_s or per-layer times")
         if measured is not None and (not math.isfinite(measured) or measured <= 0):
             raise Skip(f"step_time_s {measured!r} is not a positive number of seconds")
+        check_measurements(row)
         model = row_model(row, notes)
         try:
             gpu = row.text("gpu_type") or ""
@@ -186,11 +188,8 @@ def predict_row(row: RunRow, *, simulate_top: int = 8) -> Prediction:
         return Prediction(status="skipped", note=f"no feasible layout: {first}")
     best = result.ranked[0]
     notes.append(f"chosen: {best.plan.label()}")
-    try:
-        layer = layer_check(row, model, best.plan, profile)
-        memory_error = memory_error_pct(row, best.peak_memory_bytes)
-    except Skip as exc:
-        return Prediction(status="skipped", note=str(exc))
+    layer = layer_check(row, model, best.plan, profile)
+    memory_error = memory_error_pct(row, best.peak_memory_bytes)
     return Prediction(
         status=status,
         note="; ".join(notes),

@@ -18,6 +18,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from plansim.analytic.layer_timing import layer_wall_times
@@ -51,23 +52,36 @@ def has_layer_times(row: RunRow) -> bool:
     return row.number("per_layer_fwd_ms") is not None or row.number("per_layer_bwd_ms") is not None
 
 
+#: The measured cells a row may give besides ``step_time_s``, with their units.
+MEASURED_UNITS = {
+    "per_layer_fwd_ms": "milliseconds",
+    "per_layer_bwd_ms": "milliseconds",
+    "measured_peak_mem_gb": "GB",
+}
+
+
+def check_measurements(row: RunRow) -> None:
+    """Check the row's measured cells (``MEASURED_UNITS``) before any prediction.
+
+    Raises:
+        Skip: a measured cell is not a positive finite number (names the column).
+        InputFileError: a measured cell is not a number.
+    """
+    for column, unit in MEASURED_UNITS.items():
+        value = row.number(column)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise Skip(f"{column} {value!r} is not a positive number of {unit}")
+
+
 def _error_pct(predicted: float, measured: float | None) -> float | None:
-    if measured is None:
-        return None
-    if measured <= 0:
-        raise Skip(f"a measured time or memory of {measured!r} is not positive")
-    return 100.0 * (predicted - measured) / measured
+    return None if measured is None else 100.0 * (predicted - measured) / measured
 
 
 def layer_check(
     row: RunRow, model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
 ) -> LayerCheck | None:
-    """One layer's predicted times under ``plan`` against the row's, or None when the row
-    gives no per-layer time.
-
-    Raises:
-        Skip: a measured per-layer time is not positive.
-    """
+    """One layer's predicted times under ``plan`` against the row's (checked by
+    :func:`check_measurements`), or None when the row gives no per-layer time."""
     if not has_layer_times(row):
         return None
     times = layer_wall_times(model, plan, profile)
@@ -82,11 +96,7 @@ def layer_check(
 
 def memory_error_pct(row: RunRow, predicted_bytes: float) -> float | None:
     """Signed error (%) of ``predicted_bytes`` against the row's ``measured_peak_mem_gb``
-    (GB = 1e9 bytes), None when the row gives none.
-
-    Raises:
-        Skip: the measured peak is not positive.
-    """
+    (GB = 1e9 bytes; checked by :func:`check_measurements`), None when the row gives none."""
     measured = row.number("measured_peak_mem_gb")
     return None if measured is None else _error_pct(predicted_bytes, measured * GB)
 

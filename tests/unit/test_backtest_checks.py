@@ -124,7 +124,14 @@ def test_the_stated_recompute_and_sp_change_the_predicted_layer() -> None:
             {"per_layer_fwd_ms": "", "per_layer_bwd_ms": ""},
             "no measured step_time_s or per-layer times",
         ),
-        ({"per_layer_bwd_ms": "0"}, "a measured time or memory of 0.0 is not positive"),
+        (
+            {"per_layer_bwd_ms": "0"},
+            "per_layer_bwd_ms 0.0 is not a positive number of milliseconds",
+        ),
+        (
+            {"step_time_s": "1.4", "recompute": "full", "measured_peak_mem_gb": "-3"},
+            "measured_peak_mem_gb -3.0 is not a positive number of GB",
+        ),
         ({"num_gpus": "12"}, "num_gpus 12 is not a multiple of tp x cp x pp = 8"),
     ],
 )
