@@ -133,6 +133,11 @@ def _matmul_dtype(plan: ParallelPlan) -> str:
     return plan.precision.value
 
 
+def _head_dtype(plan: ParallelPlan) -> str:
+    """dtype of the logits GEMMs: 16-bit under fp8 / fp4 (:func:`edge_times`)."""
+    return "bf16" if plan.precision in QUANTIZED_ELEMENT_BYTES else _matmul_dtype(plan)
+
+
 def layer_pass_times(
     model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, groups: LayoutGroups
 ) -> PassTimes:
@@ -338,9 +343,13 @@ def edge_times(
     sum of exponentials, target logit) (Megatron-LM ``VocabParallelEmbedding`` and
     ``vocab_parallel_cross_entropy``). Cross-entropy traffic is that of Megatron-LM's
     ``_VocabParallelCrossEntropy`` op by op on fp32 logits (:func:`cross_entropy_bytes`).
-    Activations are 16-bit, or 4-byte in fp32 training. With context parallelism
-    every cp rank does this for its s/cp tokens. Host cost of the embedding and head ops
-    (``op_overheads.edge_ops``, ``with_host_s``) when the profile has ``host_overhead``.
+    Activations are 16-bit, or 4-byte in fp32 training. The logits GEMMs run at the 16-bit
+    rate in fp8 and fp4 training too: Megatron-core's output layer is
+    ``megatron.core.tensor_parallel.ColumnParallelLinear``, a PyTorch matmul outside
+    Transformer Engine, so TE's ``fp8_autocast`` leaves it unquantized (as it leaves the
+    attention core). With context parallelism every cp rank does this for its s/cp tokens.
+    Host cost of the embedding and head ops (``op_overheads.edge_ops``, ``with_host_s``) when
+    the profile has ``host_overhead``.
     """
     b, tp = plan.micro_batch_size, plan.tp
     local = cp_local_model(model, plan.cp)
@@ -360,7 +369,7 @@ def edge_times(
             profile, collective="all_reduce", message_bytes=4.0 * tokens, span=groups.tp
         )
     logits = fl.logits_forward_gemm(local, micro_batch_size=b, tp=tp)
-    logits_s = gemm_time_s(logits, profile, dtype=_matmul_dtype(plan))
+    logits_s = gemm_time_s(logits, profile, dtype=_head_dtype(plan))
     num_logits = tokens * model.vocab_size / tp
     norm_s = 2.0 * act * model.hidden_size * tokens / hbm + launch
     first, last = edge_ops(model.position_embedding)

@@ -12,7 +12,7 @@ from plansim.analytic.ranks import layout_groups
 from plansim.catalog import resolve_model
 from plansim.errors import SpecError
 from plansim.io.profiles import load_profile
-from plansim.specs.plan import ParallelPlan
+from plansim.specs.plan import ParallelPlan, Precision
 
 A100 = load_profile("a100-sxm4-80gb")
 
@@ -38,3 +38,19 @@ def test_a_larger_vocabulary_costs_its_logits_traffic_at_the_streaming_rate() ->
     gemm_extra = more.last_backward_weight_s - base.last_backward_weight_s  # one logits GEMM
     assert forward_extra - gemm_extra == pytest.approx(38.0 * logits / hbm, rel=0.02)
     assert backward_extra - gemm_extra == pytest.approx(14.0 * logits / hbm, rel=0.02)
+
+
+@pytest.mark.parametrize("precision", [Precision.FP8, Precision.FP4])
+def test_the_logits_gemms_stay_16_bit_under_fp8_and_fp4(precision: Precision) -> None:
+    # Megatron-core's output layer is a plain ColumnParallelLinear outside Transformer
+    # Engine: its GEMMs run at the bf16 rate whatever the layers' precision.
+    gb200 = load_profile("gb200-nvl72")
+    model = resolve_model("llama3-8b")
+    bf16 = ParallelPlan(dp=8, tp=1, pp=1, micro_batch_size=1, global_batch_size=8)
+    quantized = dataclasses.replace(bf16, precision=precision)
+    groups = layout_groups(bf16, gpus_per_node=gb200.gpus_per_node)
+    head = edge_times(model, bf16, gb200, groups).last_backward_weight_s  # one logits GEMM
+    assert edge_times(model, quantized, gb200, groups).last_backward_weight_s == head
+    assert gb200.matmul_flops_per_s(precision.value, 1e12) > gb200.matmul_flops_per_s(
+        "bf16", 1e12
+    )  # so a quantized head would have been faster
