@@ -70,9 +70,9 @@ from plansim.analytic.zero3 import (
     unit_traffic,
 )
 from plansim.specs.hardware import HardwareProfile
-from plansim.specs.layer_split import stage_layer_counts
+from plansim.specs.layer_split import stage_bf16_layers, stage_layer_counts
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan, Recompute, Zero3ParamFetch
+from plansim.specs.plan import ParallelPlan, Precision, Recompute, Zero3ParamFetch
 from plansim.specs.work import P2P, GradBucket, PipelineWork, RankWork, StageWork
 
 T = TypeVar("T")
@@ -131,6 +131,8 @@ def _stage_work(
     model: ModelSpec,
     plan: ParallelPlan,
     layer: PassTimes,
+    layer16: PassTimes,
+    bf16_ends: tuple[int, int],
     edges: EdgeTimes,
     zero3: tuple[Zero3Traffic, Zero3Traffic],
     p2p: P2P,
@@ -139,17 +141,27 @@ def _stage_work(
     overlap_slowdown: float,
 ) -> StageWork:
     """StageWork of pipeline stage ``stage``, a model chunk of ``num_layers`` layers
-    (``plansim.specs.layer_split.stage_layer_counts``)."""
+    (``plansim.specs.layer_split.stage_layer_counts``) whose first and last ``bf16_ends``
+    layers run in bf16 (``layer16``; ``plansim.specs.layer_split.stage_bf16_layers``)."""
     n = num_layers
+    head, tail = bf16_ends
+
+    def total(attr: str, count: int, bf16: int) -> float:
+        quantized: float = getattr(layer, attr)
+        return (count - bf16) * quantized + bf16 * float(getattr(layer16, attr))
+
     first, last = stage == 0, stage == plan.num_stages - 1
-    fwd = n * layer.forward_s + (edges.first_forward_s if first else 0.0)
+    fwd = total("forward_s", n, head + tail) + (edges.first_forward_s if first else 0.0)
     fwd += edges.last_forward_s if last else 0.0
-    tp_fwd = n * layer.tp_forward_s + (edges.first_tp_s if first else 0.0)
+    tp_fwd = total("tp_forward_s", n, head + tail) + (edges.first_tp_s if first else 0.0)
     tp_fwd += edges.last_tp_s if last else 0.0
-    bwd_in = n * layer.backward_input_s + (edges.first_backward_s if first else 0.0)
-    bwd_in += edges.last_backward_input_s if last else 0.0
-    bwd_w = n * layer.backward_weight_s + (edges.last_backward_weight_s if last else 0.0)
-    tp_bwd = n * layer.tp_backward_s + (edges.first_tp_s if first else 0.0)
+    bwd_in = total("backward_input_s", n, head + tail)
+    bwd_in += (edges.first_backward_s if first else 0.0) + (
+        edges.last_backward_input_s if last else 0.0
+    )
+    bwd_w = total("backward_weight_s", n, head + tail)
+    bwd_w += edges.last_backward_weight_s if last else 0.0
+    tp_bwd = total("tp_backward_s", n, head + tail) + (edges.first_tp_s if first else 0.0)
     tp_bwd += edges.last_tp_s if last else 0.0
     z3 = _zero3_segments(
         n, plan=plan, layer=layer, unit=zero3[0], edge=zero3[1], slowdown=overlap_slowdown
@@ -158,12 +170,13 @@ def _stage_work(
     cp_bwd = ("cp_comm", "tp", n * layer.cp_backward_s, n * layer.cp_backward_bytes)
     # layers whose recompute runs: all of them, or the block method's first N (full)
     r = plan.recomputed_layers(n) if plan.recompute is Recompute.FULL else n
+    r16 = min(r, head) + max(0, r - (n - tail))  # the block method recomputes the first r
     cp_rec = ("cp_comm", "tp", r * layer.cp_recompute_s, r * layer.cp_forward_bytes)
     recompute = (
         z3["gather_b"],
-        ("recompute", "compute", r * layer.recompute_s, 0.0),
+        ("recompute", "compute", total("recompute_s", r, r16), 0.0),
         cp_rec,
-        ("tp_comm", "tp", r * layer.tp_recompute_s, 0.0),
+        ("tp_comm", "tp", total("tp_recompute_s", r, r16), 0.0),
     )
     return StageWork(
         forward=segments(
@@ -275,6 +288,19 @@ def _build(
         memo, ("layer", *pass_key), lambda: layer_pass_times(model, plan, job, groups)
     )
     edges = _memoised(memo, ("edges", *pass_key), lambda: edge_times(model, plan, job, groups))
+    bf16_ends = stage_bf16_layers(model.num_layers, plan)
+    layer16 = layer
+    if any(head or tail for head, tail in bf16_ends):  # the same layer with bf16 GEMMs
+        plan16 = replace(
+            plan,
+            precision=Precision.BF16,
+            num_layers_at_start_in_bf16=0,
+            num_layers_at_end_in_bf16=0,
+        )
+        key16 = (gpus, *(getattr(plan16, f) for f in _PASS_FIELDS))
+        layer16 = _memoised(
+            memo, ("layer", *key16), lambda: layer_pass_times(model, plan16, job, groups)
+        )
     bucket_key = tuple(getattr(plan, f) for f in _BUCKET_FIELDS)
     per_param = plan_state_bytes(plan)
     z3_bytes = {"param_bytes": per_param.param, "grad_bytes": per_param.param}
@@ -290,10 +316,10 @@ def _build(
     # rank 0 (embedding activations) and its layer count (uneven splits); a rank's only
     # through first/last. Each kind is costed once: O(1) costings per plan instead of
     # O(pp * vpp), with bit-identical results.
-    stage_kinds: dict[tuple[bool, bool, bool, int], StageWork] = {}
+    stage_kinds: dict[tuple[bool, bool, bool, int, tuple[int, int]], StageWork] = {}
     stages = []
     for s, layers in enumerate(stage_layer_counts(model.num_layers, plan)):
-        key = (s == 0, s == plan.num_stages - 1, s % plan.pp == 0, layers)
+        key = (s == 0, s == plan.num_stages - 1, s % plan.pp == 0, layers, bf16_ends[s])
         if key not in stage_kinds:
             stage_kinds[key] = _stage_work(
                 s,
@@ -301,6 +327,8 @@ def _build(
                 model=model,
                 plan=plan,
                 layer=layer,
+                layer16=layer16,
+                bf16_ends=bf16_ends[s],
                 edges=edges,
                 zero3=(
                     z3_layer,

@@ -36,7 +36,11 @@ from plansim.analytic.ranks import dp_cp_size
 from plansim.analytic.zero3 import gathered_bytes
 from plansim.schedule.builders import interleaved_chunk, interleaved_warmup
 from plansim.specs.hardware import HardwareProfile
-from plansim.specs.layer_split import pipeline_layer_counts, stage_layer_counts
+from plansim.specs.layer_split import (
+    pipeline_layer_counts,
+    stage_bf16_layers,
+    stage_layer_counts,
+)
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import (
     AttentionKernel,
@@ -283,27 +287,33 @@ def _layer_stored_bytes(model: ModelSpec, plan: ParallelPlan, recompute: Recompu
     ).stored_bytes
 
 
-def _chunk_layer_bytes(
-    model: ModelSpec, plan: ParallelPlan, counts: tuple[int, ...]
-) -> list[float]:
-    """16-bit bytes the layers of each chunk (``counts`` layers each) store for one
-    micro-batch: with Megatron's block method (``plan.recompute_num_layers``) the chunk's
-    first N layers store their input only and the others everything (no recompute)."""
-    if plan.recompute_num_layers is None:
-        per_layer = _layer_stored_bytes(model, plan, plan.recompute)
-        return [c * per_layer for c in counts]
-    full = _layer_stored_bytes(model, plan, Recompute.FULL)
-    plain = _layer_stored_bytes(model, plan, Recompute.NONE)
-    return [
-        plan.recomputed_layers(c) * full + (c - plan.recomputed_layers(c)) * plain for c in counts
-    ]
+def _chunk_layer_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> list[float]:
+    """16-bit bytes the layers of each of the rank's chunks store for one micro-batch: with
+    Megatron's block method (``plan.recompute_num_layers``) the chunk's first N layers store
+    their input only and the others everything (no recompute); layers kept in bf16 under
+    fp8 / fp4 (``stage_bf16_layers``) keep 16-bit GEMM inputs."""
+    counts = stage_layer_counts(model.num_layers, plan)[rank :: plan.pp]
+    ends = stage_bf16_layers(model.num_layers, plan)[rank :: plan.pp]
+    plan16 = replace(
+        plan, precision=Precision.BF16, num_layers_at_start_in_bf16=0, num_layers_at_end_in_bf16=0
+    )
+    block = plan.recompute_num_layers is not None
+    rec_mode = Recompute.FULL if block else plan.recompute
+    rec8, rec16 = (_layer_stored_bytes(model, p, rec_mode) for p in (plan, plan16))
+    plain8, plain16 = (_layer_stored_bytes(model, p, Recompute.NONE) for p in (plan, plan16))
+    chunks = []
+    for c, (head, tail) in zip(counts, ends, strict=True):
+        r = plan.recomputed_layers(c) if block else c  # layers stored as rec_mode says
+        r16 = min(r, head) + max(0, r - (c - tail))
+        n16 = head + tail - r16  # bf16 layers stored in full
+        chunks.append((r - r16) * rec8 + r16 * rec16 + (c - r - n16) * plain8 + n16 * plain16)
+    return chunks
 
 
 def microbatch_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float:
     """Bytes one micro-batch's forward leaves stored on ``rank`` until its backward (its
     s/cp tokens with context parallelism)."""
-    counts = stage_layer_counts(model.num_layers, plan)[rank :: plan.pp]
-    per_mb: float = sum(_chunk_layer_bytes(model, plan, counts))
+    per_mb: float = sum(_chunk_layer_bytes(model, plan, rank=rank))
     if rank == 0 and model.dropout:  # embedding output (dropout mask), Korthikanti §4.3
         sbh = model.seq_length / plan.cp * plan.micro_batch_size * model.hidden_size
         per_mb += sbh / (plan.tp if plan.sequence_parallel else 1)
@@ -314,10 +324,9 @@ def microbatch_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: i
 def _chunk_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> list[float]:
     """:func:`stage_activation_bytes` of the rank's vpp chunks, chunk 0 first."""
     per_mb = microbatch_activation_bytes(model, plan, rank=rank)
-    counts = stage_layer_counts(model.num_layers, plan)[rank :: plan.pp]
-    if len(set(counts)) == 1:
+    layers = _chunk_layer_bytes(model, plan, rank=rank)
+    if len(set(layers)) == 1:
         return [per_mb / plan.vpp] * plan.vpp
-    layers = _chunk_layer_bytes(model, plan, counts)
     return [per_mb * b / sum(layers) for b in layers]
 
 
@@ -365,6 +374,8 @@ def transient_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float
     dK, dV) = 2 x 2 chunks.
     """
     s, b, h = model.seq_length / plan.cp, plan.micro_batch_size, model.hidden_size
+    ends = stage_bf16_layers(model.num_layers, plan)[rank :: plan.pp]
+    bf16_here = any(head or tail for head, tail in ends)  # its working set is the larger
     act = layer_activations(
         model,
         micro_batch_size=b,
@@ -373,7 +384,7 @@ def transient_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float
         recompute=plan.recompute,
         flash=plan.attention is AttentionKernel.FLASH,
         cp=plan.cp,
-        gemm_input_bytes=saved_gemm_input_bytes(plan),
+        gemm_input_bytes=2.0 if bf16_here else saved_gemm_input_bytes(plan),
     )
     total = act.working_bytes
     chunk = ring_kv_chunk_bytes(model, micro_batch_size=b, tp=plan.tp, cp=plan.cp)
@@ -391,9 +402,11 @@ def worst_rank_memory(
     """The pipeline rank with the highest peak (ties: the lowest rank). Only the edge ranks
     can peak with an even split (rank 0 keeps the most micro-batches in flight, the last
     rank holds the logits); with an uneven one rank 1 too, the middle rank with the most
-    micro-batches in flight."""
+    micro-batches in flight; with bf16 layers ranks 1 and pp - 2 too, where they spill."""
     candidates = {0, plan.pp - 1}
     if plan.uneven_pipeline and plan.pp > 2:
         candidates.add(1)
+    if plan.num_layers_at_start_in_bf16 or plan.num_layers_at_end_in_bf16:
+        candidates |= {min(1, plan.pp - 1), max(0, plan.pp - 2)}  # bf16 layers spill over
     per_rank = [rank_memory(model, plan, profile, rank=r) for r in sorted(candidates)]
     return max(per_rank, key=lambda m: (m.total_bytes, -m.rank))

@@ -120,6 +120,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "synchronous collective per layer (FSDP without prefetch, e.g. on a CPU device)",
     )
     add_pipeline_split_args(p)
+    add_bf16_layer_args(p)
     p.add_argument("--format", choices=["table", "json"], default="table")
     out = p.add_argument_group("outputs (written only when the plan fits)")
     out.add_argument(
@@ -165,6 +166,39 @@ def add_pipeline_split_args(p: argparse.ArgumentParser) -> None:
         )
 
 
+def add_bf16_layer_args(p: argparse.ArgumentParser) -> None:
+    """Megatron-LM's --first-last-layers-bf16 with --num-layers-at-start/end-in-bf16."""
+    p.add_argument(
+        "--first-last-layers-bf16",
+        action="store_true",
+        help="with --precision fp8 or fp4: run the first and last transformer layers in bf16 "
+        "(Megatron-LM flag; Megatron-Bridge's FP8 current-scaling preset sets it)",
+    )
+    for edge in ("start", "end"):
+        p.add_argument(
+            f"--num-layers-at-{edge}-in-bf16",
+            type=int,
+            metavar="N",
+            help=f"with --first-last-layers-bf16: layers at the model's {edge} kept in bf16 "
+            "(default 1, as Megatron-LM)",
+        )
+
+
+def bf16_layers_from_args(args: argparse.Namespace) -> tuple[int, int]:
+    """(start, end) layers kept in bf16: (0, 0) without --first-last-layers-bf16, else the
+    counts given (1 each by default). SpecError when a count comes without the flag."""
+    counts = (args.num_layers_at_start_in_bf16, args.num_layers_at_end_in_bf16)
+    if not args.first_last_layers_bf16:
+        for edge, count in zip(("start", "end"), counts, strict=True):
+            if count is not None:
+                raise SpecError(
+                    f"--num-layers-at-{edge}-in-bf16({count}) needs --first-last-layers-bf16"
+                )
+        return 0, 0
+    start, end = (1 if count is None else count for count in counts)
+    return start, end
+
+
 def add_offload_args(p: argparse.ArgumentParser) -> None:
     """--offload-optimizer and --offload-param (DeepSpeed ``zero_optimization``
     ``offload_optimizer.device`` / ``offload_param.device``)."""
@@ -201,6 +235,7 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
             f"tp({args.tp}) * pp({args.pp}) * dp({args.dp}) * cp({args.cp}) = "
             f"{model_parallel * args.dp} != --gpus({args.gpus})"
         )
+    bf16_start, bf16_end = bf16_layers_from_args(args)
     return ParallelPlan(
         dp=dp,
         tp=args.tp,
@@ -233,6 +268,8 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
         decoder_last_pipeline_num_layers=args.decoder_last_pipeline_num_layers,
         account_for_embedding_in_pipeline_split=args.account_for_embedding_in_pipeline_split,
         account_for_loss_in_pipeline_split=args.account_for_loss_in_pipeline_split,
+        num_layers_at_start_in_bf16=bf16_start,
+        num_layers_at_end_in_bf16=bf16_end,
     )
 
 

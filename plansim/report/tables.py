@@ -125,6 +125,14 @@ def evaluation_dict(ev: Evaluation) -> dict[str, Any]:
             "sequence_parallel": p.sequence_parallel,
             "schedule": p.schedule.value,
             "precision": p.precision.value,
+            **(
+                {
+                    "num_layers_at_start_in_bf16": p.num_layers_at_start_in_bf16,
+                    "num_layers_at_end_in_bf16": p.num_layers_at_end_in_bf16,
+                }
+                if p.num_layers_at_start_in_bf16 or p.num_layers_at_end_in_bf16
+                else {}
+            ),
             "attention": p.attention.value,
             "overlap_p2p_comm": p.overlap_p2p_comm,
             **({"tp_comm_overlap": True} if p.tp_comm_overlap else {}),

@@ -149,6 +149,34 @@ def stage_layer_counts(num_layers: int, plan: ParallelPlan) -> tuple[int, ...]:
     return tuple(counts)
 
 
+def stage_bf16_layers(num_layers: int, plan: ParallelPlan) -> tuple[tuple[int, int], ...]:
+    """Per pipeline stage (model chunk), stage 0 first: (head, tail), how many of its first
+    and of its last layers run in bf16 (``plan.num_layers_at_start_in_bf16`` counts from
+    the model's first layer, ``num_layers_at_end_in_bf16`` from its last; the stages hold
+    the layers in order, as :func:`stage_layer_counts`).
+
+    Raises:
+        SpecError: the two counts add up to more than ``num_layers``, or as
+            :func:`stage_layer_counts`.
+    """
+    counts = stage_layer_counts(num_layers, plan)
+    start, end = plan.num_layers_at_start_in_bf16, plan.num_layers_at_end_in_bf16
+    if start + end > num_layers:
+        raise SpecError(
+            f"num_layers_at_start_in_bf16({start}) + num_layers_at_end_in_bf16({end}) > "
+            f"num_layers({num_layers})"
+        )
+    ends: list[tuple[int, int]] = []
+    first = 0
+    for count in counts:
+        last = first + count
+        head = max(0, min(last, start) - first)
+        tail = max(0, last - max(first, num_layers - end))
+        ends.append((head, tail))
+        first = last
+    return tuple(ends)
+
+
 def stage_num_layers(num_layers: int, plan: ParallelPlan, stage: int) -> int:
     """Layers in pipeline stage (model chunk) ``stage`` (:func:`stage_layer_counts`).
 

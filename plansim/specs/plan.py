@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from plansim.errors import SpecError, choice_error, require_positive_int
 from plansim.specs.plan_checks import (
+    check_bf16_layers,
     check_dp_sync,
     check_grad_reduce_in_bf16,
     check_offload,
@@ -169,6 +170,14 @@ class ParallelPlan:
             both, Llama 3 405B's 126 layers fill 16 ranks x 8 chunks of one slot, the first
             chunk holding only the embedding and the last only the output and loss (Dubey et
             al. 2024 §3.3.2). Needs pp > 1; not with decoder_first/last_pipeline_num_layers.
+        num_layers_at_start_in_bf16, num_layers_at_end_in_bf16: with precision fp8 or fp4,
+            the first / last transformer layers of the model that run in bf16 (Megatron-LM
+            ``--first-last-layers-bf16`` with ``--num-layers-at-start-in-bf16`` /
+            ``--num-layers-at-end-in-bf16``, Megatron-core ``is_first_last_bf16_layer``):
+            their GEMMs run at the 16-bit rate without Transformer Engine's casts and keep
+            16-bit GEMM inputs for the backward. Megatron-Bridge's FP8 current-scaling
+            preset (``bf16_with_fp8_current_scaling_mixed``) keeps 1 and 1, its Llama 3 8B
+            NVFP4 recipe 0 and 4. 0 and 0 (default): every layer quantized.
 
     Raises:
         SpecError: a degree is not a positive integer, the global batch does not split into
@@ -176,7 +185,8 @@ class ParallelPlan:
             vpp and the schedule do not go together (see ``schedule``), or cp > 1 without
             FlashAttention (Megatron-LM supports context parallelism only in Transformer
             Engine's attention), dp_sync not a DpSync, ps_servers not an integer >= 0 or
-            > 0 with ring, or parameter-server with zero_stage > 0.
+            > 0 with ring, parameter-server with zero_stage > 0, or bf16 layers
+            (``num_layers_at_start/end_in_bf16``) not integers >= 0 or without fp8 / fp4.
     """
 
     dp: int
@@ -210,6 +220,8 @@ class ParallelPlan:
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
     recompute_num_layers: int | None = None
+    num_layers_at_start_in_bf16: int = 0
+    num_layers_at_end_in_bf16: int = 0
 
     def __post_init__(self) -> None:
         for field in ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "global_batch_size"):
@@ -259,6 +271,7 @@ class ParallelPlan:
         check_schedule(self)
         check_uneven_split(self)
         check_recompute(self)
+        check_bf16_layers(self)
         check_dp_sync(self)
         check_offload(self)
         if self.cp > 1 and self.attention is not AttentionKernel.FLASH:
@@ -357,4 +370,7 @@ class ParallelPlan:
             parts.append("embedding-in-split")
         if self.account_for_loss_in_pipeline_split:
             parts.append("loss-in-split")
+        if self.num_layers_at_start_in_bf16 or self.num_layers_at_end_in_bf16:
+            start, end = self.num_layers_at_start_in_bf16, self.num_layers_at_end_in_bf16
+            parts.append(f"bf16-layers-{start}-{end}")
         return " ".join(parts)

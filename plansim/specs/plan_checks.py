@@ -193,3 +193,21 @@ def offload_devices(field: str, zero_stage: int) -> list[str]:
     if field == "offload_optimizer" and zero_stage >= 1:
         return [OffloadDevice.NONE.value, OffloadDevice.CPU.value]
     return [OffloadDevice.NONE.value]
+
+
+def check_bf16_layers(plan: ParallelPlan) -> None:
+    """num_layers_at_start/end_in_bf16: integers >= 0, non-zero only with a quantized
+    precision (Megatron-LM keeps layers in bf16 only out of fp8 or fp4 training)."""
+    fields = ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16")
+    for field in fields:
+        value = getattr(plan, field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise SpecError(f"plan.{field} must be an integer >= 0, got {value!r}")
+    quantized = (Precision.FP8, Precision.FP4)
+    if any(getattr(plan, f) for f in fields) and plan.precision not in quantized:
+        raise SpecError(
+            f"plan.num_layers_at_start_in_bf16 / num_layers_at_end_in_bf16 "
+            f"({plan.num_layers_at_start_in_bf16} / {plan.num_layers_at_end_in_bf16}) need "
+            f"precision fp8 or fp4 (got {plan.precision.value}): the other layers must be "
+            f"quantized for some to stay in bf16"
+        )

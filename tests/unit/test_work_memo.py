@@ -59,13 +59,16 @@ VARIANTS: dict[str, dict[str, object]] = {
 #: The same, on a plan without gradient-accumulation fusion (where the per-layer pass times
 #: depend on the gradient dtype too: the separate accumulation pass).
 UNFUSED = {"gradient_accumulation_fusion": False}
+#: An fp8 plan, beside which some layers run in bf16 (``num_layers_at_*_in_bf16``).
+FP8 = {"precision": Precision.FP8}
 
 
 @pytest.mark.parametrize(
     ("first", "second"),
     [({}, changes) for changes in VARIANTS.values()]
-    + [(UNFUSED, {**UNFUSED, "grad_reduce_in_bf16": True})],
-    ids=[*VARIANTS, "grad_reduce_in_bf16 without fusion"],
+    + [(UNFUSED, {**UNFUSED, "grad_reduce_in_bf16": True})]
+    + [(FP8, {**FP8, "num_layers_at_start_in_bf16": 1, "num_layers_at_end_in_bf16": 2})],
+    ids=[*VARIANTS, "grad_reduce_in_bf16 without fusion", "bf16 layers under fp8"],
 )
 def test_a_plan_costed_after_its_neighbour_gets_its_own_work(
     first: dict[str, object], second: dict[str, object]
