@@ -10,8 +10,10 @@ from pathlib import Path
 from plansim.analytic.offload import offload_choices
 from plansim.analytic.sustained import sustained_pace_fraction
 from plansim.commands.common import (
+    add_bf16_layer_args,
     add_dp_sync_args,
     add_model_args,
+    bf16_layers_from_args,
     dp_syncs_from_args,
     resolve,
 )
@@ -59,6 +61,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="attention kernel (default flash)",
     )
     add_dp_sync_args(p, allow_all=True)
+    add_bf16_layer_args(p)
     p.add_argument(
         "--overlap-param-gather",
         action="store_true",
@@ -136,7 +139,18 @@ def run(args: argparse.Namespace) -> int:
         overlap_param_gather=(False, True) if args.overlap_param_gather else (False,),
         grad_reduce_in_bf16=(False, True) if args.grad_reduce_in_bf16 else (False,),
         use_torch_fsdp2=args.use_torch_fsdp2,
+        bf16_layers=bf16_layers_from_args(args),
     )
+    if sum(space.bf16_layers) > model.num_layers:
+        start, end = space.bf16_layers
+        raise SpecError(
+            f"--num-layers-at-start-in-bf16({start}) + --num-layers-at-end-in-bf16({end}) > "
+            f"{model.name}'s {model.num_layers} layers"
+        )
+    if any(space.bf16_layers) and space.precision not in (Precision.FP8, Precision.FP4):
+        raise SpecError(
+            f"--first-last-layers-bf16 needs --precision fp8 or fp4 (got {args.precision})"
+        )
     result = search(
         model,
         profile,
@@ -176,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     out.write(
         f"{model.name} on {args.gpus} x {profile.name}, global batch {args.gbs} x "
-        f"{model.seq_length} tokens, {args.precision}; HBM "
+        f"{model.seq_length} tokens, {args.precision}{_bf16_clause(space.bf16_layers)}; HBM "
         f"{bytes_to_gib(profile.hbm_capacity_bytes):.1f} GiB per GPU, "
         f"{bytes_to_gib(profile.memory_reserve_bytes):.1f} of it reserved"
         f"{_pace_clause(profile, args.gpus)}\n\n"
@@ -184,6 +198,12 @@ def run(args: argparse.Namespace) -> int:
     out.write(render(table, "table") if len(table) else "no feasible plan\n")
     out.write(_summary(result, global_batch_size=args.gbs))
     return 0
+
+
+def _bf16_clause(bf16_layers: tuple[int, int]) -> str:
+    """' (first 1 and last 1 layers in bf16)', or '' when every layer is quantized."""
+    start, end = bf16_layers
+    return f" (first {start} and last {end} layers in bf16)" if start or end else ""
 
 
 def _pace_clause(profile: HardwareProfile, num_gpus: int) -> str:

@@ -12,8 +12,10 @@ import pandas as pd
 from plansim.analytic.layer_timing import layer_wall_times
 from plansim.analytic.sustained import expected_slowest_z, sustained_pace_fraction
 from plansim.commands.common import (
+    add_bf16_layer_args,
     add_dp_sync_args,
     add_model_args,
+    bf16_layers_from_args,
     dp_syncs_from_args,
     resolve,
 )
@@ -164,39 +166,6 @@ def add_pipeline_split_args(p: argparse.ArgumentParser) -> None:
             help=f"{what} takes one layer's place in the pipeline split (Megatron-LM flag): "
             "the layers plus these slots split evenly over pp * vpp stages",
         )
-
-
-def add_bf16_layer_args(p: argparse.ArgumentParser) -> None:
-    """Megatron-LM's --first-last-layers-bf16 with --num-layers-at-start/end-in-bf16."""
-    p.add_argument(
-        "--first-last-layers-bf16",
-        action="store_true",
-        help="with --precision fp8 or fp4: run the first and last transformer layers in bf16 "
-        "(Megatron-LM flag; Megatron-Bridge's FP8 current-scaling preset sets it)",
-    )
-    for edge in ("start", "end"):
-        p.add_argument(
-            f"--num-layers-at-{edge}-in-bf16",
-            type=int,
-            metavar="N",
-            help=f"with --first-last-layers-bf16: layers at the model's {edge} kept in bf16 "
-            "(default 1, as Megatron-LM)",
-        )
-
-
-def bf16_layers_from_args(args: argparse.Namespace) -> tuple[int, int]:
-    """(start, end) layers kept in bf16: (0, 0) without --first-last-layers-bf16, else the
-    counts given (1 each by default). SpecError when a count comes without the flag."""
-    counts = (args.num_layers_at_start_in_bf16, args.num_layers_at_end_in_bf16)
-    if not args.first_last_layers_bf16:
-        for edge, count in zip(("start", "end"), counts, strict=True):
-            if count is not None:
-                raise SpecError(
-                    f"--num-layers-at-{edge}-in-bf16({count}) needs --first-last-layers-bf16"
-                )
-        return 0, 0
-    start, end = (1 if count is None else count for count in counts)
-    return start, end
 
 
 def add_offload_args(p: argparse.ArgumentParser) -> None:

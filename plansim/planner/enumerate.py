@@ -65,8 +65,9 @@ class SearchSpace:
         grad_reduce_in_bf16: values tried when the precision keeps an fp32 main-gradient
             buffer (bf16, fp8, fp4; Megatron-LM ``--grad-reduce-in-bf16``); default off only.
         precision, attention, gradient_accumulation_fusion, scatter_gather_p2p,
-            zero3_param_fetch, use_torch_fsdp2 (ZeRO-3 plans only): fixed for the whole
-            search (implementation facts of the framework, not layout choices).
+            zero3_param_fetch, use_torch_fsdp2 (ZeRO-3 plans only), bf16_layers ((start,
+            end) layers kept in bf16 under fp8 / fp4): fixed for the whole search
+            (implementation facts of the framework, not layout choices).
         uneven_pipeline: when the layers do not split evenly over pp * vpp stages, offer
             the uneven split of ``plansim.specs.layer_split.uneven_split_fields`` (Megatron-LM
             ``--account-for-embedding/loss-in-pipeline-split`` or
@@ -121,6 +122,7 @@ class SearchSpace:
     )
     zero3_param_fetch: Zero3ParamFetch = Zero3ParamFetch.LAYER_PREFETCH
     use_torch_fsdp2: bool = False
+    bf16_layers: tuple[int, int] = (0, 0)
     uneven_pipeline: bool = True
     partial_recompute: bool = True
 
@@ -321,6 +323,8 @@ def _knobs(
                             use_torch_fsdp2=space.use_torch_fsdp2
                             and zero == 3
                             and opt_dev is param_dev is OffloadDevice.NONE,
+                            num_layers_at_start_in_bf16=space.bf16_layers[0],
+                            num_layers_at_end_in_bf16=space.bf16_layers[1],
                             **split,  # type: ignore[arg-type]
                         )
                         for overlap, grad, param in modes

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import replace
 
 import pytest
@@ -14,7 +15,8 @@ from plansim.analytic.memory import microbatch_activation_bytes, rank_memory
 from plansim.analytic.ranks import layout_groups
 from plansim.analytic.sustained import job_compute_profile
 from plansim.catalog import resolve_model
-from plansim.commands.simulate import add_bf16_layer_args, bf16_layers_from_args
+from plansim.cli import main
+from plansim.commands.common import add_bf16_layer_args, bf16_layers_from_args
 from plansim.errors import SpecError
 from plansim.io.profiles import load_profile
 from plansim.planner.evaluate import Evaluation, evaluate
@@ -142,3 +144,20 @@ def test_cli_flags_follow_megatron() -> None:
     assert bf16_layers_from_args(_args(*flags, "--num-layers-at-end-in-bf16", "4")) == (0, 4)
     with pytest.raises(SpecError, match="needs --first-last-layers-bf16"):
         bf16_layers_from_args(_args("--num-layers-at-end-in-bf16", "4"))
+
+
+def test_plan_keeps_the_bf16_layers_fixed_and_refuses_them_without_fp8(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["plan", "--model", "megatron-1.7b", "--gpu", "h100-sxm5-80gb", "--gpus", "8"]
+    args += ["--gbs", "16", "--top", "2", "--simulate-top", "2", "--format", "json"]
+    flags = ["--first-last-layers-bf16", "--num-layers-at-end-in-bf16", "3"]
+    assert main([*args, "--precision", "fp8", *flags]) == 0
+    plans = [p["plan"] for p in json.loads(capsys.readouterr().out)["plans"]]
+    assert plans and all(
+        (p["num_layers_at_start_in_bf16"], p["num_layers_at_end_in_bf16"]) == (1, 3) for p in plans
+    )
+    assert main([*args, *flags]) == 2  # bf16 precision
+    assert "--first-last-layers-bf16 needs --precision fp8 or fp4" in capsys.readouterr().err
+    assert main([*args, "--precision", "fp8", *flags[:2], "30"]) == 2
+    assert "> megatron-1.7b's 24 layers" in capsys.readouterr().err
