@@ -52,14 +52,12 @@ from typing import TypeVar
 from plansim.analytic.grad_buckets import grad_buckets
 from plansim.analytic.layer_cost import EdgeTimes, PassTimes, edge_times, layer_pass_times
 from plansim.analytic.link_tags import Memo, with_links
-from plansim.analytic.memory import (
-    plan_state_bytes,
-    stage_activation_bytes,
-)
+from plansim.analytic.memory import plan_state_bytes
 from plansim.analytic.offload import with_param_fetch
 from plansim.analytic.pipeline_send import pipeline_send
 from plansim.analytic.rank_work import ParamGatherCover, gather_cover, rank_work, segments
 from plansim.analytic.ranks import layout_groups
+from plansim.analytic.stored_activations import stage_activation_bytes
 from plansim.analytic.sustained import job_compute_profile
 from plansim.analytic.zero3 import (
     Zero3Traffic,

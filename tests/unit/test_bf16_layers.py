@@ -11,8 +11,9 @@ import pytest
 from plansim.analytic.activations import layer_activations
 from plansim.analytic.cost import build_pipeline_work
 from plansim.analytic.layer_cost import layer_pass_times
-from plansim.analytic.memory import microbatch_activation_bytes, rank_memory
+from plansim.analytic.memory import rank_memory
 from plansim.analytic.ranks import layout_groups
+from plansim.analytic.stored_activations import microbatch_activation_bytes
 from plansim.analytic.sustained import job_compute_profile
 from plansim.catalog import resolve_model
 from plansim.cli import main

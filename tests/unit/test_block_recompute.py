@@ -17,7 +17,7 @@ import pytest
 from plansim.analytic.activations import layer_activations
 from plansim.analytic.cost import build_pipeline_work
 from plansim.analytic.flops import hardware_flops_per_step, layer_forward_flops
-from plansim.analytic.memory import microbatch_activation_bytes
+from plansim.analytic.stored_activations import microbatch_activation_bytes
 from plansim.catalog import resolve_model
 from plansim.cli import main
 from plansim.errors import SpecError

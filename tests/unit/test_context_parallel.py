@@ -16,14 +16,10 @@ import pytest
 from plansim.analytic.activations import full_layer_bytes, layer_activations, ring_kv_chunk_bytes
 from plansim.analytic.cost import build_pipeline_work
 from plansim.analytic.layer_cost import layer_gemms, layer_pass_times
-from plansim.analytic.memory import (
-    microbatch_activation_bytes,
-    rank_memory,
-    rank_parameters,
-    transient_bytes,
-)
+from plansim.analytic.memory import rank_memory, rank_parameters, transient_bytes
 from plansim.analytic.op_overheads import FLASH_FRACTION_OF_GEMM
 from plansim.analytic.ranks import GroupSpan, layout_groups
+from plansim.analytic.stored_activations import microbatch_activation_bytes
 from plansim.analytic.zero3 import edge_param_tensors, layer_param_tensors
 from plansim.catalog import resolve_model
 from plansim.errors import SpecError

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from plansim.analytic.memory import microbatches_in_flight
+from plansim.analytic.stored_activations import microbatches_in_flight
 from plansim.schedule import Action, ScheduleError, build_actions
 from plansim.schedule.actions import PerRankActions
 from plansim.sim import COLUMNS, SimResult, make_timeline, simulate, validate_timeline

@@ -17,12 +17,8 @@ from plansim.analytic import flops as fl
 from plansim.analytic.cost import build_pipeline_work
 from plansim.analytic.elementwise import adam_step_bytes
 from plansim.analytic.layer_cost import gemm_time_s
-from plansim.analytic.memory import (
-    microbatch_activation_bytes,
-    model_state_bytes,
-    rank_parameters,
-    state_bytes_per_param,
-)
+from plansim.analytic.memory import model_state_bytes, rank_parameters, state_bytes_per_param
+from plansim.analytic.stored_activations import microbatch_activation_bytes
 from plansim.cli import main
 from plansim.io.profiles import load_profile
 from plansim.planner.evaluate import Evaluation, evaluate

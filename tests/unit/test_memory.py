@@ -9,13 +9,12 @@ import pytest
 from plansim.analytic.activations import full_layer_bytes, layer_activations
 from plansim.analytic.memory import (
     StateBytesPerParam,
-    microbatches_in_flight,
     model_state_bytes,
     rank_parameters,
-    saved_gemm_input_bytes,
     state_bytes_per_param,
 )
 from plansim.analytic.params import count_parameters
+from plansim.analytic.stored_activations import microbatches_in_flight, saved_gemm_input_bytes
 from plansim.catalog import resolve_model
 from plansim.errors import SpecError
 from plansim.specs.plan import AttentionKernel, ParallelPlan, Precision, Recompute, Schedule

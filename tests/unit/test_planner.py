@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from plansim.analytic.memory import MemoryBreakdown, microbatch_activation_bytes, rank_memory
+from plansim.analytic.memory import MemoryBreakdown, rank_memory
+from plansim.analytic.stored_activations import microbatch_activation_bytes
 from plansim.catalog import resolve_model
 from plansim.errors import SpecError
 from plansim.io.profiles import load_profile

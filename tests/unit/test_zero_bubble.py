@@ -14,7 +14,8 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from plansim.analytic.memory import microbatch_activation_bytes, microbatches_in_flight, rank_memory
+from plansim.analytic.memory import rank_memory
+from plansim.analytic.stored_activations import microbatch_activation_bytes, microbatches_in_flight
 from plansim.catalog import resolve_model
 from plansim.errors import SpecError
 from plansim.io.runs import RunRow

@@ -1,0 +1,143 @@
+"""Activations a pipeline rank stores between a micro-batch's forward and its backward
+(pure): per layer from ``plansim.analytic.activations``, per model chunk and per micro-batch
+(block-method recompute, layers kept in bf16 under fp8 / fp4), and at the rank's peak over
+its schedule (micro-batches in flight). ``plansim.analytic.memory`` adds them to the rank's
+model states, transients and reserve.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from plansim.analytic.activations import layer_activations
+from plansim.analytic.elementwise import QUANTIZED_ELEMENT_BYTES
+from plansim.schedule.builders import interleaved_chunk, interleaved_warmup
+from plansim.specs.layer_split import stage_bf16_layers, stage_layer_counts
+from plansim.specs.model import ModelSpec
+from plansim.specs.plan import AttentionKernel, ParallelPlan, Precision, Recompute, Schedule
+
+
+def microbatches_in_flight(plan: ParallelPlan, *, rank: int) -> float:
+    """Micro-batches' worth of the rank's activations (its L/pp layers) held at its peak.
+
+    GPipe: all m (Huang et al. 2019); 1F1B: min(p - rank, m) (Narayanan et al. SC21 §2.2).
+    Interleaved 1F1B: the peak number of stored micro-batch *chunks* (each 1/v of the rank's
+    layers) divided by v. Rank r stores its w warm-up forwards plus the first steady-state
+    forward: ``min(w + 1, m v)`` chunks with ``w = min(2(p - r - 1) + (v - 1)p, m v)``
+    (Megatron-LM warm-up, see ``plansim.schedule.builders.interleaved_warmup``). For rank 0
+    with enough micro-batches that is (v p + p - 1)/v = p(1 + (p - 1)/(p v)) micro-batches, so
+    it holds L(1 + (p - 1)/(p v)) layers' worth (Korthikanti et al. 2022 §4.2.3; memory.md
+    "Interleaved schedule ... multiply by (1 + (p - 1)/(p m))" with m the chunks per rank).
+    ZB-H1 (Qi et al. ICLR 2024, arXiv:2401.10241, §2.1): min(p, m) on every rank. A
+    micro-batch's activations live from its F to its W, and rank r runs W r slots after the
+    matching I (``plansim.schedule.builders._zb_h1``), so each rank reaches p in flight:
+    rank 0 exactly 1F1B's min(p, m) (the paper: H1's peak, on the first worker, equals
+    1F1B's), later ranks more than 1F1B's min(p - r, m). The paper counts a micro-batch
+    between I and W at the smaller W footprint (Table 1: M_W = 32sbh against
+    M_B = 34sbh + 5as^2b per layer); here, as in the engine, it keeps all its stored bytes
+    until W: an upper bound for ranks r > 0, close when the s^2 term is gone (FlashAttention).
+    """
+    m, p, v = plan.num_microbatches, plan.pp, plan.vpp
+    if plan.schedule is Schedule.GPIPE:
+        return m
+    if plan.schedule is Schedule.ZB_H1:
+        return min(p, m)
+    if plan.schedule is Schedule.INTERLEAVED_1F1B:
+        warmup = interleaved_warmup(rank, num_ranks=p, num_microbatches=m, vpp=v)
+        return min(warmup + 1, m * v) / v
+    return min(p - rank, m)
+
+
+def saved_gemm_input_bytes(plan: ParallelPlan) -> float:
+    """Bytes per element of the GEMM inputs kept for the backward: the quantized size with fp8
+    / fp4 (Transformer Engine saves the copy the GEMM read, ``plansim.analytic.activations``),
+    else 2 (16-bit; fp32 training scales every activation by 2 afterwards)."""
+    return QUANTIZED_ELEMENT_BYTES.get(plan.precision, 2.0)
+
+
+def _layer_stored_bytes(model: ModelSpec, plan: ParallelPlan, recompute: Recompute) -> float:
+    """16-bit bytes one layer stores for one micro-batch under ``recompute``."""
+    return layer_activations(
+        model,
+        micro_batch_size=plan.micro_batch_size,
+        tp=plan.tp,
+        sequence_parallel=plan.sequence_parallel,
+        recompute=recompute,
+        flash=plan.attention is AttentionKernel.FLASH,
+        gemm_input_bytes=saved_gemm_input_bytes(plan),
+        cp=plan.cp,
+    ).stored_bytes
+
+
+def _chunk_layer_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> list[float]:
+    """16-bit bytes the layers of each of the rank's chunks store for one micro-batch: with
+    Megatron's block method (``plan.recompute_num_layers``) the chunk's first N layers store
+    their input only and the others everything (no recompute); layers kept in bf16 under
+    fp8 / fp4 (``stage_bf16_layers``) keep 16-bit GEMM inputs."""
+    counts = stage_layer_counts(model.num_layers, plan)[rank :: plan.pp]
+    ends = stage_bf16_layers(model.num_layers, plan)[rank :: plan.pp]
+    plan16 = replace(
+        plan, precision=Precision.BF16, num_layers_at_start_in_bf16=0, num_layers_at_end_in_bf16=0
+    )
+    block = plan.recompute_num_layers is not None
+    rec_mode = Recompute.FULL if block else plan.recompute
+    rec8, rec16 = (_layer_stored_bytes(model, p, rec_mode) for p in (plan, plan16))
+    plain8, plain16 = (_layer_stored_bytes(model, p, Recompute.NONE) for p in (plan, plan16))
+    chunks = []
+    for c, (head, tail) in zip(counts, ends, strict=True):
+        r = plan.recomputed_layers(c) if block else c  # layers stored as rec_mode says
+        r16 = min(r, head) + max(0, r - (c - tail))
+        n16 = head + tail - r16  # bf16 layers stored in full
+        chunks.append((r - r16) * rec8 + r16 * rec16 + (c - r - n16) * plain8 + n16 * plain16)
+    return chunks
+
+
+def microbatch_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float:
+    """Bytes one micro-batch's forward leaves stored on ``rank`` until its backward (its
+    s/cp tokens with context parallelism)."""
+    per_mb: float = sum(_chunk_layer_bytes(model, plan, rank=rank))
+    if rank == 0 and model.dropout:  # embedding output (dropout mask), Korthikanti §4.3
+        sbh = model.seq_length / plan.cp * plan.micro_batch_size * model.hidden_size
+        per_mb += sbh / (plan.tp if plan.sequence_parallel else 1)
+    # Korthikanti's bytes are for 16-bit activations; fp32 training stores 4-byte ones.
+    return per_mb * plan.precision.activation_bytes / 2
+
+
+def _chunk_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> list[float]:
+    """:func:`stage_activation_bytes` of the rank's vpp chunks, chunk 0 first."""
+    per_mb = microbatch_activation_bytes(model, plan, rank=rank)
+    layers = _chunk_layer_bytes(model, plan, rank=rank)
+    if len(set(layers)) == 1:
+        return [per_mb / plan.vpp] * plan.vpp
+    return [per_mb * b / sum(layers) for b in layers]
+
+
+def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, stage: int) -> float:
+    """Bytes one micro-batch's forward through ``stage`` (a model chunk) leaves stored until
+    its backward: the rank's :func:`microbatch_activation_bytes` over its vpp chunks, or,
+    when the rank's chunks hold different layer counts (``account_for_*_in_pipeline_split``),
+    in proportion to the chunk's layers."""
+    return _chunk_activation_bytes(model, plan, rank=stage % plan.pp)[stage // plan.pp]
+
+
+def stored_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float:
+    """Activations stored at the rank's peak: per micro-batch bytes x micro-batches in flight
+    (:func:`microbatches_in_flight`). When the rank's chunks hold different layer counts
+    (only with interleaving: ``account_for_*_in_pipeline_split``) the chunks held at the peak
+    matter, so the rank's interleaved 1F1B order is replayed instead (warm-up forwards, then
+    forward/backward pairs, ``plansim.schedule.builders``): each forward stores its chunk's
+    bytes (:func:`stage_activation_bytes`), each backward frees them, as the event engine
+    does."""
+    stored = _chunk_activation_bytes(model, plan, rank=rank)
+    if len(set(stored)) == 1:
+        per_mb = microbatch_activation_bytes(model, plan, rank=rank)
+        return per_mb * microbatches_in_flight(plan, rank=rank)
+    p, v, m = plan.pp, plan.vpp, plan.num_microbatches
+    warmup = interleaved_warmup(rank, num_ranks=p, num_microbatches=m, vpp=v)
+    live = sum(stored[interleaved_chunk(k, num_ranks=p, vpp=v)] for k in range(warmup))
+    peak = live
+    for k in range(m * v - warmup):  # steady state: forward warmup + k, then backward k
+        live += stored[interleaved_chunk(warmup + k, num_ranks=p, vpp=v)]
+        peak = max(peak, live)
+        live -= stored[interleaved_chunk(k, num_ranks=p, vpp=v, backward=True)]
+    return peak
