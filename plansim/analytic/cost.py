@@ -70,7 +70,7 @@ from plansim.analytic.zero3 import (
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import stage_bf16_layers, stage_layer_counts
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan, Precision, Recompute, Zero3ParamFetch
+from plansim.specs.plan import ParallelPlan, Recompute, Zero3ParamFetch
 from plansim.specs.work import P2P, GradBucket, PipelineWork, RankWork, StageWork
 
 T = TypeVar("T")
@@ -289,12 +289,7 @@ def _build(
     bf16_ends = stage_bf16_layers(model.num_layers, plan)
     layer16 = layer
     if any(head or tail for head, tail in bf16_ends):  # the same layer with bf16 GEMMs
-        plan16 = replace(
-            plan,
-            precision=Precision.BF16,
-            num_layers_at_start_in_bf16=0,
-            num_layers_at_end_in_bf16=0,
-        )
+        plan16 = plan.bf16_layer_plan()
         key16 = (gpus, *(getattr(plan16, f) for f in _PASS_FIELDS))
         layer16 = _memoised(
             memo, ("layer", *key16), lambda: layer_pass_times(model, plan16, job, groups)

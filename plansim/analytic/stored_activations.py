@@ -7,14 +7,12 @@ model states, transients and reserve.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from plansim.analytic.activations import layer_activations
 from plansim.analytic.elementwise import QUANTIZED_ELEMENT_BYTES
 from plansim.schedule.builders import interleaved_chunk, interleaved_warmup
 from plansim.specs.layer_split import stage_bf16_layers, stage_layer_counts
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import AttentionKernel, ParallelPlan, Precision, Recompute, Schedule
+from plansim.specs.plan import AttentionKernel, ParallelPlan, Recompute, Schedule
 
 
 def microbatches_in_flight(plan: ParallelPlan, *, rank: int) -> float:
@@ -76,9 +74,7 @@ def _chunk_layer_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> li
     fp8 / fp4 (``stage_bf16_layers``) keep 16-bit GEMM inputs."""
     counts = stage_layer_counts(model.num_layers, plan)[rank :: plan.pp]
     ends = stage_bf16_layers(model.num_layers, plan)[rank :: plan.pp]
-    plan16 = replace(
-        plan, precision=Precision.BF16, num_layers_at_start_in_bf16=0, num_layers_at_end_in_bf16=0
-    )
+    plan16 = plan.bf16_layer_plan()
     block = plan.recompute_num_layers is not None
     rec_mode = Recompute.FULL if block else plan.recompute
     rec8, rec16 = (_layer_stored_bytes(model, p, rec_mode) for p in (plan, plan16))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from plansim.errors import SpecError, choice_error, require_positive_int
 from plansim.specs.plan_checks import (
@@ -302,6 +302,16 @@ class ParallelPlan:
         if self.recompute_num_layers is None:
             return chunk_layers
         return min(self.recompute_num_layers, chunk_layers)
+
+    def bf16_layer_plan(self) -> ParallelPlan:
+        """The plan a layer kept in bf16 (``num_layers_at_start/end_in_bf16``) runs as: this
+        one with precision bf16 and no bf16-layer counts."""
+        return replace(
+            self,
+            precision=Precision.BF16,
+            num_layers_at_start_in_bf16=0,
+            num_layers_at_end_in_bf16=0,
+        )
 
     @property
     def recompute_label(self) -> str:
