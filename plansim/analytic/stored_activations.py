@@ -111,15 +111,15 @@ def _chunk_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) 
 def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, stage: int) -> float:
     """Bytes one micro-batch's forward through ``stage`` (a model chunk) leaves stored until
     its backward: the rank's :func:`microbatch_activation_bytes` over its vpp chunks, or,
-    when the rank's chunks hold different layer counts (``account_for_*_in_pipeline_split``),
-    in proportion to the chunk's layers."""
+    when the rank's chunks store different bytes (different layer counts with
+    ``account_for_*_in_pipeline_split``, layers kept in bf16), in proportion to them."""
     return _chunk_activation_bytes(model, plan, rank=stage % plan.pp)[stage // plan.pp]
 
 
 def stored_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float:
     """Activations stored at the rank's peak: per micro-batch bytes x micro-batches in flight
-    (:func:`microbatches_in_flight`). When the rank's chunks hold different layer counts
-    (only with interleaving: ``account_for_*_in_pipeline_split``) the chunks held at the peak
+    (:func:`microbatches_in_flight`). When the rank's chunks store different bytes (only
+    with interleaving: ``account_for_*_in_pipeline_split``, bf16 layers) the chunks held at the peak
     matter, so the rank's interleaved 1F1B order is replayed instead (warm-up forwards, then
     forward/backward pairs, ``plansim.schedule.builders``): each forward stores its chunk's
     bytes (:func:`stage_activation_bytes`), each backward frees them, as the event engine
