@@ -393,12 +393,5 @@ def _comm_modes(
     params = space.overlap_param_gather if zero in (1, 2) else (False,)
     for schedule in schedules:
         overlaps = space.overlap_p2p_comm if schedule.interleaved else (False,)
-        yield (
-            schedule,
-            [
-                (overlap, grad, param)
-                for overlap in overlaps
-                for grad in grads
-                for param in (params if grad else (False,))
-            ],
-        )
+        modes = [(o, g, p) for o in overlaps for g in grads for p in (params if g else (False,))]
+        yield schedule, modes
