@@ -8,9 +8,8 @@ fp32 main grads: 2 + 4 + 12. Activations: ``plansim.analytic.activations`` times
 micro-batches in flight on the rank (GPipe: m; 1F1B: min(p - r, m), so stage 0 holds the
 equivalent of all L layers, Korthikanti §4.2; interleaved 1F1B: L(1 + (p - 1)/(p v)) on
 stage 0, Korthikanti §4.2.3; ``plansim.analytic.stored_activations``), plus the embedding
-output on the first stage
-and logits on the last (Korthikanti §4.3). The profile's reserve covers CUDA context, NCCL
-buffers and fragmentation.
+output on the first stage and logits on the last (Korthikanti §4.3). The profile's reserve
+covers CUDA context, NCCL buffers and fragmentation.
 
 Context parallelism (cp): activations, logits and the embedding output are those of the
 rank's s/cp tokens (1/cp of the cp = 1 bytes); weights are replicated over cp, and the ZeRO
@@ -36,10 +35,7 @@ from plansim.analytic.ranks import dp_cp_size
 from plansim.analytic.stored_activations import saved_gemm_input_bytes, stored_activation_bytes
 from plansim.analytic.zero3 import gathered_bytes
 from plansim.specs.hardware import HardwareProfile
-from plansim.specs.layer_split import (
-    pipeline_layer_counts,
-    stage_bf16_layers,
-)
+from plansim.specs.layer_split import pipeline_layer_counts, stage_bf16_layers
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import (
     AttentionKernel,
