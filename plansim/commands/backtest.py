@@ -6,12 +6,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import traceback
+from pathlib import Path
 from typing import NamedTuple
 
 import pandas as pd
 
 from plansim.errors import InputFileError
-from plansim.io.runs import read_runs, write_predictions
+from plansim.io.runs import RunRow, read_runs, write_predictions
 from plansim.planner.backtest import OVER_MEMORY, Prediction, predict_row
 from plansim.planner.run_checks import PER_LAYER, LayerCheck
 from plansim.report.tables import render
@@ -23,7 +25,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "backtest",
         help="predict published runs and report errors",
         description="Predict every run of a runs CSV (blank knobs are searched), print a "
-        "per-row table and the error summary, optionally write predictions.",
+        "per-row table and the error summary, optionally write predictions. Rows that "
+        "cannot be modelled are skipped with the reason; exit status 1 when a row failed "
+        "(a plansim bug, named in its note), after every other row is predicted.",
     )
     p.add_argument("runs", help="runs CSV (schema: ../shared/reference/README.md)")
     p.add_argument(
@@ -111,6 +115,26 @@ def _group_table(groups: dict[str, list[float]], column: str) -> str:
     return render(pd.DataFrame(records), "table")
 
 
+#: Status of a row whose prediction raised an unexpected exception (a plansim bug).
+FAILED = "failed"
+
+
+def _predict_guarded(row: RunRow, simulate_top: int) -> Prediction:
+    """``predict_row``, except that an unexpected exception (a plansim bug, not a bad cell:
+    those are skips) becomes status FAILED with the exception and where it was raised in the
+    note, so one row cannot cost the predictions of the others; ``run`` then exits 1."""
+    try:
+        return predict_row(row, simulate_top=simulate_top)
+    except Exception as exc:  # reported per row; the exit status says so
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        where = f"{Path(frame.filename).name}:{frame.lineno}"
+        return Prediction(
+            status=FAILED,
+            note=f"plansim failed on this row ({type(exc).__name__}: {exc}, at {where}); "
+            "please report it with the row",
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     """Predict each row, print the table, the per-group table (``--group-by``) and the
     summary line.
@@ -131,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     layer_errors: dict[str, list[float]] = {"forward": [], "backward": []}
     memory_errors: list[float] = []
     for row in rows:
-        pred: Prediction = predict_row(row, simulate_top=args.simulate_top)
+        pred = _predict_guarded(row, args.simulate_top)
         cells = dict(row.cells)
         cells.update(
             status=pred.status,
@@ -189,6 +213,9 @@ def run(args: argparse.Namespace) -> int:
     skipped_text = f"{statuses.count('skipped')} skipped"
     if PER_LAYER in statuses:  # predicted from their per-layer timings alone
         skipped_text = f"{statuses.count(PER_LAYER)} per-layer only, " + skipped_text
+    failed = statuses.count(FAILED)
+    if failed:
+        skipped_text += f", {failed} failed (a plansim bug: see the rows' notes)"
     over = statuses.count(OVER_MEMORY)
     if over:  # predicted although plansim's memory model fits none of their layouts
         skipped_text += f", {over} over plansim's memory limit"
@@ -209,4 +236,4 @@ def run(args: argparse.Namespace) -> int:
     if memory_errors:
         label = f"peak memory: {len(memory_errors)} runs measured, "
         sys.stdout.write(f"backtest {_summary(memory_errors, label)}\n")
-    return 0
+    return 1 if failed else 0

@@ -7,6 +7,7 @@ default. Malformed values raise InputFileError naming the file, row id and colum
 from __future__ import annotations
 
 import csv
+import math
 import os
 import tempfile
 from collections.abc import Sequence
@@ -26,6 +27,10 @@ REQUIRED_COLUMNS = (
     "precision",
     "step_time_s",
 )
+
+#: Integer columns where 0 is a value (ZeRO stage 0: no sharding); every other integer column
+#: counts something and must be at least 1.
+ZERO_ALLOWED_COLUMNS = frozenset({"zero_stage"})
 
 OUTPUT_COLUMNS = (
     "status",
@@ -70,7 +75,14 @@ class RunRow:
         return value.lower() if value is not None else None
 
     def integer(self, column: str) -> int | None:
-        """Cell as an int (None when blank); InputFileError when not an integer."""
+        """Cell as an int (None when blank). Every integer column of the schema counts
+        something (GPUs, layers, ranks, sequences) and must be >= 1, except ``zero_stage``
+        (0-3), which may be 0.
+
+        Raises:
+            InputFileError: not a whole number, or below the column's minimum (names the row,
+                column and value).
+        """
         value = self.text(column)
         if value is None:
             return None
@@ -78,8 +90,10 @@ class RunRow:
             number = float(value)
         except ValueError:
             raise self._error(column, value, "an integer") from None
-        if number != int(number) or number < 0:
-            raise self._error(column, value, "a non-negative integer")
+        minimum = 0 if column in ZERO_ALLOWED_COLUMNS else 1
+        if not math.isfinite(number) or number != int(number) or number < minimum:
+            expected = "a non-negative integer" if minimum == 0 else "a positive integer"
+            raise self._error(column, value, expected)
         return int(number)
 
     def number(self, column: str) -> float | None:

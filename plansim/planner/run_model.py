@@ -95,10 +95,7 @@ def _preset_vocab(layers: int, hidden: int, heads: int, notes: list[str]) -> int
 
 
 def _ffn(row: RunRow, hidden: int) -> int:
-    """The stated FFN width, 4 x hidden when blank; a stated 0 is refused, not defaulted."""
+    """The stated FFN width, 4 x hidden when blank (a stated 0 is refused by
+    ``RunRow.integer``, not defaulted)."""
     ffn = row.integer("ffn_hidden_size")
-    if ffn is None:
-        return 4 * hidden
-    if ffn == 0:
-        raise Skip("ffn_hidden_size 0: expected a positive width or a blank cell (4 x hidden)")
-    return ffn
+    return 4 * hidden if ffn is None else ffn

@@ -48,12 +48,28 @@ def _predict(**cells: str) -> Prediction:
         ),
         (
             {"tp": "8.5"},
-            "row not usable: runs.csv: row R1 (line 2): column tp: expected a non-negative "
+            "row not usable: runs.csv: row R1 (line 2): column tp: expected a positive "
             "integer, got '8.5'",
         ),
         (
             {"ffn_hidden_size": "0"},
-            "ffn_hidden_size 0: expected a positive width or a blank cell (4 x hidden)",
+            "row not usable: runs.csv: row R1 (line 2): column ffn_hidden_size: expected a "
+            "positive integer, got '0'",
+        ),
+        (
+            {"tp": "0"},
+            "row not usable: runs.csv: row R1 (line 2): column tp: expected a positive "
+            "integer, got '0'",
+        ),
+        (
+            {"pp": "inf"},
+            "row not usable: runs.csv: row R1 (line 2): column pp: expected a positive "
+            "integer, got 'inf'",
+        ),
+        (
+            {"zero_stage": "-1"},
+            "row not usable: runs.csv: row R1 (line 2): column zero_stage: expected a "
+            "non-negative integer, got '-1'",
         ),
         ({"step_time_s": "0"}, "step_time_s 0.0 is not a positive number of seconds"),
         ({"step_time_s": "-1"}, "step_time_s -1.0 is not a positive number of seconds"),

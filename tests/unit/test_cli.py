@@ -10,6 +10,8 @@ import pandas as pd
 import pytest
 
 from plansim.cli import main
+from plansim.io.runs import RunRow
+from plansim.planner.backtest import Prediction
 
 SIM = [
     "simulate",
@@ -292,6 +294,31 @@ def test_backtest_malformed_cell_names_file_row_field(
     assert "backtest: 2 runs, 1 skipped" in out
     written = pd.read_csv(tmp_path / "pred.csv")
     assert list(written["status"]) == ["skipped", "ok"]
+
+
+def test_backtest_a_row_that_fails_is_reported_and_the_others_still_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unexpected exception in one row (a plansim bug) marks that row failed, names the
+    exception, keeps the other rows' predictions and makes the command exit 1."""
+    from plansim.commands import backtest as command
+
+    real = command.predict_row
+
+    def flaky(row: RunRow, *, simulate_top: int = 8) -> Prediction:
+        if row.row_id == "R1":
+            raise ZeroDivisionError("integer modulo by zero")
+        return real(row, simulate_top=simulate_top)
+
+    monkeypatch.setattr(command, "predict_row", flaky)
+    runs = _runs_csv(tmp_path, [BASE, {**BASE, "row_id": "R2"}])
+    assert main(["backtest", str(runs), "--out", str(tmp_path / "pred.csv")]) == 1
+    out = capsys.readouterr().out
+    assert "backtest: 2 runs, 0 skipped, 1 failed (a plansim bug: see the rows' notes)" in out
+    rows = {r["row_id"]: r for r in csv.DictReader((tmp_path / "pred.csv").open())}
+    assert rows["R1"]["status"] == "failed" and rows["R2"]["status"] == "ok"
+    assert "ZeroDivisionError: integer modulo by zero, at test_cli.py:" in rows["R1"]["note"]
+    assert rows["R1"]["predicted_step_time_s"] == ""
 
 
 def test_simulate_megatron_implementation_flags(capsys: pytest.CaptureFixture[str]) -> None:
