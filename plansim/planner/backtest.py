@@ -37,6 +37,7 @@ from plansim.planner.run_checks import (
     memory_error_pct,
     stated_layer_plan,
 )
+from plansim.planner.run_derive import precision_candidates, with_derived_cells
 from plansim.planner.run_model import Skip, row_model
 from plansim.planner.run_space import row_space
 from plansim.planner.search import SearchResult, search
@@ -121,8 +122,26 @@ def _no_candidate(row: RunRow, num_gpus: int, gbs: int) -> str:
 def predict_row(row: RunRow, *, simulate_top: int = 8) -> Prediction:
     """Predict one run; a Prediction with status 'skipped' and the reason when it cannot,
     ``OVER_MEMORY`` when only the layouts plansim thinks slightly too big could be predicted.
+
+    Blank cells that other cells settle (num_gpus, the global batch) are derived first, and
+    a blank precision is predicted for each 16-bit format, keeping the fastest
+    (``plansim.planner.run_derive``).
     """
     notes: list[str] = []
+    try:
+        row = with_derived_cells(row, notes)
+    except PlansimError as exc:
+        return Prediction(status="skipped", note=f"row not usable: {exc}")
+    predictions = [
+        _predict(variant, simulate_top, [*notes, note] if note else list(notes))
+        for variant, note in precision_candidates(row)
+    ]
+    timed = [p for p in predictions if p.predicted_step_time_s is not None]
+    return min(timed, key=lambda p: p.predicted_step_time_s or 0.0) if timed else predictions[0]
+
+
+def _predict(row: RunRow, simulate_top: int, notes: list[str]) -> Prediction:
+    """predict_row for one row as it stands, ``notes`` so far (appended to)."""
     try:
         measured = row.number("step_time_s")
         if measured is None and not has_layer_times(row):
