@@ -6,29 +6,16 @@ import pytest
 
 from plansim.io.runs import RunRow
 from plansim.planner.backtest import Prediction, predict_row
+from tests.unit.test_backtest_rows import ROW as BASE
 
+#: test_backtest_rows' row with a stated dp, gradient accumulation, ZeRO-1 and fp16.
 ROW = {
-    "row_id": "R1",
-    "model_name": "gpt-1.3b",
-    "num_layers": "24",
-    "hidden_size": "2048",
-    "num_attention_heads": "16",
-    "seq_len_tokens": "2048",
-    "vocab_size": "51200",
-    "gpu_type": "a100-sxm4-80gb",
-    "num_gpus": "8",
+    **BASE,
     "tp": "2",
-    "pp": "1",
     "dp": "4",
-    "micro_batch_size_seqs": "4",
     "grad_accum_steps": "4",
-    "global_batch_size_seqs": "64",
-    "recompute": "none",
-    "sequence_parallel": "no",
     "zero_stage": "1",
     "precision": "fp16",
-    "step_time_s": "2.0",
-    "framework": "Megatron-LM (2023)",
 }
 
 
