@@ -113,6 +113,16 @@ def check_plan(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile) -
             category="tp spans nodes",
             reason=f"tp({plan.tp}) > GPUs per node({profile.gpus_per_node}) of {profile.name}",
         )
+    if plan.num_gpus > profile.gpus_per_node and profile.gpus_per_node % plan.tp:
+        # Megatron numbers ranks TP-first: groups of tp consecutive ranks, so with tp = 3 on
+        # 8-GPU nodes ranks 6, 7 and 8 form a group across two nodes (within one node, or
+        # one scale-up domain, no group can).
+        return Rejected(
+            plan=plan,
+            category="tp spans nodes",
+            reason=f"tp({plan.tp}) does not divide GPUs per node({profile.gpus_per_node}) of "
+            f"{profile.name}: some TP groups would cross a node boundary",
+        )
     if plan.precision.value not in profile.matmul_efficiency:
         return Rejected(
             plan=plan,

@@ -72,6 +72,15 @@ def test_rejection_reasons() -> None:
     wide = ParallelPlan(dp=1, tp=16, pp=1, micro_batch_size=1, global_batch_size=1)
     r = check_plan(gpt3, wide, A100)
     assert isinstance(r, Rejected) and r.category == "tp spans nodes"
+    # tp 3 divides the 96 heads, but groups of 3 consecutive ranks straddle 8-GPU nodes
+    odd = ParallelPlan(dp=8, tp=3, pp=1, micro_batch_size=1, global_batch_size=8)
+    r = check_plan(gpt3, odd, A100)
+    assert isinstance(r, Rejected) and r.category == "tp spans nodes"
+    assert r.reason.startswith("tp(3) does not divide GPUs per node(8) of a100-sxm4-80gb")
+    # on 6 GPUs of one node no group crosses a node boundary
+    one_node = ParallelPlan(dp=2, tp=3, pp=1, micro_batch_size=1, global_batch_size=2)
+    r = check_plan(gpt3, one_node, A100)
+    assert not (isinstance(r, Rejected) and r.category == "tp spans nodes")
 
 
 def test_search_ranks_by_simulated_step_time_and_is_deterministic() -> None:
