@@ -12,7 +12,8 @@ from typing import NamedTuple
 
 import pandas as pd
 
-from plansim.errors import InputFileError
+from plansim.errors import InputFileError, require_positive_int
+from plansim.io.outputs import check_writable
 from plansim.io.runs import RunRow, read_runs, write_predictions
 from plansim.planner.backtest import OVER_MEMORY, Prediction, predict_row
 from plansim.planner.run_checks import PER_LAYER, LayerCheck
@@ -141,7 +142,12 @@ def run(args: argparse.Namespace) -> int:
 
     Raises:
         InputFileError: ``--group-by`` names no column of the runs file.
+        SpecError: ``--simulate-top`` is not a positive integer.
+        OutputFileError: ``--out`` cannot be written (checked before predicting).
     """
+    require_positive_int("--simulate-top", args.simulate_top)
+    if args.out:  # before any row is predicted, not after minutes of work
+        check_writable(args.out, label="--out")
     header, rows = read_runs(args.runs)
     if args.group_by is not None and args.group_by not in header:
         raise InputFileError(

@@ -321,6 +321,33 @@ def test_backtest_a_row_that_fails_is_reported_and_the_others_still_run(
     assert rows["R1"]["predicted_step_time_s"] == ""
 
 
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        (["--simulate-top", "0"], "--simulate-top must be a positive integer, got 0"),
+        (["--out", "no/such/dir/pred.csv"], "--out: cannot write 'no/such/dir/pred.csv'"),
+    ],
+)
+def test_backtest_bad_options_fail_before_any_row_is_predicted(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    flag: list[str],
+    message: str,
+) -> None:
+    from plansim.commands import backtest as command
+
+    def never(row: RunRow, *, simulate_top: int = 8) -> Prediction:
+        raise AssertionError("a row was predicted")
+
+    monkeypatch.setattr(command, "predict_row", never)
+    monkeypatch.chdir(tmp_path)
+    runs = _runs_csv(tmp_path, [BASE])
+    assert main(["backtest", str(runs), *flag]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
 def test_simulate_megatron_implementation_flags(capsys: pytest.CaptureFixture[str]) -> None:
     base = [*SIM, "--recompute", "full", "--format", "json"]
     assert main(base) == 0
