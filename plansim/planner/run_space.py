@@ -19,7 +19,14 @@ pipeline sends (``--overlap-p2p-communication``) and gradient reduction overlapp
 backward (``--overlap-grad-reduce``; Korthikanti et al. 2022 §6.3 state that their runs did
 not overlap it). The zero-bubble schedule
 ZB-H1 (split backward, Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024,
-arXiv:2401.10241, January 2024) is offered to runs dated 2024 or later. When pp does not
+arXiv:2401.10241, January 2024) is offered to runs dated 2024 or later, except on NVIDIA's
+Megatron family (Megatron-LM, Megatron-core, NeMo, Megatron-Bridge), whose only pipeline
+schedules are 1F1B and interleaved 1F1B: ``get_forward_backward_func`` in
+``megatron/core/pipeline_parallel/schedules.py`` picks no pipelining, 1F1B without or with
+interleaving (and, in its latest releases, their "combined 1F1B" variants), with neither
+GPipe nor a zero-bubble schedule; those who run ZB-H1 on Megatron patch that function in
+their own forks (AMD-AGI/Primus PR #447, 2025; flagos-ai/FlagScale PR #405, 2025;
+sail-sg/zero-bubble-pipeline-parallelism). When pp does not
 divide the layers, the search splits them unevenly (embedding and loss counted as layers,
 or lighter first and last ranks: ``plansim.specs.layer_split.uneven_split_fields``) for a
 row that states such a pp, and for a searched pp only where the framework had uneven splits
@@ -47,6 +54,7 @@ from plansim.planner.run_framework import (
     deepspeed_pipeline_engine,
     deepspeed_pp,
     is_megatron_fork,
+    is_nvidia_megatron,
     is_torch_fsdp,
     uneven_pipeline,
     zero3_fetch,
@@ -204,10 +212,17 @@ def _pipeline_schedule(
 ) -> tuple[tuple[int, ...] | None, tuple[Schedule, ...]]:
     """(vpps, schedules) to search: a stated virtual_pipeline_size v > 1 means interleaved 1F1B
     with vpp = v only; v = 1 the non-interleaved schedules; blank searches vpp (interleaving
-    only for runs dated from its introduction on). ZB-H1 joins the non-interleaved schedules
-    for runs dated ZERO_BUBBLE_YEAR or later, and undated ones."""
+    only for runs dated from its introduction on). The non-interleaved schedules are 1F1B
+    alone on NVIDIA's Megatron family and DeepSpeed's pipeline engine; elsewhere 1F1B and
+    GPipe, and ZB-H1 for runs dated ZERO_BUBBLE_YEAR or later and undated ones (module
+    docstring)."""
     flat: tuple[Schedule, ...] = (Schedule.ONE_F_ONE_B, Schedule.GPIPE)
-    if year is None or year >= ZERO_BUBBLE_YEAR:
+    if is_nvidia_megatron(row):
+        flat = (Schedule.ONE_F_ONE_B,)
+        notes.append("1F1B or interleaved 1F1B (Megatron-LM's only pipeline schedules)")
+    elif deepspeed_pipeline_engine(row):
+        flat = (Schedule.ONE_F_ONE_B,)  # TrainSchedule, also with a stated vpp of 1
+    elif year is None or year >= ZERO_BUBBLE_YEAR:
         flat += (Schedule.ZB_H1,)
     vpp = row.integer("virtual_pipeline_size")
     facts = script_facts(row.text("source_locator") or "")

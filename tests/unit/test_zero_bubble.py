@@ -455,14 +455,18 @@ def _row(**cells: str) -> RunRow:
     ("cells", "year", "offered"),
     [
         ({"framework": "Megatron-LM (2023)"}, 2023, False),
-        ({"framework": "Megatron-LM (2024)"}, 2024, True),
         ({"source_locator": "arXiv:2401.10241"}, 2024, True),
         ({"source_locator": "SC21"}, 2021, False),
-        ({"framework": "NeMo 24.07"}, 2024, True),
-        ({"framework": "Megatron-Bridge 25.11"}, 2025, True),
         ({"framework": "NeMo (nvcr.io/nvidia/nemo:23.11)"}, 2023, False),
+        ({"framework": "torchtitan (2024)"}, 2024, True),
         ({"framework": "PyTorch 2.1 FSDP"}, None, True),
         ({}, None, True),
+        # NVIDIA's Megatron family has no zero-bubble schedule, whatever the date
+        ({"framework": "Megatron-LM (2024)"}, 2024, False),
+        ({"framework": "NeMo 24.07"}, 2024, False),
+        ({"framework": "Megatron-Bridge 25.11"}, 2025, False),
+        # nor has DeepSpeed's pipeline engine (TrainSchedule only)
+        ({"framework": "Megatron-DeepSpeed (2024)"}, 2024, False),
     ],
 )
 def test_backtest_offers_zb_h1_from_2024_or_undated(
@@ -477,3 +481,16 @@ def test_backtest_offers_zb_h1_from_2024_or_undated(
     assert (ZB in stated_flat) is offered
     _, stated_vpp = _pipeline_schedule(_row(virtual_pipeline_size="2", **cells), year, [])
     assert stated_vpp == (Schedule.INTERLEAVED_1F1B,)
+
+
+@pytest.mark.parametrize(
+    "framework", ["Megatron-LM (2021)", "Megatron-LM (2024)", "NeMo 24.07", "DeepSpeed (2022)"]
+)
+def test_megatron_and_deepspeed_rows_search_only_1f1b_schedules(framework: str) -> None:
+    """get_forward_backward_func (megatron/core/pipeline_parallel/schedules.py) picks 1F1B
+    with or without interleaving; DeepSpeed's engine runs TrainSchedule: never GPipe."""
+    for vpp in ("", "1"):
+        row = _row(framework=framework, virtual_pipeline_size=vpp)
+        _, schedules = _pipeline_schedule(row, run_year(row), [])
+        assert Schedule.GPIPE not in schedules and ZB not in schedules
+        assert Schedule.ONE_F_ONE_B in schedules
