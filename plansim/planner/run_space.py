@@ -219,7 +219,8 @@ def _pipeline_schedule(
     flat: tuple[Schedule, ...] = (Schedule.ONE_F_ONE_B, Schedule.GPIPE)
     if is_nvidia_megatron(row):
         flat = (Schedule.ONE_F_ONE_B,)
-        notes.append("1F1B or interleaved 1F1B (Megatron-LM's only pipeline schedules)")
+        if row.integer("pp") != 1:
+            notes.append("1F1B or interleaved 1F1B (Megatron-LM's only pipeline schedules)")
     elif deepspeed_pipeline_engine(row):
         flat = (Schedule.ONE_F_ONE_B,)  # TrainSchedule, also with a stated vpp of 1
     elif year is None or year >= ZERO_BUBBLE_YEAR:
