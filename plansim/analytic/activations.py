@@ -15,7 +15,9 @@ FFN = 4h, GELU, dropout on, 16-bit GEMM inputs):
 which gives Eq. 2, s*b*h*(10 + 24/t + 5*a*s/(h*t)), and with SP Eq. 4, s*b*h/t*(34 + 5as/h).
 Selective recompute and FlashAttention both drop the attention-core term (FlashAttention keeps
 the fp32 log-sum-exp, 4 bytes per (token, head)). Full recompute stores the layer input only,
-2*s*b*h (divided by t with SP, as Megatron stores the sequence-sharded input).
+2*s*b*h (divided by t with SP, as Megatron stores the sequence-sharded input). torchtitan's
+per-op policy stores what it saves (:func:`op_selective_stored_bytes`) and re-creates the
+rest of the layer during its backward.
 
 Two terms follow the run rather than the shape:
 
@@ -127,6 +129,35 @@ def full_layer_bytes(
     )
 
 
+def op_selective_stored_bytes(
+    model: ModelSpec, *, micro_batch_size: int, tp: int, sequence_parallel: bool, cp: int = 1
+) -> float:
+    """Bytes one layer keeps for one micro-batch under torchtitan's per-op selective
+    activation checkpointing (``Recompute.SELECTIVE_OP``), on one TP (and CP) rank.
+
+    What the policy saves (``plansim.analytic.flops.op_selective_recompute_gemms``), in units
+    of the rank's (s/cp)*b*h at 16 bits: the block's input, which the checkpoint keeps (2,
+    divided by t with SP); the outputs of the odd matmuls, Q (2/t), V (2*kv/(h t)) and the
+    first FFN matrix (gate for SwiGLU, up otherwise: 2*ffn/(h t)), and for SwiGLU the down
+    projection's (7th) output, which a row-parallel rank holds unreduced at full width (2);
+    the attention kernel's output (2/t) and its fp32 log-sum-exp (4*a/(h t)); with sequence
+    parallelism the outputs of the two reduce-scatters (2/t each), which torchtitan's save
+    list names (``_c10d_functional.reduce_scatter_tensor``). Norms, RoPE, the activation
+    function, residual adds and (without SP) the all-reduces are recomputed, so they keep
+    nothing; dropout is not part of torchtitan's models.
+    """
+    h = model.hidden_size
+    sbh = model.seq_length / cp * micro_batch_size * h
+    block_input = _HALF / (tp if sequence_parallel else 1)
+    sharded = _HALF + _HALF * model.kv_size / h  # Q, V
+    sharded += _HALF + 4.0 * model.num_attention_heads / h  # attention output, log-sum-exp
+    sharded += _HALF * model.ffn_hidden_size / h  # first FFN matrix's output
+    if sequence_parallel and tp > 1:
+        sharded += 2 * _HALF  # reduce-scatter outputs after the two row-parallel GEMMs
+    down = _HALF if model.activation is Activation.SWIGLU else 0.0
+    return sbh * (block_input + down + sharded / tp)
+
+
 def layer_activations(
     model: ModelSpec,
     *,
@@ -155,6 +186,15 @@ def layer_activations(
         sbh = model.seq_length / cp * micro_batch_size * model.hidden_size
         stored = 2.0 * sbh / (tp if sequence_parallel else 1)
         return LayerActivations(stored_bytes=stored, working_bytes=full)
+    if recompute is Recompute.SELECTIVE_OP:
+        stored = op_selective_stored_bytes(
+            model,
+            micro_batch_size=micro_batch_size,
+            tp=tp,
+            sequence_parallel=sequence_parallel,
+            cp=cp,
+        )
+        return LayerActivations(stored_bytes=stored, working_bytes=max(0.0, full - stored))
     if recompute is Recompute.SELECTIVE:
         lse = 4.0 * model.num_attention_heads / model.hidden_size if flash else 0.0
         no_core = _layer_bytes(

@@ -178,15 +178,55 @@ def layer_recompute_gemms(
     """GEMMs re-run in the backward pass of one layer: the work actually recomputed.
 
     NONE: none; FULL: the whole layer forward (Narayanan SC21 §3.5); SELECTIVE: one forward of
-    the attention core, Q K^T and attention over V (Korthikanti et al. 2022 §5). Note that
-    :func:`hardware_flops_per_step` counts SELECTIVE by the paper's Eq. 8 convention instead.
+    the attention core, Q K^T and attention over V (Korthikanti et al. 2022 §5);
+    SELECTIVE_OP: torchtitan's every second weight matmul
+    (:func:`op_selective_recompute_gemms`). Note that :func:`hardware_flops_per_step` counts
+    SELECTIVE by the paper's Eq. 8 convention instead.
     """
     if recompute is Recompute.NONE:
         return ()
+    if recompute is Recompute.SELECTIVE_OP:
+        return op_selective_recompute_gemms(model, micro_batch_size=micro_batch_size, tp=tp)
     gemms = layer_forward_gemms(model, micro_batch_size=micro_batch_size, tp=tp)
     if recompute is Recompute.FULL:
         return gemms
     return tuple(g for g in gemms if g.name in ATTENTION_CORE_GEMMS)
+
+
+def op_selective_recompute_gemms(
+    model: ModelSpec, *, micro_batch_size: int, tp: int
+) -> tuple[Gemm, ...]:
+    """Weight GEMMs of one layer that torchtitan's per-op selective activation checkpointing
+    runs again in the backward.
+
+    torchtitan's policy (``_apply_op_sac`` in ``torchtitan/distributed/activation_checkpoint.py``,
+    "Saves output of all compute ops, except every second mm"; torch's
+    ``create_selective_checkpoint_contexts``) counts the ``aten.mm`` calls of a transformer
+    block in execution order and saves every odd one's output; the even ones are recomputed.
+    torchtitan's blocks call ``wq, wk, wv, wo`` and then ``w1`` (gate), ``w3`` (up), ``w2``
+    (down) for SwiGLU, so the K projection, the attention output projection and the up
+    projection run again: for Llama 3 8B (1024 + 4096 + 14336) * 4096 of the 218.1M weights'
+    FLOPs per token, 36.5%. A non-gated MLP's down projection is the even sixth matmul, but
+    it is the block's last: its output feeds only the residual add, whose backward needs
+    nothing, and non-reentrant checkpointing stops recomputing once every tensor the backward
+    needs exists (torch's early stop, on by default), so only K and the output projection run
+    again (counted on the validator's model, ``tests/unit/test_op_selective_recompute.py``).
+    The attention kernel's output is saved (not recomputed).
+
+    Shapes as :func:`layer_forward_gemms` (m = b*s, Megatron's TP split); the K projection is
+    its own GEMM (n = local query groups x head_dim), as torchtitan does not fuse Q, K, V.
+    """
+    require_positive_int("micro_batch_size", micro_batch_size)
+    _check_tp(model, tp)
+    h, d = model.hidden_size, model.head_dim
+    tokens = micro_batch_size * model.seq_length
+    gemms = [
+        Gemm(name="k_proj", m=tokens, n=_local_query_groups(model, tp) * d, k=h),
+        Gemm(name="attn_out", m=tokens, n=h, k=model.num_attention_heads // tp * d),
+    ]
+    if model.activation is Activation.SWIGLU:
+        gemms.append(Gemm(name="mlp_up", m=tokens, n=model.ffn_hidden_size // tp, k=h))
+    return tuple(gemms)
 
 
 def layer_forward_flops(model: ModelSpec, *, micro_batch_size: int, tp: int = 1) -> int:
@@ -243,6 +283,7 @@ def hardware_flops_per_step(
       72*B*L*s*h^2*(1 + s/(3h) + V/(12hL)). The physically recomputed GEMM work is one
       attention-core forward (:func:`layer_recompute_gemms`), so this overstates it by
       2 x 4*B*L*s^2*h; kept to match the paper's published HFU.
+    - SELECTIVE_OP: + the FLOPs of :func:`op_selective_recompute_gemms` in every layer.
 
     Args:
         model: the transformer.
@@ -261,6 +302,9 @@ def hardware_flops_per_step(
     elif recompute is Recompute.SELECTIVE:
         core = attention_core_forward_flops(model, micro_batch_size=global_batch_size)
         total += SELECTIVE_RECOMPUTE_ATTENTION_FORWARDS * layers * core
+    elif recompute is Recompute.SELECTIVE_OP:
+        again = op_selective_recompute_gemms(model, micro_batch_size=global_batch_size, tp=1)
+        total += layers * sum(g.flops for g in again)
     return float(total)
 
 

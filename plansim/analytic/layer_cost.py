@@ -227,6 +227,13 @@ def layer_pass_times(
         # Megatron-core checkpoints the fused attention call (recompute module "core_attn"):
         # its forward, and with cp its KV ring, run again before its backward
         recompute_s, cp_recompute = core.forward_s, ring.forward_s
+    elif plan.recompute is Recompute.SELECTIVE_OP:
+        # torchtitan's per-op policy: every second weight GEMM and every non-matmul op again;
+        # the attention kernel's output is saved. The collectives run again unless saved:
+        # with SP the all-gathers (half the pass), without SP the all-reduces (all of it).
+        again = fl.op_selective_recompute_gemms(local, micro_batch_size=b, tp=tp)
+        recompute_s = sum(gemm_time_s(g, profile, dtype=dtype) for g in again) + ew_fwd
+        tp_recompute = tp_pass / 2 if plan.sequence_parallel else tp_pass
     return PassTimes(
         forward_s=forward_s,
         backward_input_s=dgrad + ew_bwd + host_bwd,

@@ -26,7 +26,7 @@ from plansim.planner.search import SearchResult, search
 from plansim.report.tables import evaluation_dict, ranked_table, render
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import AttentionKernel, Precision
+from plansim.specs.plan import AttentionKernel, Precision, Recompute
 from plansim.units import bytes_to_gib
 
 
@@ -81,6 +81,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "are the master weights, 16 bytes per parameter instead of DeepSpeed's 18",
     )
     p.add_argument(
+        "--recompute-selective-op",
+        action="store_true",
+        help="also try torchtitan's per-op selective activation checkpointing (--recompute "
+        "selective-op: every second matmul and all non-matmul ops recomputed; needs "
+        "--attention flash)",
+    )
+    p.add_argument(
         "--tp-comm-overlap",
         action="store_true",
         help="also try Megatron's --tp-comm-overlap for the sequence-parallel plans (TP "
@@ -129,7 +136,15 @@ def run(args: argparse.Namespace) -> int:
     jobs = resolve_jobs(args.jobs)
     plot = check_writable(args.plot, label="--plot") if args.plot else None
     model, profile = resolve(args)
+    if args.recompute_selective_op and args.attention != AttentionKernel.FLASH.value:
+        raise SpecError(
+            f"--recompute-selective-op needs --attention {AttentionKernel.FLASH.value} "
+            f"(got {args.attention}): torchtitan's per-op policy saves the fused attention "
+            f"kernel's output"
+        )
     space = SearchSpace(
+        recomputes=(Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+        + ((Recompute.SELECTIVE_OP,) if args.recompute_selective_op else ()),
         precision=Precision(args.precision),
         attention=AttentionKernel(args.attention),
         dp_syncs=dp_syncs_from_args(args),

@@ -5,8 +5,9 @@ DeepSpeed's pipeline engine runs only 1F1B and refuses ZeRO-2/3, DeepSpeed's 202
 gathered parameters per tensor, NVIDIA's Megatron family (Megatron-LM, Megatron-core, NeMo,
 Megatron-Bridge) shards only the optimizer unless FSDP is named, the DeepSpeed-based forks of
 Megatron-LM lacked sequence parallelism and selective recompute, the Megatron family reduces
-gradients in bf16 or fp32 from 2024 (searched), and a blank ``zero_stage`` may be named in the
-free-text ``zero_stage_or_sharding`` cell.
+gradients in bf16 or fp32 from 2024 (searched), torchtitan's selective recompute is its per-op
+policy, and a blank ``zero_stage`` may be named in the free-text ``zero_stage_or_sharding``
+cell.
 ``plansim.planner.run_space`` applies them; each rule cites its source.
 """
 
@@ -128,6 +129,23 @@ def is_torch_fsdp(row: RunRow, notes: list[str]) -> bool:
     if torch_fsdp:
         notes.append("PyTorch FSDP: fp32 sharded parameters are the master weights")
     return torch_fsdp
+
+
+def is_torchtitan(row: RunRow) -> bool:
+    """Whether the row's framework cell names torchtitan."""
+    return "torchtitan" in framework_text(row)
+
+
+def framework_recompute(row: RunRow, recompute: str | None, notes: list[str]) -> str | None:
+    """The row's recompute as plansim names it: a torchtitan row's ``selective`` is its per-op
+    policy (``Recompute.SELECTIVE_OP``: ``--activation_checkpoint.selective_ac_option op``,
+    the setting of its Llama 3 8B training config and the "selective op" rows of its
+    ``docs/performance.md``), not Megatron-LM's attention-core recompute; any other value is
+    returned unchanged."""
+    if recompute == "selective" and is_torchtitan(row):
+        notes.append("recompute selective on torchtitan: its per-op policy (selective-op)")
+        return "selective-op"
+    return recompute
 
 
 def bf16_grad_modes(row: RunRow, year: int | None, notes: list[str]) -> tuple[bool, ...]:

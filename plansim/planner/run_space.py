@@ -53,9 +53,11 @@ from plansim.planner.run_framework import (
     bf16_grad_modes,
     deepspeed_pipeline_engine,
     deepspeed_pp,
+    framework_recompute,
     is_megatron_fork,
     is_nvidia_megatron,
     is_torch_fsdp,
+    is_torchtitan,
     uneven_pipeline,
     zero3_fetch,
     zero_stage,
@@ -135,6 +137,7 @@ def row_space(row: RunRow, notes: list[str]) -> SearchSpace:
     if recompute is None and facts is not None:
         recompute = facts.recompute
         notes.append(f"recompute {recompute} from {facts.source}")
+    recompute = framework_recompute(row, recompute, notes)
     zero = zero_stage(row, notes)
     sp = row.flag("sequence_parallel")
     for label, value in (("recompute", recompute), ("zero_stage", zero), ("sp", sp)):
@@ -161,10 +164,7 @@ def row_space(row: RunRow, notes: list[str]) -> SearchSpace:
         dp=_fixed(row, "dp", notes, "dp"),
         micro_batch_size=_fixed(row, "micro_batch_size_seqs", notes, "mbs"),
         zero_stages=zero_stages(row, zero, year, notes),
-        recomputes=(Recompute(recompute),)
-        if recompute
-        else (Recompute.NONE, Recompute.FULL)
-        + ((Recompute.SELECTIVE,) if modern and attention is AttentionKernel.UNFUSED else ()),
+        recomputes=_recomputes(row, recompute, modern=modern, attention=attention),
         sequence_parallel=(sp,) if sp is not None else ((False, True) if modern else (False,)),
         overlap_p2p_comm=(False, True) if year is None or year >= OVERLAP_P2P_YEAR else (False,),
         overlap_grad_reduce=(False, True)
@@ -182,6 +182,22 @@ def row_space(row: RunRow, notes: list[str]) -> SearchSpace:
         # recompute (Korthikanti et al. 2022's release); a stated "full" is every layer.
         partial_recompute=recompute is None and modern,
     )
+
+
+def _recomputes(
+    row: RunRow, stated: str | None, *, modern: bool, attention: AttentionKernel
+) -> tuple[Recompute, ...]:
+    """The stated recompute, else none and full, plus Megatron's selective where it differs
+    from none (dated SP_AND_SELECTIVE_YEAR or later, unfused attention: with FlashAttention it
+    only costs) and torchtitan's per-op policy on torchtitan rows (flash attention)."""
+    if stated:
+        return (Recompute(stated),)
+    searched: tuple[Recompute, ...] = (Recompute.NONE, Recompute.FULL)
+    if modern and attention is AttentionKernel.UNFUSED:
+        searched += (Recompute.SELECTIVE,)
+    if is_torchtitan(row) and attention is AttentionKernel.FLASH:
+        searched += (Recompute.SELECTIVE_OP,)
+    return searched
 
 
 def _cp_values(

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from plansim.errors import SpecError, choice_error, require_positive_int
 from plansim.specs.plan_enums import (
+    AttentionKernel,
     DpSync,
     OffloadDevice,
     Precision,
@@ -121,7 +122,14 @@ def check_offload(plan: ParallelPlan) -> None:
 
 def check_recompute(plan: ParallelPlan) -> None:
     """recompute_num_layers: None or a positive integer, only with recompute full (Megatron's
-    block method recomputes whole layers)."""
+    block method recomputes whole layers); recompute selective-op (torchtitan's per-op policy,
+    which saves the fused attention kernel's output) only with flash attention."""
+    if plan.recompute is Recompute.SELECTIVE_OP and plan.attention is not AttentionKernel.FLASH:
+        raise SpecError(
+            f"plan.recompute {Recompute.SELECTIVE_OP.value} needs attention "
+            f"{AttentionKernel.FLASH.value} (got {plan.attention.value}): torchtitan's per-op "
+            f"policy saves the fused attention kernel's output"
+        )
     if plan.recompute_num_layers is None:
         return
     require_positive_int("plan.recompute_num_layers", plan.recompute_num_layers)

@@ -41,11 +41,17 @@ class Precision(enum.Enum):
 
 
 class Recompute(enum.Enum):
-    """Activation recomputation (Korthikanti et al. 2022 §4-5)."""
+    """Activation recomputation: none; Megatron-LM's selective (the attention core) and full
+    (whole layers), Korthikanti et al. 2022 §4-5; torchtitan's per-op selective policy
+    (``SELECTIVE_OP``: ``--activation_checkpoint.mode selective`` with
+    ``selective_ac_option op``), which saves the outputs of the matmuls and the attention
+    kernel except every second matmul of a layer and recomputes everything else
+    (``plansim.analytic.flops.op_selective_recompute_gemms``)."""
 
     NONE = "none"
     SELECTIVE = "selective"
     FULL = "full"
+    SELECTIVE_OP = "selective-op"
 
 
 class AttentionKernel(enum.Enum):

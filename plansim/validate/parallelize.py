@@ -39,6 +39,7 @@ from plansim.specs.layer_split import pipeline_layer_counts
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan, Recompute, Schedule
 from plansim.validate.model import Block, StageModule
+from plansim.validate.op_sac import op_selective_checkpoint
 from plansim.validate.result import ValidateError
 
 #: AdamW hyper-parameters of every validation run (the reference uses the same). AdamW runs
@@ -168,7 +169,8 @@ def apply_tp(stage: StageModule, plan: ParallelPlan, *, mesh: DeviceMesh) -> Non
 def apply_recompute(stage: StageModule, plan: ParallelPlan) -> None:
     """Activation checkpointing (Korthikanti et al. 2022 §5): full wraps every block (with
     ``plan.recompute_num_layers``, Megatron's block method, only the stage's first N),
-    selective only the attention core softmax(QK^T)V (in place, non-reentrant)."""
+    selective only the attention core softmax(QK^T)V, selective-op every block with
+    torchtitan's per-op policy (``plansim.validate.op_sac``); in place, non-reentrant."""
     if plan.recompute is Recompute.NONE:
         return
     wrapped = plan.recomputed_layers(len(stage.blocks))
@@ -176,6 +178,8 @@ def apply_recompute(stage: StageModule, plan: ParallelPlan) -> None:
         if plan.recompute is Recompute.FULL:
             if index < wrapped:
                 stage.blocks[name] = checkpoint_wrapper(block)
+        elif plan.recompute is Recompute.SELECTIVE_OP:
+            stage.blocks[name] = op_selective_checkpoint(block)
         else:
             attention = cast(Block, block).attention
             attention.core = checkpoint_wrapper(attention.core)
