@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from plansim.analytic import flops as fl
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import PositionEmbedding
-from plansim.specs.plan import AttentionKernel, ParallelPlan
+from plansim.specs.plan import AttentionKernel, ParallelPlan, Recompute
 
 #: Ops of the first stage's embedding: the token lookup (learned positions: + lookup, add).
 EMBEDDING_OPS = 1
@@ -138,10 +138,12 @@ def flash_core_times(
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PassOps:
-    """Eager ops of one pass: all of them, and the tensor-parallel (DTensor) ones among them."""
+    """Eager ops of one pass: all of them, the tensor-parallel (DTensor) ones among them, and
+    those inside a region checkpointed with torchtitan's per-op selective policy."""
 
     num_ops: int
     num_dtensor_ops: int = 0
+    num_sac_ops: int = 0
 
 
 def layer_ops(gemms: Sequence[fl.Gemm], plan: ParallelPlan, *, num_kernels: int) -> PassOps:
@@ -149,12 +151,16 @@ def layer_ops(gemms: Sequence[fl.Gemm], plan: ParallelPlan, *, num_kernels: int)
 
     Weight GEMMs (every GEMM but the attention core), the attention core (one fused call,
     or its two batched GEMMs unfused) and ``num_kernels`` memory-bound kernels; with
-    tp > 1 the weight GEMMs are DTensor ops.
+    tp > 1 the weight GEMMs are DTensor ops; with ``Recompute.SELECTIVE_OP`` every op is in
+    the checkpointed region.
     """
     weights = sum(1 for g in gemms if g.name not in fl.ATTENTION_CORE_GEMMS)
     core = 1 if plan.attention is AttentionKernel.FLASH else 2
+    ops = weights + core + num_kernels
     return PassOps(
-        num_ops=weights + core + num_kernels, num_dtensor_ops=weights if plan.tp > 1 else 0
+        num_ops=ops,
+        num_dtensor_ops=weights if plan.tp > 1 else 0,
+        num_sac_ops=ops if plan.recompute is Recompute.SELECTIVE_OP else 0,
     )
 
 
@@ -170,8 +176,9 @@ def with_host_s(
     """Seconds of a pass whose device work takes ``device_s``, with the host cost of its
     ``ops`` (``device_s`` unchanged when the profile has no ``host_overhead``).
 
-    Host seconds = ops * per-op seconds (+ DTensor ops * the DTensor extra), forward or
-    backward figure; combined by :meth:`HostOverhead.pass_s` with the profile's
+    Host seconds = ops * per-op seconds (+ DTensor ops * the DTensor extra + ops in a per-op
+    selective checkpoint region * its extra, which in backward holds the recompute), forward
+    or backward figure; combined by :meth:`HostOverhead.pass_s` with the profile's
     ``kernel_launch_s`` as the bare dispatch.
     """
     host = profile.host_overhead
@@ -179,7 +186,9 @@ def with_host_s(
         return device_s
     per_op = host.backward_op_s if backward else host.forward_op_s
     extra = host.dtensor_backward_op_s if backward else host.dtensor_forward_op_s
+    sac = host.sac_backward_op_s if backward else host.sac_forward_op_s
     host_s = ops.num_ops * per_op + ops.num_dtensor_ops * (extra or 0.0)
+    host_s += ops.num_sac_ops * (sac or 0.0)
     return host.pass_s(
         device_s, host_s=host_s, num_ops=ops.num_ops, dispatch_s=profile.kernel_launch_s
     )

@@ -3,7 +3,10 @@
 A chain of tiny ops (pairs of ``nn.Linear(8, 8)`` and GELU on a 2 x 8 input that requires
 grad) is so small that its time is the eager dispatch and autograd bookkeeping
 (``plansim.calibrate.plan.HOST_OP_OPS``); its ``dtensor_`` twin makes the linears
-tensor-parallel on a one-rank mesh, so the DTensor dispatch is timed without communication.
+tensor-parallel on a one-rank mesh, so the DTensor dispatch is timed without communication;
+its ``sac_`` twin runs the chain as one region checkpointed with torchtitan's per-op policy
+(``plansim.validate.op_sac``), so every op of the forward passes through torch's selective
+checkpointing dispatch mode and the backward recomputes the ops the policy does not save.
 With more than one rank two more twins run over all ranks (``WORLD_HOST_OP_OPS``):
 ``dtensor_world_`` (the same tensor parallelism on a mesh of every rank: each
 column/row-parallel pair adds one all-reduce in forward and one in backward, issued by
@@ -50,9 +53,14 @@ def host_op_chain(
         _tensor_parallel(chain, _mesh(meshes, "own", device=device, world=world))
     elif item.op.startswith("fsdp_"):
         _fully_shard(chain, _mesh(meshes, "world", device=device, world=world))
+    model: torch.nn.Module = chain
+    if item.op.startswith("sac_"):
+        from plansim.validate.op_sac import op_selective_checkpoint
+
+        model = op_selective_checkpoint(chain)
     x = torch.randn(2, 8, device=device, requires_grad=True)
     if item.op.endswith("_fwd_bwd"):
-        return lambda: chain(x).sum().backward()
+        return lambda: model(x).sum().backward()
     if item.op.startswith("fsdp_"):
 
         def forward_no_grad() -> None:
@@ -60,7 +68,7 @@ def host_op_chain(
                 chain(x)
 
         return forward_no_grad
-    return lambda: chain(x)
+    return lambda: model(x)
 
 
 def _mesh(meshes: dict[str, Any], name: str, *, device: torch.device, world: int) -> Any:

@@ -154,6 +154,17 @@ def host_overhead_term(table: pd.DataFrame, *, source: str, serial: bool) -> Ter
         provenance["host_overhead.dtensor_backward_op_us"] = (
             f"{source}; backward of {chain} with DTensor {what}, per linear"
         )
+    if {"sac_chain_fwd", "sac_chain_fwd_bwd"} <= set(rows):
+        sac = fit_host_ops(
+            ops, forward_s=rows["sac_chain_fwd"][1], forward_backward_s=rows["sac_chain_fwd_bwd"][1]
+        )
+        extra["sac_forward_op_s"] = max(0.0, sac.forward_op_s - plain.forward_op_s)
+        extra["sac_backward_op_s"] = max(0.0, sac.backward_op_s - plain.backward_op_s)
+        region = "as one region checkpointed with the per-op selective policy, less the plain chain"
+        provenance["host_overhead.sac_forward_op_us"] = f"{source}; forward of {chain} {region}"
+        provenance["host_overhead.sac_backward_op_us"] = (
+            f"{source}; backward (with its recompute) of {chain} {region}"
+        )
     world = _world_chain_terms(rows, ops=ops, chain=chain, source=source)
     extra.update(world.values)
     provenance.update(world.provenance)
@@ -173,6 +184,7 @@ def host_overhead_term(table: pd.DataFrame, *, source: str, serial: bool) -> Ter
         ("DTensor TP all-reduce", "dtensor_all_reduce_{}_s"),
         ("FSDP2 unit", "fsdp_unit_{}_s"),
         ("pipeline action", "pipeline_action_{}_s"),
+        ("per-op selective checkpoint extra", "sac_{}_op_s"),
     ):
         if key.format("forward") in extra:
             f_us = 1e6 * extra[key.format("forward")]

@@ -53,8 +53,16 @@ STREAM_ACCESSES = {"copy": 2, "scale": 2, "add": 3, "triad": 3}
 GEMM_OPS = ("qkv", "attn_out", "mlp_up", "mlp_down", "logits")
 #: Ops in a host-overhead chain (CHAIN_OPS / 2 pairs of a tiny linear and a GELU).
 CHAIN_OPS = 64
-#: Host-overhead chain items: plain and tensor-parallel (DTensor), forward and forward+backward.
-HOST_OP_OPS = ("chain_fwd", "chain_fwd_bwd", "dtensor_chain_fwd", "dtensor_chain_fwd_bwd")
+#: Host-overhead chain items: plain, tensor-parallel (DTensor) and under torchtitan's per-op
+#: selective activation checkpointing (``sac_``), forward and forward+backward.
+HOST_OP_OPS = (
+    "chain_fwd",
+    "chain_fwd_bwd",
+    "dtensor_chain_fwd",
+    "dtensor_chain_fwd_bwd",
+    "sac_chain_fwd",
+    "sac_chain_fwd_bwd",
+)
 #: Host-overhead chains over every rank (nproc > 1): DTensor TP on the world mesh, FSDP2 units.
 WORLD_HOST_OP_OPS = (
     "dtensor_world_chain_fwd",

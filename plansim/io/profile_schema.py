@@ -155,6 +155,8 @@ HOST_OVERHEAD_SCALARS = (
     _Scalar("fsdp_unit_backward_us", "fsdp_unit_backward_s", us_to_s, s_to_us),
     _Scalar("pipeline_action_forward_us", "pipeline_action_forward_s", us_to_s, s_to_us),
     _Scalar("pipeline_action_backward_us", "pipeline_action_backward_s", us_to_s, s_to_us),
+    _Scalar("sac_forward_op_us", "sac_forward_op_s", us_to_s, s_to_us),
+    _Scalar("sac_backward_op_us", "sac_backward_op_s", us_to_s, s_to_us),
 )
 COLLECTIVE_KEYS = ("latency_us", "message_bytes", "busbw_gb_per_s")
 

@@ -67,6 +67,7 @@ EXTRA_PAIRS = (
     ("dtensor_all_reduce_forward_s", "dtensor_all_reduce_backward_s"),
     ("fsdp_unit_forward_s", "fsdp_unit_backward_s"),
     ("pipeline_action_forward_s", "pipeline_action_backward_s"),
+    ("sac_forward_op_s", "sac_backward_op_s"),
 )
 
 
@@ -102,6 +103,12 @@ class HostOverhead:
             calibration's ranks costs beyond its stage's ops: the schedule's per-action
             host work, posting and waiting for the action's tiny send/recv, and that
             transfer's latency; or None when not measured.
+        sac_forward_op_s, sac_backward_op_s: extra host seconds per op of a region
+            checkpointed with torchtitan's per-op selective policy
+            (``Recompute.SELECTIVE_OP``) over the same ops unchecked: in forward, every op
+            passing through torch's selective-checkpointing dispatch mode; in backward, the
+            recompute of the ops the policy does not save, through that mode again; or None
+            when not measured (then 0).
 
     Raises:
         SpecError: a time is negative or not a number, or ``serial`` is not a bool.
@@ -118,6 +125,8 @@ class HostOverhead:
     fsdp_unit_backward_s: float | None = None
     pipeline_action_forward_s: float | None = None
     pipeline_action_backward_s: float | None = None
+    sac_forward_op_s: float | None = None
+    sac_backward_op_s: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.serial, bool):

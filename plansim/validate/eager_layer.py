@@ -28,7 +28,7 @@ from plansim.analytic.layer_cost import gemm_time_s, layer_gemms
 from plansim.analytic.op_overheads import layer_ops
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import Activation, ModelSpec, PositionEmbedding
-from plansim.specs.plan import ParallelPlan
+from plansim.specs.plan import ParallelPlan, Recompute
 
 #: Compute ops of ``model._rope`` on one tensor: the angle table (arange, div, pow, div,
 #: arange, outer, cos, sin) and the rotation (4 mul, sub, add, cat).
@@ -90,6 +90,9 @@ def eager_layer_extra(model: ModelSpec, plan: ParallelPlan, profile: HardwarePro
         backward_s = extra_ops * host.backward_op_s
         forward_s += extra_linears * (host.dtensor_forward_op_s or 0.0)
         backward_s += extra_linears * (host.dtensor_backward_op_s or 0.0)
+        if plan.recompute is Recompute.SELECTIVE_OP:  # the extra ops are in the region too
+            forward_s += extra_ops * (host.sac_forward_op_s or 0.0)
+            backward_s += extra_ops * (host.sac_backward_op_s or 0.0)
     split = _qkv_split_s(model, plan, profile, gemms)
     return LayerExtra(forward_s=forward_s + split, backward_s=backward_s + 2.0 * split)
 

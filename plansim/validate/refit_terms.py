@@ -109,11 +109,15 @@ def pass_totals(c: Comparison, sim: pd.DataFrame) -> PassTotals:
     )
 
 
-#: The HostOverhead extras a host factor scales: the DTensor per-linear pair, which lengthens
-#: the passes' compute. The DTensor all-reduce and FSDP2 unit figures lengthen communication
-#: segments (the X of the module docstring) and the pipeline-action figures the time between
-#: actions (refitted by ``refit_pipeline``), so neither is in the passes' host time.
-HOST_SCALED_EXTRAS = (("dtensor_forward_op_s", "dtensor_backward_op_s"),)
+#: The HostOverhead extras a host factor scales: the DTensor per-linear pair and the per-op
+#: selective-checkpoint pair, which lengthen the passes' compute. The DTensor all-reduce and
+#: FSDP2 unit figures lengthen communication segments (the X of the module docstring) and the
+#: pipeline-action figures the time between actions (refitted by ``refit_pipeline``), so
+#: neither is in the passes' host time.
+HOST_SCALED_EXTRAS = (
+    ("dtensor_forward_op_s", "dtensor_backward_op_s"),
+    ("sac_forward_op_s", "sac_backward_op_s"),
+)
 
 
 def scale_host(
@@ -123,8 +127,8 @@ def scale_host(
 
     ``dtensor_only``: scale only the DTensor per-linear extras (everything else kept).
     Otherwise the plain figures are scaled over the bare dispatch (serial) or as a whole
-    (asynchronous), and the DTensor per-linear extras by the same factors; the other extras
-    are kept (:data:`HOST_SCALED_EXTRAS`).
+    (asynchronous), and the DTensor per-linear and per-op selective-checkpoint extras by the
+    same factors; the other extras are kept (:data:`HOST_SCALED_EXTRAS`).
     """
     host = profile.host_overhead
     if host is None:
@@ -137,7 +141,7 @@ def scale_host(
         return max(0.0, dispatch + factor * (value - dispatch)) if value > dispatch else value
 
     changes: dict[str, Any] = {}
-    for fwd, bwd in HOST_SCALED_EXTRAS:
+    for fwd, bwd in HOST_SCALED_EXTRAS[:1] if dtensor_only else HOST_SCALED_EXTRAS:
         for name, factor in ((fwd, forward), (bwd, backward)):
             value = getattr(host, name)
             changes[name] = None if value is None else max(0.0, value * factor)
@@ -152,9 +156,9 @@ def scale_host(
 
 def without_host(profile: HardwareProfile, *, dtensor_only: bool = False) -> HardwareProfile:
     """``profile`` without the host time :func:`scale_host` scales: per-op figures down to
-    the bare dispatch and zero DTensor per-linear extras (``dtensor_only``: those extras
-    alone), the other extras kept, so the difference of two simulations is the host term H
-    of the module docstring and nothing else."""
+    the bare dispatch and zero DTensor per-linear and selective-checkpoint extras
+    (``dtensor_only``: the DTensor extras alone), the other extras kept, so the difference of
+    two simulations is the host term H of the module docstring and nothing else."""
     return scale_host(profile, forward=0.0, backward=0.0, dtensor_only=dtensor_only)
 
 

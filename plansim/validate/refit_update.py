@@ -15,6 +15,8 @@ _HOST_FACTORS = {
     "dtensor_backward_op_us": "host_overhead.dtensor_backward",
     "pipeline_action_forward_us": "host_overhead.pipeline_action",
     "pipeline_action_backward_us": "host_overhead.pipeline_action",
+    "sac_forward_op_us": "host_overhead",
+    "sac_backward_op_us": "host_overhead",
 }
 
 

@@ -35,7 +35,7 @@ from plansim.io.profiles import load_profile, profile_from_dict, profile_to_dict
 from plansim.specs.compute_terms import HostOverhead
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import PositionEmbedding
-from plansim.specs.plan import AttentionKernel, ParallelPlan
+from plansim.specs.plan import AttentionKernel, ParallelPlan, Recompute
 from plansim.validate.refit import refit
 from plansim.validate.refit_terms import (
     PassTotals,
@@ -121,6 +121,19 @@ def test_dtensor_extra_with_tensor_parallelism() -> None:
     assert new.backward_input_s - old.backward_input_s == pytest.approx(10 * 40 * US + 4 * 300 * US)
     tp1 = passes(dataclasses.replace(base, host_overhead=host(dtensor=True)))
     assert tp1.forward_s - passes(base).forward_s == pytest.approx(10 * 20 * US)
+
+
+def test_per_op_selective_checkpoint_extra_only_under_that_recompute() -> None:
+    sac = dataclasses.replace(host(), sac_forward_op_s=60 * US, sac_backward_op_s=70 * US)
+    base = round_profile()
+    for recompute in (Recompute.NONE, Recompute.FULL, Recompute.SELECTIVE_OP):
+        plan = dataclasses.replace(PLAN, recompute=recompute)
+        plain = passes(dataclasses.replace(base, host_overhead=host()), plan)
+        new = passes(dataclasses.replace(base, host_overhead=sac), plan)
+        ops = 10 if recompute is Recompute.SELECTIVE_OP else 0  # every op is in the region
+        assert new.forward_s - plain.forward_s == pytest.approx(ops * 60 * US)
+        assert new.backward_input_s - plain.backward_input_s == pytest.approx(ops * 70 * US)
+        assert new.recompute_s == plain.recompute_s  # its host time is in the backward figure
 
 
 def test_asynchronous_host_hides_behind_device_or_bounds_it() -> None:
@@ -225,6 +238,8 @@ def test_chain_fit_and_terms() -> None:
         "chain_fwd_bwd": 3.84e-3,
         "dtensor_chain_fwd": 6.4e-3,  # 100 us per op: (100 - 20) x 2 = 160 us per linear
         "dtensor_chain_fwd_bwd": 25.6e-3,  # backward 300 us per op: (300 - 40) x 2 = 520
+        "sac_chain_fwd": 5.12e-3,  # 80 us per op: 60 more than plain
+        "sac_chain_fwd_bwd": 12.16e-3,  # backward 110 us per op: 70 more than plain
     }
     table = _chain_table(times)
     terms = host_overhead_term(table, source="measured: test", serial=True)
@@ -234,6 +249,7 @@ def test_chain_fit_and_terms() -> None:
     assert (got.forward_op_s, got.backward_op_s) == pytest.approx((20 * US, 40 * US))
     assert got.dtensor_forward_op_s == pytest.approx(160 * US)
     assert got.dtensor_backward_op_s == pytest.approx(520 * US)
+    assert (got.sac_forward_op_s, got.sac_backward_op_s) == pytest.approx((60 * US, 70 * US))
     world = ("dtensor_all_reduce", "fsdp_unit", "pipeline_action")
     assert set(terms.provenance) == {
         f"host_overhead.{k}" for k in HOST_OVERHEAD_KEYS if not k.startswith(world)
@@ -372,8 +388,9 @@ def test_refit_keeps_an_undetermined_host_term() -> None:
 
 
 def test_scaling_the_host_term_keeps_the_other_extras() -> None:
-    """A refit's host factor applies to the per-op figures and the DTensor per-linear extras
-    (the host time of the passes it fitted); the DTensor all-reduce and FSDP2 unit extras
+    """A refit's host factor applies to the per-op figures, the DTensor per-linear and the
+    per-op selective-checkpoint extras (the host time of the passes it fitted); the DTensor
+    all-reduce and FSDP2 unit extras
     (on communication segments) and the pipeline-action extras (between actions; refitted by
     ``refit_pipeline``) are kept, and were dropped before."""
     extras = {
@@ -385,6 +402,8 @@ def test_scaling_the_host_term_keeps_the_other_extras() -> None:
         "fsdp_unit_backward_s": 4e-3,
         "pipeline_action_forward_s": 5e-4,
         "pipeline_action_backward_s": 6e-4,
+        "sac_forward_op_s": 7e-5,
+        "sac_backward_op_s": 8e-5,
     }
     host = HostOverhead(serial=False, forward_op_s=1e-5, backward_op_s=2e-5, **extras)
     profile = dataclasses.replace(round_profile(), host_overhead=host)
@@ -392,13 +411,14 @@ def test_scaling_the_host_term_keeps_the_other_extras() -> None:
     assert both is not None
     for name, value in extras.items():
         factor = 2.0 if "forward" in name else 3.0
-        scaled = name.startswith(("dtensor_forward_op", "dtensor_backward_op"))
+        scaled = name.startswith(("dtensor_forward_op", "dtensor_backward_op", "sac_"))
         assert getattr(both, name) == pytest.approx(value * factor if scaled else value)
     assert (both.forward_op_s, both.backward_op_s) == pytest.approx((2e-5, 6e-5))
     tp_only = scale_host(profile, forward=0.0, backward=0.0, dtensor_only=True).host_overhead
     assert tp_only is not None
     for name, value in extras.items():
-        assert getattr(tp_only, name) == (0.0 if name.endswith("_op_s") else value)
+        dtensor = name.startswith("dtensor_") and name.endswith("_op_s")
+        assert getattr(tp_only, name) == (0.0 if dtensor else value)
     assert (tp_only.forward_op_s, tp_only.backward_op_s) == (1e-5, 2e-5)
 
 
