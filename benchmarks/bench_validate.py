@@ -52,7 +52,7 @@ from plansim.catalog import resolve_model
 from plansim.io.profiles import load_profile
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan, Schedule
+from plansim.specs.plan import ParallelPlan, Recompute, Schedule
 from plansim.validate.compare import Comparison, compare, simulate_plan
 from plansim.validate.refit import refit
 from plansim.validate.result import MeasuredRun
@@ -65,6 +65,14 @@ PLANS: dict[str, dict[str, object]] = {
     "pp2-interleaved": {"tp": 1, "pp": 2, "dp": 1, "vpp": 2, "schedule": Schedule.INTERLEAVED_1F1B},
     "dp2-zero1": {"tp": 1, "pp": 1, "dp": 2, "zero_stage": 1},
     "dp2-zero3": {"tp": 1, "pp": 1, "dp": 2, "zero_stage": 3},
+    "dp2-zero3-full": {"tp": 1, "pp": 1, "dp": 2, "zero_stage": 3, "recompute": Recompute.FULL},
+    "dp2-zero3-selective-op": {
+        "tp": 1,
+        "pp": 1,
+        "dp": 2,
+        "zero_stage": 3,
+        "recompute": Recompute.SELECTIVE_OP,
+    },
 }
 
 
