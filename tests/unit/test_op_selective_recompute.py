@@ -246,3 +246,28 @@ def test_the_validator_recomputes_exactly_the_gemms_plansim_prices() -> None:
         assert op - plain == spec.num_layers * per_layer
         for want, got in zip(grads, op_grads, strict=True):
             torch.testing.assert_close(got, want)
+
+
+def test_the_exact_search_ranks_the_per_op_policy_as_the_exhaustive_one_does() -> None:
+    from plansim.planner.enumerate import SearchSpace
+    from plansim.planner.search import search
+
+    small = dataclasses.replace(LLAMA, num_layers=4, seq_length=2048)
+    space = SearchSpace(
+        recomputes=(Recompute.NONE, Recompute.FULL, Recompute.SELECTIVE_OP),
+        tp=(1, 2),
+        pp=(1, 2),
+        zero_stages=(1, 3),
+        use_torch_fsdp2=True,
+        max_micro_batch_size=2,
+    )
+    kw = {"num_gpus": 8, "global_batch_size": 16, "space": space, "top_k": 60}
+    exact = search(small, PROFILE, **kw)  # type: ignore[arg-type]
+    every = search(small, PROFILE, exhaustive=True, **kw)  # type: ignore[arg-type]
+
+    def rows(result: object) -> list[tuple[str, float]]:
+        ranked = result.ranked[:60]  # type: ignore[attr-defined]
+        return [(r.plan.label(), r.step_time_s) for r in ranked]
+
+    assert rows(exact) == rows(every)
+    assert any("selective-op" in label for label, _ in rows(every))
