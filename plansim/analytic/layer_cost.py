@@ -228,9 +228,8 @@ def layer_pass_times(
         # its forward, and with cp its KV ring, run again before its backward
         recompute_s, cp_recompute = core.forward_s, ring.forward_s
     elif plan.recompute is Recompute.SELECTIVE_OP:
-        # torchtitan's per-op policy: every second weight GEMM and every non-matmul op again;
-        # the attention kernel's output is saved. The collectives run again unless saved:
-        # with SP the all-gathers (half the pass), without SP the all-reduces (all of it).
+        # torchtitan's per-op policy: its GEMMs, every non-matmul op and the unsaved
+        # collectives again (SP: the all-gathers, half the pass; else the all-reduces)
         again = fl.op_selective_recompute_gemms(local, micro_batch_size=b, tp=tp)
         recompute_s = sum(gemm_time_s(g, profile, dtype=dtype) for g in again) + ew_fwd
         tp_recompute = tp_pass / 2 if plan.sequence_parallel else tp_pass
