@@ -54,6 +54,8 @@ class SearchSpace:
             (GPipe and ZB-H1 only with pp > 1), vpp > 1 with interleaved 1F1B.
         max_micro_batch_size: largest micro-batch size tried when not fixed.
         max_vpp: largest vpp tried when ``vpps`` is None (bounds the search and the events).
+        min_interleaved_pp: fewest pipeline ranks a searched vpp > 1 is tried with (2; 3 for
+            Megatron-LM before mid-2024, which refused interleaving with pp = 2).
         zero_stages, recomputes, sequence_parallel, schedules: values tried; leave
             INTERLEAVED_1F1B out of ``schedules`` to search vpp = 1 only.
         overlap_p2p_comm: values tried for interleaved plans (the others are synchronous).
@@ -97,6 +99,7 @@ class SearchSpace:
     vpps: tuple[int, ...] | None = None
     max_micro_batch_size: int = 16
     max_vpp: int = 8
+    min_interleaved_pp: int = 2
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     recomputes: tuple[Recompute, ...] = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
     sequence_parallel: tuple[bool, ...] = (False, True)
@@ -174,13 +177,14 @@ def vpp_values(pp: int, *, num_layers: int | None, space: SearchSpace) -> tuple[
 
     ``space.vpps`` when given (values > 1 dropped when pp == 1, since interleaving needs
     several ranks); otherwise 1 plus every divisor v in 2..max_vpp of num_layers / pp
-    (a chunk must hold whole layers), or 1 alone when pp == 1 or num_layers is unknown.
-    When pp does not divide the layers: 1 plus every v in 2..max_vpp that an uneven split
-    allows (``space.uneven_pipeline``; ``plansim.specs.layer_split.uneven_split_fields``).
+    (a chunk must hold whole layers), or 1 alone when pp < 2 or ``space.min_interleaved_pp``
+    or num_layers is unknown. When pp does not divide the layers: 1 plus every v in
+    2..max_vpp that an uneven split allows (``space.uneven_pipeline``;
+    ``plansim.specs.layer_split.uneven_split_fields``).
     """
     if space.vpps is not None:
         return tuple(sorted({v for v in space.vpps if v == 1 or pp > 1}))
-    if pp == 1 or num_layers is None:
+    if pp < max(2, space.min_interleaved_pp) or num_layers is None:
         return (1,)
     if num_layers % pp:
         if not space.uneven_pipeline:

@@ -5,9 +5,9 @@ DeepSpeed's pipeline engine runs only 1F1B and refuses ZeRO-2/3, DeepSpeed's 202
 gathered parameters per tensor, NVIDIA's Megatron family (Megatron-LM, Megatron-core, NeMo,
 Megatron-Bridge) shards only the optimizer unless FSDP is named, the DeepSpeed-based forks of
 Megatron-LM lacked sequence parallelism and selective recompute, the Megatron family reduces
-gradients in bf16 or fp32 from 2024 (searched), torchtitan's selective recompute is its per-op
-policy, and a blank ``zero_stage`` may be named in the free-text ``zero_stage_or_sharding``
-cell.
+gradients in bf16 or fp32 from 2024 (searched) and interleaves only pipelines of three or more
+ranks before 2024, torchtitan's selective recompute is its per-op policy, and a blank
+``zero_stage`` may be named in the free-text ``zero_stage_or_sharding`` cell.
 ``plansim.planner.run_space`` applies them; each rule cites its source.
 """
 
@@ -40,6 +40,13 @@ DISTRIBUTED_OPTIMIZER_YEAR = 2022
 #: ``--grad-reduce-in-bf16``), which NeMo 2's fp8 recipe ``bf16_with_fp8_mixed`` sets ("NVIDIA
 #: recommends False for FP8"), 2024 releases; before, bf16 training reduced in fp32.
 GRAD_REDUCE_IN_BF16_YEAR = 2024
+#: Megatron-LM interleaved only pipelines of more than two ranks from the schedule's first
+#: release (2021) until mid-2024: its argument check and ``initialize_model_parallel`` raise
+#: "pipeline-model-parallel size should be greater than 2 with interleaved schedule" (with
+#: pp = 2 the tensors for the next and the previous rank were not told apart). Relaxed to
+#: pp > 1 in June 2024 (NVIDIA/Megatron-LM issue #750, maintainer's reply of 2024-06-06
+#: naming commit 152c5620); the current ``parallel_state.py`` says "greater than 1".
+INTERLEAVED_PP2_YEAR = 2024
 
 
 def framework_text(row: RunRow) -> str:
@@ -169,6 +176,14 @@ _SHARDING_WORDS = (
     (re.compile(r"distributed[-_ ]optimi[sz]er", re.IGNORECASE), 1),
     (re.compile(r"^\s*(?:none|no)\s*$", re.IGNORECASE), 0),
 )
+
+
+def min_interleaved_pp(row: RunRow, year: int | None) -> int:
+    """Fewest pipeline ranks the row's framework runs interleaved 1F1B with: 3 on NVIDIA's
+    Megatron family dated before INTERLEAVED_PP2_YEAR, else 2."""
+    if is_nvidia_megatron(row) and year is not None and year < INTERLEAVED_PP2_YEAR:
+        return 3
+    return 2
 
 
 def zero_stage(row: RunRow, notes: list[str]) -> int | None:

@@ -58,6 +58,7 @@ from plansim.planner.run_framework import (
     is_nvidia_megatron,
     is_torch_fsdp,
     is_torchtitan,
+    min_interleaved_pp,
     uneven_pipeline,
     zero3_fetch,
     zero_stage,
@@ -155,8 +156,12 @@ def row_space(row: RunRow, notes: list[str]) -> SearchSpace:
     cps = _cp_values(row, stated_cp, attention, notes)
     modern = (year is None or year >= SP_AND_SELECTIVE_YEAR) and not is_megatron_fork(row, year)
     vpps, schedules = _pipeline_schedule(row, year, notes)
+    interleave_from = min_interleaved_pp(row, year)
+    if vpps is None and interleave_from > 2:
+        notes.append(f"interleaving only with pp >= {interleave_from} (Megatron-LM before 2024)")
     return SearchSpace(
         vpps=vpps,
+        min_interleaved_pp=interleave_from,
         schedules=schedules,
         tp=_fixed(row, "tp", notes, "tp"),
         cp=cps,
