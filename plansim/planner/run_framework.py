@@ -4,10 +4,11 @@ Rules that depend on which framework ran a row (its ``framework`` cell) rather t
 DeepSpeed's pipeline engine runs only 1F1B and refuses ZeRO-2/3, DeepSpeed's 2021 ZeRO-3
 gathered parameters per tensor, NVIDIA's Megatron family (Megatron-LM, Megatron-core, NeMo,
 Megatron-Bridge) shards only the optimizer unless FSDP is named, the DeepSpeed-based forks of
-Megatron-LM lacked sequence parallelism and selective recompute, the Megatron family reduces
-gradients in bf16 or fp32 from 2024 (searched) and interleaves only pipelines of three or more
-ranks before 2024, torchtitan's selective recompute is its per-op policy, and a blank
-``zero_stage`` may be named in the free-text ``zero_stage_or_sharding`` cell.
+Megatron-LM lacked sequence parallelism, selective recompute and gradient-accumulation fusion,
+the Megatron family reduces gradients in bf16 or fp32 from 2024 (searched) and interleaves only
+pipelines of three or more ranks before 2024, torchtitan's selective recompute is its per-op
+policy, and a blank ``zero_stage`` may be named in the free-text ``zero_stage_or_sharding``
+cell.
 ``plansim.planner.run_space`` applies them; each rule cites its source.
 """
 
@@ -27,9 +28,14 @@ UNEVEN_PIPELINE_YEAR = 2024
 #: ``partition_parameters.py``); bucketed, coalesced prefetch replaced it from 2022.
 DEEPSPEED_PREFETCH_YEAR = 2022
 #: Sequence parallelism and selective recompute (Korthikanti et al., arXiv:2205.05198) shipped
-#: in NVIDIA's Megatron-LM in 2022; the DeepSpeed-based forks that trained BLOOM
-#: (bigscience-workshop/Megatron-DeepSpeed) and GPT-NeoX branched from Megatron-LM before
-#: that, so their runs dated before this year are not offered either.
+#: in NVIDIA's Megatron-LM in 2022, with gradient-accumulation fusion; the DeepSpeed-based
+#: forks that trained BLOOM (bigscience-workshop/Megatron-DeepSpeed) and GPT-NeoX branched
+#: from Megatron-LM before that, so their runs dated before this year are offered none of
+#: them. BigScience's ``megatron/mpu/layers.py`` computes every parallel linear with a plain
+#: ``F.linear``: autograd writes each micro-batch's weight gradient, and DeepSpeed's pipeline
+#: engine adds it to the fp32 copy in a separate pass after every micro-batch's backward
+#: (``PipelineEngine._exec_backward_pass`` -> ``BF16_Optimizer.update_hp_grads``; with fp16,
+#: autograd's own ``.grad`` accumulation).
 FORK_SP_YEAR = 2023
 #: Megatron-LM's distributed optimizer (``--use-distributed-optimizer``: fp32 main weights,
 #: Adam states and gradients sharded over data-parallel ranks, M02 dist_optimizer.md) arrived
@@ -77,7 +83,8 @@ def is_nvidia_megatron(row: RunRow) -> bool:
 
 def is_megatron_fork(row: RunRow, year: int | None) -> bool:
     """A DeepSpeed-based fork of Megatron-LM (DeepSpeed or NeoX named, NVIDIA's Megatron-LM
-    not) dated before FORK_SP_YEAR: no sequence parallelism or selective recompute."""
+    not) dated before FORK_SP_YEAR: no sequence parallelism, selective recompute or
+    gradient-accumulation fusion."""
     return deepspeed_pipeline_engine(row) and year is not None and year < FORK_SP_YEAR
 
 

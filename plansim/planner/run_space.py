@@ -12,7 +12,8 @@ arXiv:2104.04473, 2021), as did the scatter/gather split of pipeline tensors ove
 ranks (§4.1; Megatron-LM's 2020 ``training.communicate`` sends the whole (seq, mbs, hidden)
 tensor from every rank). Sequence parallelism and selective recompute entered Megatron-LM with
 Korthikanti et al. (arXiv:2205.05198, 2022), as did gradient-accumulation fusion into the
-weight-gradient GEMM (earlier runs add each micro-batch's gradients in a separate pass);
+weight-gradient GEMM (earlier runs, and the DeepSpeed-based forks of Megatron-LM before
+2023, add each micro-batch's gradients in a separate pass);
 FlashAttention was published in 2022 (Dao et al.,
 arXiv:2205.14135) and became Megatron-LM's default path in 2023, as did asynchronous
 pipeline sends (``--overlap-p2p-communication``) and gradient reduction overlapped with
@@ -177,7 +178,8 @@ def row_space(row: RunRow, notes: list[str]) -> SearchSpace:
         else (False,),
         precision=Precision(precision_text),
         attention=attention,
-        gradient_accumulation_fusion=year is None or year >= GRAD_ACC_FUSION_YEAR,
+        gradient_accumulation_fusion=(year is None or year >= GRAD_ACC_FUSION_YEAR)
+        and not is_megatron_fork(row, year),
         grad_reduce_in_bf16=bf16_grad_modes(row, year, notes),
         scatter_gather_p2p=year is None or year >= SCATTER_GATHER_P2P_YEAR,
         zero3_param_fetch=zero3_fetch(row, year, notes),
