@@ -222,8 +222,9 @@ def test_backtest_rows_summary_and_skips(
 
 
 def test_backtest_interleaved_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # 24 layers on pp 2: 12 per rank; dp 4, mbs 4, gbs 64 -> m = 4, a multiple of pp.
-    pipe = {**BASE, "tp": "1", "pp": "2", "dp": "4"}
+    # 24 layers on pp 4: 6 per rank; dp 2, mbs 4, gbs 64 -> m = 8, a multiple of pp (pp > 2:
+    # Megatron-LM interleaved only pipelines of three or more ranks before 2024).
+    pipe = {**BASE, "tp": "1", "pp": "4", "dp": "2"}
     runs = _runs_csv(
         tmp_path,
         [
