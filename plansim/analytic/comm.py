@@ -10,7 +10,8 @@ pipelines the intra- and inter-node hops, so the busbw is the slower of the two 
 
     time = alpha + bus_factor(collective, n) * S / busbw
     busbw = intra-node busbw(S)                            (one node)
-          = min(intra-node busbw(S), members_per_node * nic_bytes_per_s)   (several nodes)
+          = min(intra-node busbw(S), members_per_node * nic_bytes_per_s)   (several nodes;
+            all-gather and reduce-scatter times the ring fraction below)
     alpha = intra-node latency + nic_latency_s * ceil(log2(num_nodes))  (all-reduce: tree
             depth; N02: a 2-node all_reduce of 8 B takes one nic_latency_s)
 
@@ -30,6 +31,15 @@ for Simple (``getNetOverhead``); LL moves data at 1/4 of the bus bandwidth acros
 (capped at ``llMaxBw`` 20.4 GB/s), LL128 at 0.92 of it. At 1536 ranks on 192 nodes a 24 KiB
 all-gather costs ~1.9 ms (LL), a large one ~3.3 ms of latency (LL128): the term that makes
 many small sharded-parameter gathers slow at scale (``plansim.analytic.zero3``).
+
+A ring waits at every step for its slowest link, so the longer it runs over the fabric the
+less bandwidth it keeps: N16 (NVIDIA/nccl issue #1229, H100 reduce_scatter with the ring
+across nodes) measured busbw 360, 345, 320, 300, 280 and 260 GB/s on 4, 8, 16, 32, 64 and
+128 nodes. The profile's ``inter_node_ring_fraction`` holds that loss as a fraction of the
+bus bandwidth by node count (clamped outside the measured counts, not extrapolated), and
+all-gather and reduce-scatter spanning nodes run at ``busbw * fraction(num_nodes)``.
+All-reduce is left at its rate: across nodes NCCL runs it as a tree, which N15 (248 nodes x 8
+H200, about 350 GB/s) and N11 (4 nodes, 365 GB/s) show holding its bandwidth.
 
 Limits: no congestion between concurrent collectives (issue 3), no NVLS/SHARP/CollNet or
 PAT algorithms beyond what the measured curves contain.
@@ -65,6 +75,7 @@ def collective_time_s(
         span.members_per_node * profile.nic_bytes_per_s,
     )
     if collective in ("all_gather", "reduce_scatter"):
+        busbw *= profile.ring_busbw_fraction(span.num_nodes)
         return ring_collective_time_s(
             collective=collective, message_bytes=message_bytes, span=span, busbw_bytes_per_s=busbw
         )

@@ -65,7 +65,10 @@ fetches parameters (``plan.zero3_param_fetch``):
   29 s and b = 30 / 33 ms. The per-rank term is about right; the term that scales with
   the bytes is 2-3x short (the runs moved their 3 x 2 B per parameter at 40-55 GB/s per GPU
   where NCCL's ring over 8 HDR NICs per node gives about 110), so the 530B rows, where bytes
-  dominate, come out about 20% fast. No cited mechanism for the lower rate was found.
+  dominate, came out about 20% fast. Part of the lower rate is the ring's loss of bandwidth
+  with the node count (N16; ``comm`` and the profile's ``inter_node_ring_fraction``: 0.72 of
+  the line rate from 128 nodes on, held there), which since session 19 takes the 530B rows
+  to -14..-17%; the rest has no cited mechanism.
 
 Parameter tensors of one layer follow Megatron-LM's modules: fused QKV weight (and bias),
 attention output projection, first MLP matrix (up, or fused gate+up for SwiGLU) and second

@@ -37,7 +37,12 @@ from plansim.units import (
 )
 
 #: Top-level YAML keys that are shown as curves, not as scalar rows.
-_CURVE_SECTIONS = ("matmul_efficiency", "attention_efficiency", "intra_node")
+_CURVE_SECTIONS = (
+    "matmul_efficiency",
+    "attention_efficiency",
+    "intra_node",
+    "inter_node_ring_scaling",
+)
 _TEXT_KEYS = ("schema_version", "name", "description", "provenance")
 
 
@@ -198,6 +203,15 @@ def _collective_tables(profile: HardwareProfile) -> None:
         print(table.to_string(index=False, formatters={"busbw_gb_per_s": "{:g}".format}))
 
 
+def _ring_table(profile: HardwareProfile) -> None:
+    ring = profile.inter_node_ring_fraction
+    if ring is None:
+        return
+    table = pd.DataFrame({"num_nodes": [int(x) for x in ring.x], "busbw_fraction": ring.y})
+    print(f"\ninter_node_ring_scaling: {profile.provenance.get('inter_node_ring_scaling')}")
+    print(table.to_string(index=False, formatters={"busbw_fraction": "{:g}".format}))
+
+
 def run_show(args: argparse.Namespace) -> int:
     """Print one profile: scalars with provenance, then every curve; returns 0."""
     profile = load_profile(args.profile)
@@ -208,6 +222,7 @@ def run_show(args: argparse.Namespace) -> int:
     _matmul_tables(profile)
     _attention_tables(profile)
     _collective_tables(profile)
+    _ring_table(profile)
     return 0
 
 

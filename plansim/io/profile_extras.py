@@ -1,10 +1,11 @@
-"""The optional compute sections of a profile YAML: ``attention_efficiency`` and
-``host_overhead`` (read for ``profile_parse``, written for ``profiles``).
+"""The optional sections of a profile YAML: ``attention_efficiency``, ``host_overhead`` and
+``inter_node_ring_scaling`` (read for ``profile_parse``, written for ``profiles``).
 
-Both are documented in ``hardware_profiles/README.md``; a file without them loads with
-``HardwareProfile.attention_efficiency == {}`` and ``host_overhead is None``, which leaves
-every cost as it was. Provenance keys: ``attention_efficiency.<dtype>`` (one per curve) and
-``host_overhead.<key>`` (one per value, ``serial`` included).
+All are documented in ``hardware_profiles/README.md``; a file without them loads with
+``HardwareProfile.attention_efficiency == {}``, ``host_overhead is None`` and
+``inter_node_ring_fraction is None``, which leaves every cost as it was. Provenance keys:
+``attention_efficiency.<dtype>`` (one per curve), ``host_overhead.<key>`` (one per value,
+``serial`` included) and ``inter_node_ring_scaling`` (one for the curve).
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from typing import Any
 
 from plansim.errors import SpecError
 from plansim.io.profile_parse import _Ctx, _curve, _mapping, _number, _numbers, _require
-from plansim.io.profile_schema import ATTENTION_KEYS, HOST_OVERHEAD_SCALARS
+from plansim.io.profile_schema import ATTENTION_KEYS, HOST_OVERHEAD_SCALARS, RING_SCALING_KEYS
 from plansim.specs.compute_terms import AttentionEfficiency, HostOverhead
-from plansim.specs.hardware import HardwareProfile
+from plansim.specs.hardware import Curve, HardwareProfile
 
 #: Keys of ``host_overhead:`` in file order; the first three are required in the section.
 HOST_OVERHEAD_KEYS = ("serial", *(s.key for s in HOST_OVERHEAD_SCALARS))
@@ -85,6 +86,28 @@ def read_host_overhead(ctx: _Ctx, top: Mapping[str, object]) -> HostOverhead | N
         raise ctx.error("host_overhead", str(exc)) from None
 
 
+def read_ring_scaling(
+    ctx: _Ctx, top: Mapping[str, object], provenance: Mapping[str, str]
+) -> Curve | None:
+    """``inter_node_ring_scaling: {num_nodes, busbw_fraction}`` -> the curve of
+    ``HardwareProfile.inter_node_ring_fraction`` (None if absent).
+
+    Raises:
+        InputFileError: a key is missing, unknown or ill-typed, the lists differ in length,
+            the node counts do not increase, or a fraction is outside (0, 1].
+    """
+    path = "inter_node_ring_scaling"
+    if path not in top:
+        return None
+    section = _mapping(ctx, top[path], path)
+    _require(ctx, section, path, RING_SCALING_KEYS)
+    x = _numbers(ctx, section["num_nodes"], f"{path}.num_nodes")
+    y = _numbers(ctx, section["busbw_fraction"], f"{path}.busbw_fraction")
+    if any(not 0 < f <= 1 for f in y):
+        raise ctx.error(f"{path}.busbw_fraction", f"values must be in (0, 1], got {y}")
+    return _curve(ctx, x, y, path, provenance[path])
+
+
 def extra_number_keys(top: Mapping[str, object]) -> set[str]:
     """Provenance keys the optional sections of ``top`` need."""
     keys: set[str] = set()
@@ -94,6 +117,8 @@ def extra_number_keys(top: Mapping[str, object]) -> set[str]:
     host = top.get("host_overhead")
     if isinstance(host, Mapping):
         keys |= {f"host_overhead.{k}" for k in HOST_OVERHEAD_KEYS if k in host}
+    if "inter_node_ring_scaling" in top:
+        keys.add("inter_node_ring_scaling")
     return keys
 
 
@@ -126,14 +151,24 @@ def extras_to_dict(profile: HardwareProfile, tidy: Any) -> dict[str, Any]:
             if value is not None:
                 section[s.key] = tidy(s.from_si(value))
         data["host_overhead"] = section
+    ring = profile.inter_node_ring_fraction
+    if ring is not None:
+        data["inter_node_ring_scaling"] = {
+            "num_nodes": [tidy(x) for x in ring.x],
+            "busbw_fraction": [tidy(y) for y in ring.y],
+        }
     return data
 
 
 def extras_provenance(profile: HardwareProfile) -> dict[str, str]:
     """Provenance entries the curves carry themselves (used when the profile's mapping has
     none for them)."""
-    return {
+    entries = {
         f"attention_efficiency.{dtype}": curves.source
         for dtype, curves in profile.attention_efficiency.items()
         if curves.source
     }
+    ring = profile.inter_node_ring_fraction
+    if ring is not None and ring.source:
+        entries["inter_node_ring_scaling"] = ring.source
+    return entries

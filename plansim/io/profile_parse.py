@@ -138,6 +138,7 @@ def profile_from_dict(data: object, *, source: str) -> HardwareProfile:
 
     attention = extras.read_attention(ctx, top, provenance)
     host_overhead = extras.read_host_overhead(ctx, top)
+    ring = extras.read_ring_scaling(ctx, top, provenance)
     try:
         return HardwareProfile(
             name=_text(ctx, top["name"], "name"),
@@ -150,6 +151,7 @@ def profile_from_dict(data: object, *, source: str) -> HardwareProfile:
             host=_read_host(ctx, top),
             attention_efficiency=attention,
             host_overhead=host_overhead,
+            inter_node_ring_fraction=ring,
             **scalars,
         )
     except SpecError as exc:

@@ -81,6 +81,7 @@ TOP_LEVEL_KEYS = (
     "elementwise_backward_gb_per_s",
     "sustained_matmul_fraction",
     "gpu_matmul_spread_fraction",
+    "inter_node_ring_scaling",
     "host",
     "provenance",
 )
@@ -94,6 +95,7 @@ OPTIONAL_TOP_LEVEL_KEYS = (
     "elementwise_backward_gb_per_s",
     "sustained_matmul_fraction",
     "gpu_matmul_spread_fraction",
+    "inter_node_ring_scaling",
 )
 #: Optional top-level numbers (absent: the field's default).
 OPTIONAL_SCALARS = (
@@ -159,6 +161,9 @@ HOST_OVERHEAD_SCALARS = (
     _Scalar("sac_backward_op_us", "sac_backward_op_s", us_to_s, s_to_us),
 )
 COLLECTIVE_KEYS = ("latency_us", "message_bytes", "busbw_gb_per_s")
+#: Keys of the optional ``inter_node_ring_scaling:`` section (``profile_extras``): node
+#: counts and the fraction of the inter-node bus bandwidth a ring keeps at each.
+RING_SCALING_KEYS = ("num_nodes", "busbw_fraction")
 
 HEADER = (
     "# plansim hardware profile (schema_version 1), written by plansim.io.profiles.\n"

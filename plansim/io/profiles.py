@@ -342,6 +342,7 @@ def merge_profile(base: HardwareProfile | None, update: ProfileUpdate) -> Hardwa
                 **update.attention_efficiency,
             },
             host_overhead=update.host_overhead or (base.host_overhead if base else None),
+            inter_node_ring_fraction=base.inter_node_ring_fraction if base else None,
         )
     except SpecError as exc:
         raise InputFileError(f"merged profile is invalid: {exc}") from None

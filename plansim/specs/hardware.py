@@ -222,6 +222,11 @@ class HardwareProfile:
             of this kind, over its median (silicon lottery, cooling): a synchronous job
             waits for its slowest GPU, so a job of N GPUs runs at the expected slowest of N
             (``plansim.analytic.sustained``). 0 (the default): every GPU alike.
+        inter_node_ring_fraction: fraction of the inter-node bus bandwidth an all-gather or
+            reduce-scatter ring keeps over this many nodes (x: nodes, y: fraction in (0, 1];
+            clamped outside the measured node counts): a ring's every step waits for its
+            slowest link, so longer rings lose bandwidth (``plansim.analytic.comm``). None
+            (the default, a profile without the section): no loss with node count.
     """
 
     name: str
@@ -247,6 +252,7 @@ class HardwareProfile:
     elementwise_backward_bytes_per_s: float = 0.0
     sustained_matmul_fraction: float = 1.0
     gpu_matmul_spread_fraction: float = 0.0
+    inter_node_ring_fraction: Curve | None = None
 
     def __post_init__(self) -> None:
         require_positive_int(f"{self.name}.gpus_per_node", self.gpus_per_node)
@@ -277,6 +283,11 @@ class HardwareProfile:
             raise SpecError(
                 f"{self.name}.gpu_matmul_spread_fraction must be in [0, {MAX_SPREAD_FRACTION}), "
                 f"got {self.gpu_matmul_spread_fraction}"
+            )
+        ring = self.inter_node_ring_fraction
+        if ring is not None and any(not 0 < y <= 1 for y in ring.y):
+            raise SpecError(
+                f"{self.name}.inter_node_ring_fraction values must be in (0, 1], got {ring.y}"
             )
         for key in ("elementwise_forward_bytes_per_s", "elementwise_backward_bytes_per_s"):
             if not getattr(self, key) >= 0:
@@ -335,6 +346,14 @@ class HardwareProfile:
             )
         curve = curves.backward if backward else curves.forward
         return self.peak_flops_per_s[dtype] * curve(call_flops)
+
+    def ring_busbw_fraction(self, num_nodes: int) -> float:
+        """Fraction of the inter-node bus bandwidth an all-gather / reduce-scatter ring over
+        ``num_nodes`` nodes keeps (:attr:`inter_node_ring_fraction`; 1 without it, and for
+        one node)."""
+        if self.inter_node_ring_fraction is None or num_nodes <= 1:
+            return 1.0
+        return self.inter_node_ring_fraction(num_nodes)
 
     def streaming_bytes_per_s(self) -> float:
         """Achievable HBM bandwidth for memory-bound elementwise kernels."""
