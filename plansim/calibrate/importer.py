@@ -5,12 +5,16 @@ curve from :func:`plansim.calibrate.fit.fit_collective`). When a collective appe
 runs, the run with the most sizes is used and the others are reported.
 
 Inter-node tier: the profile has one NIC figure, so one multi-node run is used (all_reduce,
-else reduce_scatter, all_gather, sendrecv) and the inter-node model of
-``plansim.analytic.comm`` is inverted: a group spanning nodes has busbw
+else reduce_scatter, all_gather, sendrecv; of those, one over the fewest nodes) and the
+inter-node model of ``plansim.analytic.comm`` is inverted: a group spanning nodes has busbw
 ``min(intra busbw, ranks_per_node * nic)`` and alpha ``intra latency + nic_latency *
-ceil(log2(nodes))``, so ``nic = busbw / ranks_per_node`` (bandwidth term at the largest
-size; send/recv: ``nic = busbw``) and ``nic_latency = (alpha - intra latency) /
-ceil(log2(nodes))``.
+ceil(log2(nodes))``, so ``nic = busbw / ranks_per_node`` (bandwidth term at the largest size;
+send/recv: ``nic = busbw``) and ``nic_latency = (alpha - intra latency) / ceil(log2(nodes))``.
+
+Ring fall-off: when reduce_scatter (else all_gather) was run across nodes at two or more node
+counts, each count's busbw (bandwidth term at its largest size) over the smallest count's
+becomes the profile's ``inter_node_ring_scaling`` (fractions above 1, a longer ring measured
+faster than a shorter one, are read as 1 and noted).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from plansim.calibrate.fit import CollectiveFit, fit_collective
 from plansim.calibrate.nccl_tests import NcclTestsLog, NcclTestsRun
 from plansim.errors import InputFileError
 from plansim.io.profiles import ProfileUpdate
-from plansim.specs.hardware import HardwareProfile
+from plansim.specs.hardware import Curve, HardwareProfile
 
 TIERS = ("intra-node", "inter-node")
 _INTER_NODE_PREFERENCE = ("all_reduce", "reduce_scatter", "all_gather", "sendrecv")
@@ -151,7 +155,9 @@ def _inter_node(
             "host names in the '#  Rank' lines); none found"
         )
     collective = order[0]
-    source = _pick(multi[collective], notes)
+    # the NIC figure from the fewest nodes: longer rings lose bandwidth (``_ring_scaling``)
+    fewest = min(s.run.num_nodes or 2 for s in multi[collective])
+    source = _pick([s for s in multi[collective] if (s.run.num_nodes or 2) == fewest], notes)
     notes += [f"{c}: not used for the NIC figures ({collective} preferred)" for c in order[1:]]
     run, fit = source.run, _fit(source)
     nodes = run.num_nodes or 2
@@ -172,12 +178,46 @@ def _inter_node(
             f"{collective} latency {intra * 1e6:.4g} us) / ceil(log2({nodes} nodes))"
         ),
     }
+    lines = [
+        f"nic_gb_per_s = {busbw / per_node / 1e9:.4g}, nic_latency_us = {nic_latency * 1e6:.4g} "
+        f"<- {source.name} ({collective}, {run.num_ranks} ranks on {nodes} nodes)",
+    ]
+    ring = _ring_scaling(multi, notes, date)
+    if ring is not None:
+        provenance["inter_node_ring_scaling"] = ring.source
+        lines.append(f"inter_node_ring_scaling <- {ring.source}")
     update = ProfileUpdate(
         scalars={"nic_bytes_per_s": busbw / per_node, "nic_latency_s": nic_latency},
         provenance=provenance,
+        inter_node_ring_fraction=ring,
     )
-    lines = (
-        f"nic_gb_per_s = {busbw / per_node / 1e9:.4g}, nic_latency_us = {nic_latency * 1e6:.4g} "
-        f"<- {source.name} ({collective}, {run.num_ranks} ranks on {nodes} nodes)",
-    )
-    return Imported(update=update, lines=lines, notes=tuple(notes), fits={collective: fit})
+    return Imported(update=update, lines=tuple(lines), notes=tuple(notes), fits={collective: fit})
+
+
+def _ring_scaling(multi: dict[str, list[_Source]], notes: list[str], date: str) -> Curve | None:
+    """The ring's busbw by node count over the smallest count's (module docstring), from
+    reduce_scatter runs, else all_gather ones; None with fewer than two node counts."""
+    for collective in ("reduce_scatter", "all_gather"):
+        by_nodes: dict[int, list[_Source]] = {}
+        for source in multi.get(collective, []):
+            by_nodes.setdefault(source.run.num_nodes or 0, []).append(source)
+        if len(by_nodes) < 2:
+            continue
+        counts = sorted(by_nodes)
+        busbw = [_fit(_pick(by_nodes[n], [])).curve.busbw_bytes_per_s.y[-1] for n in counts]
+        fractions = [min(1.0, b / busbw[0]) for b in busbw]
+        faster = [f"{n} nodes" for n, b in zip(counts, busbw, strict=True) if b > busbw[0]]
+        if faster:
+            notes.append(
+                f"{collective}: busbw on {', '.join(faster)} above that on {counts[0]}: read as "
+                "no loss (fraction 1)"
+            )
+        measured = ", ".join(
+            f"{b / 1e9:.4g} GB/s on {n}" for n, b in zip(counts, busbw, strict=True)
+        )
+        text = (
+            f"nccl-tests {collective} across nodes, imported {date}: busbw (bandwidth term at "
+            f"each run's largest size) {measured} nodes, each over the {counts[0]}-node figure"
+        )
+        return Curve(x=tuple(float(n) for n in counts), y=tuple(fractions), source=text)
+    return None

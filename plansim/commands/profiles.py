@@ -87,7 +87,9 @@ def add_parser(subparsers: Any) -> None:
         "--tier",
         choices=TIERS,
         default="intra-node",
-        help="intra-node: intra_node curves (default); inter-node: nic_gb_per_s, nic_latency_us",
+        help="intra-node: intra_node curves (default); inter-node: nic_gb_per_s, "
+        "nic_latency_us, and inter_node_ring_scaling from reduce_scatter or all_gather runs "
+        "at two or more node counts",
     )
     import_parser.add_argument(
         "--dry-run", action="store_true", help="print the merged profile, write nothing"

@@ -14,6 +14,7 @@ import yaml
 
 from plansim.analytic.comm import collective_time_s
 from plansim.analytic.ranks import GroupSpan
+from plansim.cli import main
 from plansim.errors import InputFileError
 from plansim.io.profiles import (
     ProfileUpdate,
@@ -127,3 +128,61 @@ def test_the_spec_refuses_a_fraction_above_one() -> None:
     h100 = load_profile("h100-sxm5-80gb")
     with pytest.raises(ValueError, match=r"inter_node_ring_fraction values must be in \(0, 1\]"):
         dataclasses.replace(h100, inter_node_ring_fraction=Curve(x=(4.0, 8.0), y=(1.0, 1.1)))
+
+
+def _log(path: Path, *, nodes: int, busbw_gb_per_s: float, alpha_us: float = 40.0) -> Path:
+    """A synthetic ``reduce_scatter_perf`` log over ``nodes`` nodes x 8 ranks in nccl-tests'
+    format: time = alpha + size * (n - 1) / n / busbw."""
+    ranks = 8 * nodes
+    lines = [
+        "# nccl-tests version 2.17.6 nccl-headers=22501 nccl-library=22501",
+        "# Collective test starting: reduce_scatter_perf",
+        "#",
+        "# Using devices",
+    ]
+    lines += [
+        f"#  Rank {r:2d} Group  0 Pid {1000 + r:6d} on node{r // 8:03d} device {r % 8:2d} "
+        f"[0000:18:00] NVIDIA H100 80GB HBM3"
+        for r in range(ranks)
+    ]
+    lines += [
+        "#",
+        "#       size         count      type   redop    root     time   algbw   busbw #wrong"
+        "     time   algbw   busbw #wrong",
+        "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)        "
+        "     (us)  (GB/s)  (GB/s)       ",
+    ]
+    for k in range(23, 34):  # 8 MiB .. 8 GiB
+        size = 2**k
+        t_us = alpha_us + size * (ranks - 1) / ranks / (busbw_gb_per_s * 1e3)
+        algbw = size / t_us / 1e3
+        busbw = algbw * (ranks - 1) / ranks
+        row = f"{t_us:8.1f} {algbw:7.2f} {busbw:7.2f}      0"
+        lines.append(f"{size:12d} {size // 4 // ranks:13d}     float     sum      -1 {row} {row}")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_import_nccl_tests_derives_the_curve_from_runs_at_several_node_counts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "h100.yaml"
+    target.write_text(
+        (profiles_dir() / "h100-sxm5-80gb.yaml").read_text(encoding="utf-8"), encoding="utf-8"
+    )
+    logs = [
+        _log(tmp_path / f"rs_{n}.log", nodes=n, busbw_gb_per_s=b)
+        for n, b in ((4, 350.0), (16, 315.0), (64, 280.0))
+    ]
+    args = ["profiles", "import-nccl-tests", *map(str, logs), "--into", str(target)]
+    assert main([*args, "--tier", "inter-node"]) == 0
+    assert "inter_node_ring_scaling <- nccl-tests reduce_scatter" in capsys.readouterr().out
+    ring = load_profile(str(target)).inter_node_ring_fraction
+    assert ring is not None
+    assert ring.x == (4.0, 16.0, 64.0)
+    assert ring.y == pytest.approx((1.0, 315 / 350, 280 / 350), rel=2e-3)
+    # one node count is not a fall-off: the profile keeps the one it had
+    again = tmp_path / "again.yaml"
+    again.write_text(target.read_text(encoding="utf-8"), encoding="utf-8")
+    assert main([*args[:2], str(logs[0]), "--into", str(again), "--tier", "inter-node"]) == 0
+    assert load_profile(str(again)).inter_node_ring_fraction == ring
