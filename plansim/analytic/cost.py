@@ -220,7 +220,7 @@ _PASS_FIELDS = (
     "grad_reduce_in_bf16",
 )  # fmt: skip
 #: Plan fields of one layer's ZeRO-3 traffic (``plansim.analytic.zero3``).
-_ZERO3_FIELDS = ("tp", "cp", "dp", "zero_stage", "zero3_param_fetch", "precision")
+_ZERO3_FIELDS = ("tp", "cp", "dp", "dp_shard", "zero_stage", "zero3_param_fetch", "precision")
 #: Plan fields of one stage's gradient buckets (``grad_buckets``), besides first/last; the
 #: gradient dtype sets their bytes. ``tests/unit/test_work_memo.py`` checks these keys.
 _BUCKET_FIELDS = (

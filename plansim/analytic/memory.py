@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 
 from plansim.analytic.activations import layer_activations, ring_kv_chunk_bytes
 from plansim.analytic.params import count_parameters
-from plansim.analytic.ranks import dp_cp_size
+from plansim.analytic.ranks import dp_cp_size, zero_shard_size
 from plansim.analytic.stored_activations import saved_gemm_input_bytes, stored_activation_bytes
 from plansim.analytic.zero3 import gathered_bytes
 from plansim.specs.hardware import HardwareProfile
@@ -202,12 +202,12 @@ def rank_memory(
     model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *, rank: int
 ) -> MemoryBreakdown:
     """Peak memory of pipeline rank ``rank`` (one GPU) under ``plan``; ZeRO shards over
-    dp * cp ranks."""
+    dp * cp ranks (with hybrid sharding, ``plan.dp_shard``, ZeRO-3 over dp_shard * cp)."""
     params = rank_parameters(model, plan, rank=rank)
     fsdp = plan.use_torch_fsdp2  # PyTorch FSDP keeps fp32 training's states (plan docstring)
     states = model_state_bytes(
         params,
-        dp=dp_cp_size(plan),
+        dp=zero_shard_size(plan),
         zero_stage=plan.zero_stage,
         per_param=state_bytes_per_param(Precision.FP32) if fsdp else plan_state_bytes(plan),
         offload_optimizer=plan.offload_optimizer,

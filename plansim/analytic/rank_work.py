@@ -39,7 +39,7 @@ from plansim.analytic.memory import (
 from plansim.analytic.offload import with_offload
 from plansim.analytic.param_server import ps_rank_work, uses_parameter_server
 from plansim.analytic.params import count_parameters
-from plansim.analytic.ranks import LayoutGroups, dp_cp_size
+from plansim.analytic.ranks import LayoutGroups, dp_cp_size, zero_shard_size
 from plansim.analytic.zero3 import exposed_gather_s
 from plansim.errors import SpecError
 from plansim.specs.hardware import HardwareProfile
@@ -121,7 +121,8 @@ def rank_work(
         pair = type(groups.pp)(size=2, members_per_node=1, num_nodes=min(2, groups.pp.num_nodes))
         t = collective_time_s(profile, collective="all_reduce", message_bytes=emb_bytes, span=pair)
         sync.append(("embedding_grad_comm", "dp", t, emb_bytes))
-    local = params / dp_cp if plan.zero_stage >= 1 else params
+    shards = zero_shard_size(plan) if plan.zero_stage == 3 else dp_cp  # HSDP: its shard group
+    local = params / shards if plan.zero_stage >= 1 else params
     adam_s = adam_step_bytes(local, precision=plan.precision) / profile.streaming_bytes_per_s()
     opt: list[tuple[str, str, float, float]] = [("optimizer", "compute", adam_s, 0.0)]
     if plan.zero_stage in (1, 2) and dp_cp > 1:

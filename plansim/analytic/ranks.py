@@ -67,6 +67,17 @@ def dp_cp_size(plan: ParallelPlan) -> int:
     return plan.dp * plan.cp
 
 
+def zero_shard_size(plan: ParallelPlan) -> int:
+    """Ranks one ZeRO shard group spans: dp_shard * cp with hybrid sharding (HSDP,
+    ``plan.dp_shard``), else dp * cp."""
+    return (plan.dp_shard or plan.dp) * plan.cp
+
+
+def zero_replicate_size(plan: ParallelPlan) -> int:
+    """Shard groups holding the same shards (HSDP replicas): dp / dp_shard, else 1."""
+    return plan.dp // (plan.dp_shard or plan.dp)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LayoutGroups:
     """Spans of the process groups of a plan (all groups of a kind are alike).
@@ -78,6 +89,10 @@ class LayoutGroups:
         dp_cp: data-parallel group with cp (dp * cp ranks, stride tp): gradient reduction,
             ZeRO sharding and the ZeRO-1/2/3 parameter all-gathers run over it.
         pp: pipeline group (stride tp * cp * dp).
+        shard: ZeRO shard group (``zero_shard_size`` ranks, stride tp): dp_cp, or with hybrid
+            sharding its first dp_shard * cp members.
+        replicate: the HSDP replicas of one shard (``zero_replicate_size`` ranks, stride
+            tp * cp * dp_shard); one rank without hybrid sharding.
     """
 
     tp: GroupSpan
@@ -85,6 +100,8 @@ class LayoutGroups:
     dp: GroupSpan
     dp_cp: GroupSpan
     pp: GroupSpan
+    shard: GroupSpan
+    replicate: GroupSpan
 
     @property
     def pp_hop_tier(self) -> LinkTier:
@@ -93,7 +110,8 @@ class LayoutGroups:
 
 
 def layout_groups(plan: ParallelPlan, *, gpus_per_node: int) -> LayoutGroups:
-    """TP, CP, DP, DP x CP and PP group spans for ``plan`` with rank order tp -> cp -> dp -> pp.
+    """TP, CP, DP, DP x CP, PP and ZeRO shard / replica group spans for ``plan`` with rank
+    order tp -> cp -> dp -> pp.
 
     The cp ring stays inside a node when tp * cp <= gpus_per_node; the DP x CP group is
     contiguous in (cp, dp), so its stride is tp.
@@ -105,5 +123,11 @@ def layout_groups(plan: ParallelPlan, *, gpus_per_node: int) -> LayoutGroups:
         dp_cp=group_span(size=dp_cp_size(plan), stride=plan.tp, gpus_per_node=gpus_per_node),
         pp=group_span(
             size=plan.pp, stride=plan.tp * plan.cp * plan.dp, gpus_per_node=gpus_per_node
+        ),
+        shard=group_span(size=zero_shard_size(plan), stride=plan.tp, gpus_per_node=gpus_per_node),
+        replicate=group_span(
+            size=zero_replicate_size(plan),
+            stride=plan.tp * zero_shard_size(plan),
+            gpus_per_node=gpus_per_node,
         ),
     )

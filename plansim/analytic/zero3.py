@@ -187,11 +187,14 @@ def unit_traffic(
     its flat-buffer copies at the streaming bandwidth (:func:`flat_copy_bytes`).
     ``per-tensor-sync``: one
     collective per tensor plus dp * cp chunk copies each (module docstring). Zero with
-    ZeRO < 3, no data parallelism or no tensors.
+    ZeRO < 3, no data parallelism or no tensors. With hybrid sharding (``plan.dp_shard``)
+    the collectives run over the shard group (``groups.shard``) and each reduced gradient
+    shard is then all-reduced over the replicas (``groups.replicate``), as FSDP's
+    ``HYBRID_SHARD`` does after every reduce-scatter (PyTorch FSDP docs, ``ShardingStrategy``).
     """
     if plan.zero_stage != 3 or dp_cp_size(plan) == 1 or not tensors:
         return NO_TRAFFIC
-    span = groups.dp_cp
+    span = groups.shard
     total = sum(tensors)
     stream = profile.streaming_bytes_per_s()
     per_tensor = plan.zero3_param_fetch is Zero3ParamFetch.PER_TENSOR_SYNC
@@ -212,6 +215,12 @@ def unit_traffic(
         )
         scatter += scatter_copy_s + collective_time_s(
             profile, collective="reduce_scatter", message_bytes=numel * grad_bytes, span=span
+        )
+        scatter += collective_time_s(  # zero without hybrid sharding (one replica)
+            profile,
+            collective="all_reduce",
+            message_bytes=numel * grad_bytes / span.size,
+            span=groups.replicate,
         )
     return Zero3Traffic(
         gather_s=gather,

@@ -81,6 +81,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "are the master weights, 16 bytes per parameter instead of DeepSpeed's 18",
     )
     p.add_argument(
+        "--hsdp",
+        action="store_true",
+        help="also try ZeRO-3 with hybrid sharding (HSDP, FSDP HYBRID_SHARD): states sharded "
+        "within one node and replicated across nodes (--dp-shard in simulate)",
+    )
+    p.add_argument(
         "--recompute-selective-op",
         action="store_true",
         help="also try torchtitan's per-op selective activation checkpointing (--recompute "
@@ -154,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
         overlap_param_gather=(False, True) if args.overlap_param_gather else (False,),
         grad_reduce_in_bf16=(False, True) if args.grad_reduce_in_bf16 else (False,),
         use_torch_fsdp2=args.use_torch_fsdp2,
+        hsdp_shard_gpus=profile.gpus_per_node if args.hsdp else None,
         bf16_layers=bf16_layers_from_args(args),
     )
     if sum(space.bf16_layers) > model.num_layers:

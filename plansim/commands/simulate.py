@@ -121,6 +121,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "default), one synchronous collective per parameter tensor (DeepSpeed 2021), or one "
         "synchronous collective per layer (FSDP without prefetch, e.g. on a CPU device)",
     )
+    p.add_argument(
+        "--dp-shard",
+        type=int,
+        default=None,
+        metavar="N",
+        help="ZeRO-3 hybrid sharding (HSDP, FSDP HYBRID_SHARD): shard the model states over "
+        "N * cp ranks (e.g. one node) and replicate over dp / N; default: shard over all dp",
+    )
     add_pipeline_split_args(p)
     add_bf16_layer_args(p)
     p.add_argument("--format", choices=["table", "json"], default="table")
@@ -233,6 +241,7 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
         offload_param=OffloadDevice(args.offload_param),
         zero3_param_fetch=Zero3ParamFetch(args.zero3_param_fetch),
         use_torch_fsdp2=args.use_torch_fsdp2,
+        dp_shard=args.dp_shard,
         decoder_first_pipeline_num_layers=args.decoder_first_pipeline_num_layers,
         decoder_last_pipeline_num_layers=args.decoder_last_pipeline_num_layers,
         account_for_embedding_in_pipeline_split=args.account_for_embedding_in_pipeline_split,

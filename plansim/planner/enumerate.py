@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from itertools import product
 
+from plansim.planner.hsdp import dp_shard_options
 from plansim.specs.layer_split import uneven_split_fields
 from plansim.specs.plan import (
     AttentionKernel,
@@ -85,6 +87,9 @@ class SearchSpace:
             when dp * cp > 1 (one colocated worker is plain data parallelism).
         ps_servers: dedicated server count of the parameter-server plans (0 = colocated):
             fixed for the search (a resource the user has, not a layout choice).
+        hsdp_shard_gpus: GPUs of one hybrid-sharding shard group (e.g. a node's): ZeRO-3
+            plans also try ``dp_shard`` = hsdp_shard_gpus / (tp * cp) where it fits
+            (``plansim.planner.hsdp``); None (default): full sharding only.
         offloads: (offload_optimizer, offload_param) pairs tried (default: none only);
             each pair with every ZeRO stage that allows it. ``plansim plan`` passes
             ``plansim.analytic.offload.offload_choices(profile)``: offload only on a profile
@@ -125,6 +130,7 @@ class SearchSpace:
     )
     zero3_param_fetch: Zero3ParamFetch = Zero3ParamFetch.LAYER_PREFETCH
     use_torch_fsdp2: bool = False
+    hsdp_shard_gpus: int | None = None
     bf16_layers: tuple[int, int] = (0, 0)
     uneven_pipeline: bool = True
     partial_recompute: bool = True
@@ -286,7 +292,16 @@ def _knobs(
     bf16_modes = _bf16_grad_modes(space)  # gradient memory differs: not one group
     for zero, dp_sync, opt_dev, param_dev in _zero_modes(space, dp_cp=dp_cp):
         servers = space.ps_servers if dp_sync is DpSync.PARAMETER_SERVER else 0
-        for recompute, block in _recompute_modes(space, chunk=chunk):
+        shards = dp_shard_options(
+            space.hsdp_shard_gpus,
+            tp=tp,
+            cp=layout.cp,
+            dp=dp,
+            zero_stage=zero,
+            offload=(opt_dev, param_dev),
+            fetch=space.zero3_param_fetch,
+        )
+        for (recompute, block), shard in product(_recompute_modes(space, chunk=chunk), shards):
             if (
                 recompute is Recompute.SELECTIVE
                 and space.attention is AttentionKernel.FLASH
@@ -327,6 +342,7 @@ def _knobs(
                             use_torch_fsdp2=space.use_torch_fsdp2
                             and zero == 3
                             and opt_dev is param_dev is OffloadDevice.NONE,
+                            dp_shard=shard,
                             num_layers_at_start_in_bf16=space.bf16_layers[0],
                             num_layers_at_end_in_bf16=space.bf16_layers[1],
                             **split,  # type: ignore[arg-type]

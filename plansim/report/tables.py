@@ -44,6 +44,8 @@ def plan_row(ev: Evaluation) -> dict[str, Any]:
         row["offload"] = _offload_label(p)
     if p.uneven_pipeline:  # evenly split plans keep their columns unchanged
         row["pipeline_split"] = pipeline_split_label(p)
+    if p.dp_shard is not None:  # fully sharded plans keep their columns unchanged
+        row["zero_shard"] = f"hsdp{p.dp_shard}"
     return row
 
 
@@ -90,7 +92,8 @@ def _offload_label(p: ParallelPlan) -> str:
 def ranked_table(evaluations: Sequence[Evaluation]) -> pd.DataFrame:
     """Ranked plans, fastest first, with a 1-based ``rank`` column (and ``dp_sync``,
     'ring' on ring rows, when some plan uses a parameter server; ``pipeline_split``, 'even'
-    on evenly split rows, when some plan splits its layers unevenly)."""
+    on evenly split rows, when some plan splits its layers unevenly; ``zero_shard``, 'full'
+    on fully sharded rows, when some plan uses hybrid sharding, e.g. 'hsdp8')."""
     rows = [{"rank": i + 1, **plan_row(ev)} for i, ev in enumerate(evaluations)]
     df = pd.DataFrame(rows)
     if "dp_sync" in df:
@@ -99,6 +102,8 @@ def ranked_table(evaluations: Sequence[Evaluation]) -> pd.DataFrame:
         df["offload"] = df["offload"].fillna(OffloadDevice.NONE.value)
     if "pipeline_split" in df:
         df["pipeline_split"] = df["pipeline_split"].fillna("even")
+    if "zero_shard" in df:
+        df["zero_shard"] = df["zero_shard"].fillna("full")
     return df
 
 
@@ -141,6 +146,7 @@ def evaluation_dict(ev: Evaluation) -> dict[str, Any]:
             "gradient_accumulation_fusion": p.gradient_accumulation_fusion,
             **({"grad_reduce_in_bf16": True} if p.grad_reduce_in_bf16 else {}),
             **({"use_torch_fsdp2": True} if p.use_torch_fsdp2 else {}),
+            **({"dp_shard": p.dp_shard} if p.dp_shard is not None else {}),
             "scatter_gather_p2p": p.scatter_gather_p2p,
             "num_gpus": p.num_gpus,
             **(

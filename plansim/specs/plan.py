@@ -9,6 +9,7 @@ from plansim.specs.plan_checks import (
     check_bf16_layers,
     check_dp_sync,
     check_grad_reduce_in_bf16,
+    check_hsdp,
     check_offload,
     check_overlap_param_gather,
     check_recompute,
@@ -154,6 +155,14 @@ class ParallelPlan:
             parameter / (dp * cp) where DeepSpeed's estimator counts 18 (16-bit and fp32
             copies, ../shared/reference memory.md §4.2). The 16-bit gathered layers are as
             before. Needs zero_stage 3, no DeepSpeed offload and no per-tensor-sync fetch.
+        dp_shard: with zero_stage 3, hybrid sharding (HSDP: PyTorch FSDP ``HYBRID_SHARD`` /
+            FSDP2 on a 2-D mesh, torchtitan ``data_parallel_shard_degree``): the model
+            states are sharded over dp_shard * cp ranks and replicated over dp / dp_shard
+            such groups; parameters are gathered and gradients reduce-scattered inside a
+            shard group, and each gradient shard is then all-reduced over the replicas.
+            None (default): one shard group of all dp * cp ranks. Must divide dp, be below
+            it, and give a shard group of at least 2 ranks; not with offload or
+            per-tensor-sync.
         decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers: transformer
             layers on the first / last pipeline rank (Megatron-LM
             ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``,
@@ -215,6 +224,7 @@ class ParallelPlan:
     offload_param: OffloadDevice = OffloadDevice.NONE
     zero3_param_fetch: Zero3ParamFetch = Zero3ParamFetch.LAYER_PREFETCH
     use_torch_fsdp2: bool = False
+    dp_shard: int | None = None
     decoder_first_pipeline_num_layers: int | None = None
     decoder_last_pipeline_num_layers: int | None = None
     account_for_embedding_in_pipeline_split: bool = False
@@ -268,6 +278,7 @@ class ParallelPlan:
         check_overlap_param_gather(self)
         check_grad_reduce_in_bf16(self)
         check_torch_fsdp(self)
+        check_hsdp(self)
         check_schedule(self)
         check_uneven_split(self)
         check_recompute(self)
@@ -372,6 +383,8 @@ class ParallelPlan:
             parts.append(f"zero3-{self.zero3_param_fetch.value}")
         if self.use_torch_fsdp2:
             parts.append("torch-fsdp")
+        if self.dp_shard is not None:
+            parts.append(f"hsdp{self.dp_shard}")
         if self.decoder_first_pipeline_num_layers is not None:
             parts.append(f"first-stage-{self.decoder_first_pipeline_num_layers}")
         if self.decoder_last_pipeline_num_layers is not None:

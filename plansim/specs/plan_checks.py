@@ -193,6 +193,32 @@ def check_torch_fsdp(plan: ParallelPlan) -> None:
         raise SpecError(f"plan.use_torch_fsdp2 needs {'; '.join(problems)}")
 
 
+def check_hsdp(plan: ParallelPlan) -> None:
+    """Hybrid sharding (``dp_shard``, see :class:`ParallelPlan`): ZeRO-3 over shard groups of
+    dp_shard * cp >= 2 ranks, dp_shard a divisor of dp below it, no offload (DeepSpeed's
+    ZeRO-Offload / Infinity shard over the whole group), no per-tensor-sync fetch."""
+    shard = plan.dp_shard
+    if shard is None:
+        return
+    require_positive_int("plan.dp_shard", shard)
+    problems = []
+    if plan.zero_stage != 3:
+        problems.append(f"zero_stage 3 (got {plan.zero_stage})")
+    if plan.dp % shard or shard >= plan.dp:
+        problems.append(
+            f"a divisor of dp({plan.dp}) below it (dp_shard = dp is full sharding: leave "
+            "dp_shard unset)"
+        )
+    if shard * plan.cp < 2:
+        problems.append(f"a shard group of at least 2 ranks (dp_shard * cp = {shard * plan.cp})")
+    if (plan.offload_optimizer, plan.offload_param) != (OffloadDevice.NONE, OffloadDevice.NONE):
+        problems.append("no offload")
+    if plan.zero3_param_fetch is Zero3ParamFetch.PER_TENSOR_SYNC:
+        problems.append("zero3_param_fetch layer-prefetch or layer-sync (got per-tensor-sync)")
+    if problems:
+        raise SpecError(f"plan.dp_shard({shard}) needs {'; '.join(problems)}")
+
+
 def offload_devices(field: str, zero_stage: int) -> list[str]:
     """Devices ``field`` (``offload_optimizer`` or ``offload_param``) allows with
     ``zero_stage`` (DeepSpeed's rules, see :class:`ParallelPlan`)."""

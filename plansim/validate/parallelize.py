@@ -78,6 +78,11 @@ def check_supported(model: ModelSpec, plan: ParallelPlan) -> None:
     """Raise ValidateError for what the runner cannot execute, naming the field."""
     if plan.cp > 1:
         raise ValidateError(f"plan.cp({plan.cp}) > 1 is not supported by the validator")
+    if plan.dp_shard is not None:
+        raise ValidateError(
+            f"plan.dp_shard({plan.dp_shard}) (hybrid sharding) is not supported by the "
+            "validator yet; leave it unset"
+        )
     try:
         pipeline_layer_counts(model.num_layers, plan)
     except SpecError as exc:
