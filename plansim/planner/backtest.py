@@ -38,6 +38,7 @@ from plansim.planner.run_checks import (
     stated_layer_plan,
 )
 from plansim.planner.run_derive import precision_candidates, with_derived_cells
+from plansim.planner.run_framework import is_hybrid_shard
 from plansim.planner.run_model import Skip, row_model
 from plansim.planner.run_space import row_space
 from plansim.planner.search import SearchResult, search
@@ -156,6 +157,9 @@ def _predict(row: RunRow, simulate_top: int, notes: list[str]) -> Prediction:
         except PlansimError:
             raise Skip(f"unknown hardware profile {row.text('gpu_type')!r}") from None
         space = row_space(row, notes)
+        if is_hybrid_shard(row):  # HSDP: shard groups of one node (plansim.planner.hsdp)
+            space = replace(space, hsdp_shard_gpus=profile.gpus_per_node, hsdp_only=True)
+            notes.append(f"hybrid sharding: ZeRO-3 shard groups of {profile.gpus_per_node} GPUs")
         if measured is None:  # per-layer timings only: the layout the row states
             plan = stated_layer_plan(row, space, notes)
             notes.append(f"per-layer times of {plan.label()}")

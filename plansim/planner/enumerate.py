@@ -89,7 +89,8 @@ class SearchSpace:
             fixed for the search (a resource the user has, not a layout choice).
         hsdp_shard_gpus: GPUs of one hybrid-sharding shard group (e.g. a node's): ZeRO-3
             plans also try ``dp_shard`` = hsdp_shard_gpus / (tp * cp) where it fits
-            (``plansim.planner.hsdp``); None (default): full sharding only.
+            (``plansim.planner.hsdp``); None (default): full sharding only. hsdp_only: where
+            that hybrid sharding fits, try it instead of full sharding (a stated HSDP run).
         offloads: (offload_optimizer, offload_param) pairs tried (default: none only);
             each pair with every ZeRO stage that allows it. ``plansim plan`` passes
             ``plansim.analytic.offload.offload_choices(profile)``: offload only on a profile
@@ -131,6 +132,7 @@ class SearchSpace:
     zero3_param_fetch: Zero3ParamFetch = Zero3ParamFetch.LAYER_PREFETCH
     use_torch_fsdp2: bool = False
     hsdp_shard_gpus: int | None = None
+    hsdp_only: bool = False
     bf16_layers: tuple[int, int] = (0, 0)
     uneven_pipeline: bool = True
     partial_recompute: bool = True
@@ -300,6 +302,7 @@ def _knobs(
             zero_stage=zero,
             offload=(opt_dev, param_dev),
             fetch=space.zero3_param_fetch,
+            only=space.hsdp_only,
         )
         for (recompute, block), shard in product(_recompute_modes(space, chunk=chunk), shards):
             if (

@@ -23,12 +23,14 @@ def dp_shard_options(
     zero_stage: int,
     offload: tuple[OffloadDevice, OffloadDevice],
     fetch: Zero3ParamFetch,
+    only: bool = False,
 ) -> tuple[int | None, ...]:
     """``dp_shard`` values to try: None (shard over all dp * cp ranks) and, when
     ``shard_gpus`` is given (e.g. the GPUs of one node), the hybrid sharding whose shard
     group spans that many GPUs, dp_shard = shard_gpus / (tp * cp), if it divides dp, is below
     it and gives a shard group of at least 2 ranks. Only ZeRO-3 without offload or
-    per-tensor-sync fetch has it (``plan_checks.check_hsdp``).
+    per-tensor-sync fetch has it (``plan_checks.check_hsdp``). ``only``: the hybrid value
+    alone where it fits (a run stated as hybrid-sharded), else None alone.
 
     Example: shard_gpus 8, tp 2, cp 1, dp 32 -> (None, 4): shards over the 4 DP ranks of a
     node, 8 replicas.
@@ -44,4 +46,4 @@ def dp_shard_options(
     shard = shard_gpus // (tp * cp)
     if shard >= dp or dp % shard or shard * cp < 2:
         return (None,)
-    return (None, shard)
+    return (shard,) if only else (None, shard)

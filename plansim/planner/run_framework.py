@@ -138,7 +138,11 @@ def is_torch_fsdp(row: RunRow, notes: list[str]) -> bool:
     megatron_fsdp = bool(_MEGATRON_FSDP.search(text))
     torch_fsdp = not megatron_fsdp and (
         bool(_TORCH_FSDP.search(text))
-        or ("fsdp" in text and not is_deepspeed(row) and not is_nvidia_megatron(row))
+        or (
+            ("fsdp" in text or "hsdp" in text)  # HSDP is PyTorch FSDP's hybrid sharding
+            and not is_deepspeed(row)
+            and not is_nvidia_megatron(row)
+        )
     )
     if torch_fsdp:
         notes.append("PyTorch FSDP: fp32 sharded parameters are the master weights")
@@ -176,13 +180,21 @@ def bf16_grad_modes(row: RunRow, year: int | None, notes: list[str]) -> tuple[bo
 #: Words of the free-text ``zero_stage_or_sharding`` column and the ZeRO stage they name, read
 #: when ``zero_stage`` is blank (the schema's own mapping: Megatron's distributed optimizer =
 #: 1, FSDP full shard = 3, shard-grad-op = 2).
+_HYBRID_SHARD = re.compile(r"hybrid[-_ ]shard|\bhsdp\b", re.IGNORECASE)
 _SHARDING_WORDS = (
     (re.compile(r"zero[- ]?(?:stage[- ]?)?([0-3])\b", re.IGNORECASE), None),
+    (_HYBRID_SHARD, 3),
     (re.compile(r"shard[-_ ]grad[-_ ]op", re.IGNORECASE), 2),
     (re.compile(r"full[-_ ]shard|fsdp", re.IGNORECASE), 3),
     (re.compile(r"distributed[-_ ]optimi[sz]er", re.IGNORECASE), 1),
     (re.compile(r"^\s*(?:none|no)\s*$", re.IGNORECASE), 0),
 )
+
+
+def is_hybrid_shard(row: RunRow) -> bool:
+    """Whether ``zero_stage_or_sharding`` names hybrid sharding (PyTorch FSDP
+    ``HYBRID_SHARD``, HSDP): ZeRO-3 sharded within a node and replicated across nodes."""
+    return bool(_HYBRID_SHARD.search(row.text("zero_stage_or_sharding") or ""))
 
 
 def min_interleaved_pp(row: RunRow, year: int | None) -> int:

@@ -96,6 +96,7 @@ def test_a_row_that_cannot_be_modelled_is_skipped_with_its_reason(
         ("FSDP (full shard)", 3),
         ("FSDP SHARD_GRAD_OP", 2),
         ("Megatron distributed optimizer", 1),
+        ("FSDP HYBRID_SHARD", 3),
         ("none", 0),
     ],
 )
@@ -104,7 +105,7 @@ def test_a_blank_zero_stage_is_read_from_the_sharding_text(text: str, stage: int
     assert got.status == "ok", got.note
     assert f"zero_stage {stage} from zero_stage_or_sharding {text!r}" in got.note
     assert f"zero{stage}" in got.plan_label
-    searched = _predict(zero_stage_or_sharding="HSDP")  # not a stage plansim can name
+    searched = _predict(zero_stage_or_sharding="MiCS")  # not a stage plansim can name
     assert "zero_stage searched" in searched.note
 
 

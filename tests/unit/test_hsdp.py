@@ -15,6 +15,8 @@ from plansim.catalog import resolve_model
 from plansim.cli import main
 from plansim.errors import SpecError
 from plansim.io.profiles import load_profile
+from plansim.io.runs import RunRow
+from plansim.planner.backtest import predict_row
 from plansim.planner.enumerate import SearchSpace, enumerate_plans
 from plansim.planner.evaluate import Evaluation, evaluate
 from plansim.planner.hsdp import dp_shard_options
@@ -149,3 +151,48 @@ def test_cli_simulate_and_plan(capsys: pytest.CaptureFixture[str]) -> None:
     err = capsys.readouterr().err
     assert "plan.dp_shard(5) needs a divisor of dp(32) below it" in err
     assert "Traceback" not in err
+
+
+ROW = {
+    "row_id": "H1",
+    "model_name": "Llama 2 7B",
+    "num_layers": "32",
+    "hidden_size": "4096",
+    "num_attention_heads": "32",
+    "ffn_hidden_size": "11008",
+    "ffn_activation": "swiglu",
+    "vocab_size": "32000",
+    "seq_len_tokens": "4096",
+    "gpu_type": "h100-sxm5-80gb",
+    "precision": "bf16",
+    "num_gpus": "64",
+    "tp": "1",
+    "pp": "1",
+    "dp": "64",
+    "micro_batch_size_seqs": "2",
+    "global_batch_size_seqs": "512",
+    "recompute": "none",
+    "framework": "torchtitan (2024)",
+    "step_time_s": "2.5",
+}
+
+
+@pytest.mark.parametrize(
+    ("sharding", "hybrid", "torch_fsdp"),
+    [
+        ("FSDP HYBRID_SHARD", True, True),
+        ("HSDP", True, True),
+        ("hybrid-shard", True, False),
+        ("FSDP", False, True),
+    ],
+)
+def test_a_run_stated_as_hybrid_sharded_is_predicted_so(
+    sharding: str, hybrid: bool, torch_fsdp: bool
+) -> None:
+    row = RunRow(path="runs.csv", line=2, cells={**ROW, "zero_stage_or_sharding": sharding})
+    prediction = predict_row(row)
+    assert prediction.status == "ok", prediction.note
+    assert "zero3" in prediction.plan_label
+    assert ("hsdp8" in prediction.plan_label) is hybrid
+    assert ("torch-fsdp" in prediction.plan_label) is torch_fsdp
+    assert ("shard groups of 8 GPUs" in prediction.note) is hybrid
