@@ -69,6 +69,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--mbs", type=int, required=True, help="micro-batch size (sequences)")
     p.add_argument("--gbs", type=int, required=True, help="global batch size (sequences)")
     p.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 (default 0)")
+    p.add_argument(
+        "--dp-shard",
+        type=int,
+        default=None,
+        metavar="N",
+        help="ZeRO-3 hybrid sharding over N DP ranks (FSDP2 on a 2-D replicate x shard mesh; tp 1)",
+    )
     add_recompute_args(p)
     p.add_argument("--sequence-parallel", action="store_true", help="Megatron SP (tp > 1)")
     p.add_argument("--schedule", choices=[s.value for s in Schedule], default="1f1b")
@@ -156,6 +163,7 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
         micro_batch_size=args.mbs,
         global_batch_size=args.gbs,
         zero_stage=args.zero,
+        dp_shard=args.dp_shard,
         recompute=Recompute(args.recompute),
         recompute_num_layers=args.recompute_num_layers,
         sequence_parallel=args.sequence_parallel,

@@ -78,10 +78,10 @@ def check_supported(model: ModelSpec, plan: ParallelPlan) -> None:
     """Raise ValidateError for what the runner cannot execute, naming the field."""
     if plan.cp > 1:
         raise ValidateError(f"plan.cp({plan.cp}) > 1 is not supported by the validator")
-    if plan.dp_shard is not None:
+    if plan.dp_shard is not None and plan.tp > 1:
         raise ValidateError(
-            f"plan.dp_shard({plan.dp_shard}) (hybrid sharding) is not supported by the "
-            "validator yet; leave it unset"
+            f"plan.dp_shard({plan.dp_shard}) (hybrid sharding) with tp({plan.tp}) > 1 is not "
+            "supported by the validator; use tp 1 or leave dp_shard unset"
         )
     try:
         pipeline_layer_counts(model.num_layers, plan)
@@ -196,7 +196,8 @@ def zero_bubble(plan: ParallelPlan) -> bool:
 
 
 def apply_zero(stage: StageModule, plan: ParallelPlan, *, mesh: DeviceMesh) -> StageModule:
-    """FSDP2 ``fully_shard`` over the ``dp`` mesh dimension for ZeRO-2/3 (dp > 1).
+    """FSDP2 ``fully_shard`` over the ``dp`` mesh dimension for ZeRO-2/3 (dp > 1); with hybrid
+    sharding (``plan.dp_shard``) over the 2-D mesh of :func:`_hsdp_mesh`.
 
     ZeRO-3 reshards parameters after forward (``reshard_after_forward=True``), ZeRO-2 keeps
     them (False). With a zero-bubble schedule ZeRO-3 also uses False: FSDP2 resharding plus
@@ -208,11 +209,26 @@ def apply_zero(stage: StageModule, plan: ParallelPlan, *, mesh: DeviceMesh) -> S
     from torch.distributed.fsdp import fully_shard
 
     reshard = plan.zero_stage == 3 and not zero_bubble(plan)
-    dp_mesh = mesh["dp"]
+    dp_mesh = mesh["dp"] if plan.dp_shard is None else _hsdp_mesh(plan, mesh.device_type)
     for block in stage.blocks.values():
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
     fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard)
     return stage
+
+
+def _hsdp_mesh(plan: ParallelPlan, device: str) -> DeviceMesh:
+    """The 2-D ``(dp_replicate, dp_shard)`` mesh of this rank's DP group for hybrid sharding
+    (FSDP2 ``fully_shard`` on a 2-D mesh: replicate over the first dimension, shard over the
+    second). Ranks are numbered as in :func:`build_mesh` with the DP index split as
+    replicate * dp_shard + shard, so a shard group is dp_shard consecutive DP ranks
+    (``plansim.analytic.ranks``); tp is 1 here (:func:`check_supported`)."""
+    shard = plan.dp_shard or plan.dp
+    mesh = init_device_mesh(
+        device,
+        (plan.pp, plan.dp // shard, shard),
+        mesh_dim_names=("pp", "dp_replicate", "dp_shard"),
+    )
+    return mesh["dp_replicate", "dp_shard"]
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:

@@ -148,6 +148,13 @@ PLANS = {
             recompute=Recompute.SELECTIVE,
         ),
     ),
+    # hybrid sharding: FSDP2 on a 2-D (replicate 2 x shard 2) mesh over 4 ranks
+    "dp4-hsdp2-zero3": (
+        GPT,
+        ParallelPlan(
+            dp=4, tp=1, pp=1, micro_batch_size=1, global_batch_size=8, zero_stage=3, dp_shard=2
+        ),
+    ),
     "dp2-pp2-zb-h1-zero3": (
         GPT,
         ParallelPlan(

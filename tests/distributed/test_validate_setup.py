@@ -100,6 +100,12 @@ def test_run_config_names_the_bad_field(changes: dict[str, object], message: str
             ParallelPlan(dp=1, tp=4, pp=1, micro_batch_size=1, global_batch_size=1),
             r"num_query_groups\(2\) is not divisible by tp\(4\)",
         ),
+        (
+            ParallelPlan(
+                dp=4, tp=2, pp=1, micro_batch_size=1, global_batch_size=4, zero_stage=3, dp_shard=2
+            ),
+            r"plan.dp_shard\(2\) \(hybrid sharding\) with tp\(2\) > 1 is not supported",
+        ),
     ],
 )
 def test_unsupported_plans_are_rejected_clearly(plan: ParallelPlan, message: str) -> None:
