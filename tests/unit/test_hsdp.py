@@ -20,6 +20,7 @@ from plansim.planner.backtest import predict_row
 from plansim.planner.enumerate import SearchSpace, enumerate_plans
 from plansim.planner.evaluate import Evaluation, evaluate
 from plansim.planner.hsdp import dp_shard_options
+from plansim.planner.search import SearchResult, search
 from plansim.specs.plan import OffloadDevice, ParallelPlan, Recompute, Zero3ParamFetch
 
 H100 = load_profile("h100-sxm5-80gb")
@@ -196,3 +197,26 @@ def test_a_run_stated_as_hybrid_sharded_is_predicted_so(
     assert ("hsdp8" in prediction.plan_label) is hybrid
     assert ("torch-fsdp" in prediction.plan_label) is torch_fsdp
     assert ("shard groups of 8 GPUs" in prediction.note) is hybrid
+
+
+def test_the_pruned_search_with_hybrid_sharding_is_exact() -> None:
+    """Branch and bound over a space with HSDP plans returns the exhaustive top k, and some
+    of the feasible plans are hybrid-sharded (ZeRO-3 over 4 GPUs of a node)."""
+    space = SearchSpace(
+        max_micro_batch_size=1,
+        zero_stages=(1, 3),
+        recomputes=(Recompute.FULL,),
+        max_vpp=2,
+        hsdp_shard_gpus=4,
+    )
+    kw = {"num_gpus": 16, "global_batch_size": 32, "space": space, "top_k": 8}
+    model = resolve_model("megatron-1.7b")
+    pruned = search(model, H100, **kw)  # type: ignore[arg-type]
+    full = search(model, H100, exhaustive=True, **kw)  # type: ignore[arg-type]
+
+    def top(result: SearchResult) -> list[tuple[str, float]]:
+        return [(e.plan.label(), e.step_time_s) for e in result.ranked[:8]]
+
+    assert top(pruned) == top(full)
+    assert any(e.plan.dp_shard is not None for e in full.ranked)
+    assert pruned.num_simulated < full.num_simulated
