@@ -83,6 +83,23 @@ def collective_time_s(
     return alpha + bus_factor(collective, span.size) * message_bytes / busbw
 
 
+def sharded_reduce_time_s(
+    profile: HardwareProfile, *, message_bytes: float, shard: GroupSpan, replicate: GroupSpan
+) -> float:
+    """Seconds to reduce ``message_bytes`` of gradients onto their shard owners: a
+    reduce-scatter over the ``shard`` group, then, with hybrid sharding (``replicate`` of
+    more than one rank), an all-reduce of each shard over its replicas (PyTorch FSDP
+    ``HYBRID_SHARD``; Megatron-core's partial distributed optimizer,
+    ``--num-distributed-optimizer-instances``: reduce-scatter inside an instance, all-reduce
+    across instances)."""
+    scatter = collective_time_s(
+        profile, collective="reduce_scatter", message_bytes=message_bytes, span=shard
+    )
+    return scatter + collective_time_s(
+        profile, collective="all_reduce", message_bytes=message_bytes / shard.size, span=replicate
+    )
+
+
 def collective_latency_s(profile: HardwareProfile, *, collective: str, span: GroupSpan) -> float:
     """The latency (alpha) :func:`collective_time_s` gives ``collective`` over ``span``: the
     curve's inside a node; across nodes, all-reduce and send/recv add ``nic_latency_s`` per

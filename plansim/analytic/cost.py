@@ -224,8 +224,8 @@ _ZERO3_FIELDS = ("tp", "cp", "dp", "dp_shard", "zero_stage", "zero3_param_fetch"
 #: Plan fields of one stage's gradient buckets (``grad_buckets``), besides first/last; the
 #: gradient dtype sets their bytes. ``tests/unit/test_work_memo.py`` checks these keys.
 _BUCKET_FIELDS = (
-    "tp", "cp", "dp", "pp", "vpp", "zero_stage", "precision", "grad_reduce_in_bf16",
-    "dp_sync", "ps_servers",
+    "tp", "cp", "dp", "dp_shard", "pp", "vpp", "zero_stage", "precision",
+    "grad_reduce_in_bf16", "dp_sync", "ps_servers",
 )  # fmt: skip
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from plansim.analytic.comm import collective_time_s
+from plansim.analytic.comm import collective_time_s, sharded_reduce_time_s
 from plansim.analytic.memory import plan_state_bytes
 from plansim.analytic.param_server import PUSH_KIND, ps_transfer, uses_parameter_server
 from plansim.analytic.params import count_parameters
@@ -133,8 +133,14 @@ def grad_buckets(
         if ps:
             segment = ps_transfer(plan, profile, groups, message_bytes=message).segment(PUSH_KIND)
         else:
-            seconds = collective_time_s(
-                profile, collective=collective, message_bytes=message, span=groups.dp_cp
+            seconds = (
+                collective_time_s(
+                    profile, collective=collective, message_bytes=message, span=groups.dp_cp
+                )
+                if plan.zero_stage == 0
+                else sharded_reduce_time_s(
+                    profile, message_bytes=message, shard=groups.shard, replicate=groups.replicate
+                )
             )
             segment = Segment(kind="dp_comm", stream="dp", duration_s=seconds, num_bytes=message)
         buckets.append(

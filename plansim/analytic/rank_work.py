@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plansim.analytic.comm import collective_time_s
+from plansim.analytic.comm import collective_time_s, sharded_reduce_time_s
 from plansim.analytic.elementwise import adam_step_bytes
 from plansim.analytic.memory import (
     plan_state_bytes,
@@ -112,8 +112,15 @@ def rank_work(
     sync: list[tuple[str, str, float, float]] = []
     ps = uses_parameter_server(plan)
     if plan.zero_stage in (0, 1, 2) and not plan.overlap_grad_reduce and not ps:
-        kind = "all_reduce" if plan.zero_stage == 0 else "reduce_scatter"
-        t = collective_time_s(profile, collective=kind, message_bytes=grad_bytes, span=groups.dp_cp)
+        if plan.zero_stage == 0:
+            span = groups.dp_cp
+            t = collective_time_s(
+                profile, collective="all_reduce", message_bytes=grad_bytes, span=span
+            )
+        else:  # reduce-scatter to the shard owners (and over the replicas when partial)
+            t = sharded_reduce_time_s(
+                profile, message_bytes=grad_bytes, shard=groups.shard, replicate=groups.replicate
+            )
         sync.append(("dp_comm", "dp", t, grad_bytes))
     counts = count_parameters(model)
     if plan.pp > 1 and counts.output_layer == 0 and rank in (0, plan.pp - 1):
@@ -121,14 +128,13 @@ def rank_work(
         pair = type(groups.pp)(size=2, members_per_node=1, num_nodes=min(2, groups.pp.num_nodes))
         t = collective_time_s(profile, collective="all_reduce", message_bytes=emb_bytes, span=pair)
         sync.append(("embedding_grad_comm", "dp", t, emb_bytes))
-    shards = zero_shard_size(plan) if plan.zero_stage == 3 else dp_cp  # HSDP: its shard group
-    local = params / shards if plan.zero_stage >= 1 else params
+    local = params / zero_shard_size(plan) if plan.zero_stage >= 1 else params
     adam_s = adam_step_bytes(local, precision=plan.precision) / profile.streaming_bytes_per_s()
     opt: list[tuple[str, str, float, float]] = [("optimizer", "compute", adam_s, 0.0)]
     if plan.zero_stage in (1, 2) and dp_cp > 1:
         weight_bytes = params * per_param.param
         t = collective_time_s(
-            profile, collective="all_gather", message_bytes=weight_bytes, span=groups.dp_cp
+            profile, collective="all_gather", message_bytes=weight_bytes, span=groups.shard
         )
         if plan.overlap_param_gather:
             if cover is None:

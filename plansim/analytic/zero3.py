@@ -81,7 +81,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plansim.analytic.comm import collective_time_s
+from plansim.analytic.comm import collective_time_s, sharded_reduce_time_s
 from plansim.analytic.params import NORMS_PER_LAYER, count_parameters
 from plansim.analytic.ranks import LayoutGroups, dp_cp_size
 from plansim.specs.hardware import HardwareProfile
@@ -213,14 +213,8 @@ def unit_traffic(
         gather += gather_copy_s + collective_time_s(
             profile, collective="all_gather", message_bytes=numel * param_bytes, span=span
         )
-        scatter += scatter_copy_s + collective_time_s(
-            profile, collective="reduce_scatter", message_bytes=numel * grad_bytes, span=span
-        )
-        scatter += collective_time_s(  # zero without hybrid sharding (one replica)
-            profile,
-            collective="all_reduce",
-            message_bytes=numel * grad_bytes / span.size,
-            span=groups.replicate,
+        scatter += scatter_copy_s + sharded_reduce_time_s(
+            profile, message_bytes=numel * grad_bytes, shard=span, replicate=groups.replicate
         )
     return Zero3Traffic(
         gather_s=gather,

@@ -83,8 +83,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--hsdp",
         action="store_true",
-        help="also try ZeRO-3 with hybrid sharding (HSDP, FSDP HYBRID_SHARD): states sharded "
-        "within one node and replicated across nodes (--dp-shard in simulate)",
+        help="also try hybrid sharding: ZeRO states sharded within one node and replicated "
+        "across nodes (ZeRO-3: HSDP; ZeRO-1/2: Megatron's partial distributed optimizer; "
+        "--dp-shard in simulate)",
     )
     p.add_argument(
         "--recompute-selective-op",

@@ -126,8 +126,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         type=int,
         default=None,
         metavar="N",
-        help="ZeRO-3 hybrid sharding (HSDP, FSDP HYBRID_SHARD): shard the model states over "
-        "N * cp ranks (e.g. one node) and replicate over dp / N; default: shard over all dp",
+        help="hybrid sharding: shard the ZeRO states over N * cp ranks (e.g. one node) and "
+        "replicate over dp / N (ZeRO-3: HSDP, FSDP HYBRID_SHARD; ZeRO-1/2: Megatron's "
+        "--num-distributed-optimizer-instances = dp / N); default: shard over all dp",
     )
     add_pipeline_split_args(p)
     add_bf16_layer_args(p)

@@ -87,7 +87,7 @@ class SearchSpace:
             when dp * cp > 1 (one colocated worker is plain data parallelism).
         ps_servers: dedicated server count of the parameter-server plans (0 = colocated):
             fixed for the search (a resource the user has, not a layout choice).
-        hsdp_shard_gpus: GPUs of one hybrid-sharding shard group (e.g. a node's): ZeRO-3
+        hsdp_shard_gpus: GPUs of one hybrid-sharding shard group (e.g. a node's): ZeRO 1-3
             plans also try ``dp_shard`` = hsdp_shard_gpus / (tp * cp) where it fits
             (``plansim.planner.hsdp``); None (default): full sharding only. hsdp_only: where
             that hybrid sharding fits, try it instead of full sharding (a stated HSDP run).

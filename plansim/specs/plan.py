@@ -155,14 +155,15 @@ class ParallelPlan:
             parameter / (dp * cp) where DeepSpeed's estimator counts 18 (16-bit and fp32
             copies, ../shared/reference memory.md §4.2). The 16-bit gathered layers are as
             before. Needs zero_stage 3, no DeepSpeed offload and no per-tensor-sync fetch.
-        dp_shard: with zero_stage 3, hybrid sharding (HSDP: PyTorch FSDP ``HYBRID_SHARD`` /
-            FSDP2 on a 2-D mesh, torchtitan ``data_parallel_shard_degree``): the model
-            states are sharded over dp_shard * cp ranks and replicated over dp / dp_shard
-            such groups; parameters are gathered and gradients reduce-scattered inside a
-            shard group, and each gradient shard is then all-reduced over the replicas.
-            None (default): one shard group of all dp * cp ranks. Must divide dp, be below
-            it, and give a shard group of at least 2 ranks; not with offload or
-            per-tensor-sync.
+        dp_shard: hybrid sharding: the ZeRO-sharded states are sharded over dp_shard * cp
+            ranks and replicated over dp / dp_shard such groups; parameters are gathered and
+            gradients reduce-scattered inside a shard group, and each gradient shard is then
+            all-reduced over the replicas. ZeRO-3: HSDP (PyTorch FSDP ``HYBRID_SHARD``,
+            FSDP2 on a 2-D mesh, torchtitan ``data_parallel_shard_degree``); ZeRO-1/2:
+            Megatron-core's partial distributed optimizer
+            (``--num-distributed-optimizer-instances`` = dp / dp_shard). None (default): one
+            shard group of all dp * cp ranks. Must divide dp, be below it, and give a shard
+            group of at least 2 ranks; not with ZeRO-0, offload or per-tensor-sync.
         decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers: transformer
             layers on the first / last pipeline rank (Megatron-LM
             ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``,
@@ -383,8 +384,8 @@ class ParallelPlan:
             parts.append(f"zero3-{self.zero3_param_fetch.value}")
         if self.use_torch_fsdp2:
             parts.append("torch-fsdp")
-        if self.dp_shard is not None:
-            parts.append(f"hsdp{self.dp_shard}")
+        if self.dp_shard is not None:  # HSDP, or a partial distributed optimizer
+            parts.append(f"{'hsdp' if self.zero_stage == 3 else 'shard'}{self.dp_shard}")
         if self.decoder_first_pipeline_num_layers is not None:
             parts.append(f"first-stage-{self.decoder_first_pipeline_num_layers}")
         if self.decoder_last_pipeline_num_layers is not None:

@@ -194,16 +194,16 @@ def check_torch_fsdp(plan: ParallelPlan) -> None:
 
 
 def check_hsdp(plan: ParallelPlan) -> None:
-    """Hybrid sharding (``dp_shard``, see :class:`ParallelPlan`): ZeRO-3 over shard groups of
-    dp_shard * cp >= 2 ranks, dp_shard a divisor of dp below it, no offload (DeepSpeed's
+    """Hybrid sharding (``dp_shard``, see :class:`ParallelPlan`): ZeRO 1-3 over shard groups
+    of dp_shard * cp >= 2 ranks, dp_shard a divisor of dp below it, no offload (DeepSpeed's
     ZeRO-Offload / Infinity shard over the whole group), no per-tensor-sync fetch."""
     shard = plan.dp_shard
     if shard is None:
         return
     require_positive_int("plan.dp_shard", shard)
     problems = []
-    if plan.zero_stage != 3:
-        problems.append(f"zero_stage 3 (got {plan.zero_stage})")
+    if plan.zero_stage == 0:
+        problems.append("zero_stage 1, 2 or 3 (got 0)")
     if plan.dp % shard or shard >= plan.dp:
         problems.append(
             f"a divisor of dp({plan.dp}) below it (dp_shard = dp is full sharding: leave "

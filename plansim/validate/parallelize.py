@@ -78,10 +78,11 @@ def check_supported(model: ModelSpec, plan: ParallelPlan) -> None:
     """Raise ValidateError for what the runner cannot execute, naming the field."""
     if plan.cp > 1:
         raise ValidateError(f"plan.cp({plan.cp}) > 1 is not supported by the validator")
-    if plan.dp_shard is not None and plan.tp > 1:
+    if plan.dp_shard is not None and (plan.tp > 1 or plan.zero_stage != 3):
         raise ValidateError(
-            f"plan.dp_shard({plan.dp_shard}) (hybrid sharding) with tp({plan.tp}) > 1 is not "
-            "supported by the validator; use tp 1 or leave dp_shard unset"
+            f"plan.dp_shard({plan.dp_shard}) (hybrid sharding) is supported by the validator "
+            f"with zero_stage 3 and tp 1 only (got zero_stage {plan.zero_stage}, tp "
+            f"{plan.tp}); leave dp_shard unset"
         )
     try:
         pipeline_layer_counts(model.num_layers, plan)

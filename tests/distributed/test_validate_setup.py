@@ -104,7 +104,8 @@ def test_run_config_names_the_bad_field(changes: dict[str, object], message: str
             ParallelPlan(
                 dp=4, tp=2, pp=1, micro_batch_size=1, global_batch_size=4, zero_stage=3, dp_shard=2
             ),
-            r"plan.dp_shard\(2\) \(hybrid sharding\) with tp\(2\) > 1 is not supported",
+            r"plan.dp_shard\(2\) \(hybrid sharding\) is supported by the validator with "
+            r"zero_stage 3 and tp 1 only \(got zero_stage 3, tp 2\)",
         ),
     ],
 )

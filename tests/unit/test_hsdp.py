@@ -97,7 +97,7 @@ def test_engine_peak_memory_equals_analytic() -> None:
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
-        ({"zero_stage": 2, "use_torch_fsdp2": False}, r"needs zero_stage 3 \(got 2\)"),
+        ({"zero_stage": 0, "use_torch_fsdp2": False}, r"needs zero_stage 1, 2 or 3 \(got 0\)"),
         ({"dp_shard": 3}, r"a divisor of dp\(16\) below it"),
         ({"dp_shard": 16}, r"dp_shard = dp is full sharding: leave dp_shard unset"),
         ({"dp_shard": 1}, r"a shard group of at least 2 ranks \(dp_shard \* cp = 1\)"),
@@ -126,9 +126,12 @@ def test_shard_options_fill_one_node() -> None:
     assert dp_shard_options(8, tp=8, cp=1, dp=32, **options) == (None,)  # type: ignore[arg-type]
     assert dp_shard_options(8, tp=1, cp=1, dp=8, **options) == (None,)  # type: ignore[arg-type]
     assert dp_shard_options(8, tp=1, cp=1, dp=12, **options) == (None,)  # type: ignore[arg-type]
-    assert dp_shard_options(  # not ZeRO-3
-        8, tp=1, cp=1, dp=32, zero_stage=2, offload=NONE2, fetch=Zero3ParamFetch.LAYER_PREFETCH
+    assert dp_shard_options(  # no sharded state
+        8, tp=1, cp=1, dp=32, zero_stage=0, offload=NONE2, fetch=Zero3ParamFetch.LAYER_PREFETCH
     ) == (None,)
+    assert dp_shard_options(  # ZeRO-2: Megatron-core's partial distributed optimizer
+        8, tp=1, cp=1, dp=32, zero_stage=2, offload=NONE2, fetch=Zero3ParamFetch.LAYER_PREFETCH
+    ) == (None, 8)
 
 
 def test_the_search_tries_it_only_when_asked() -> None:
@@ -138,9 +141,9 @@ def test_the_search_tries_it_only_when_asked() -> None:
     plans = list(enumerate_plans(space=replace(space, hsdp_shard_gpus=8), **kw))  # type: ignore[arg-type]
     hybrid = {(p.tp, p.dp, p.dp_shard) for p in plans if p.dp_shard is not None}
     assert hybrid == {(1, 32, 8), (2, 16, 4)}
-    assert all(p.zero_stage == 3 for p in plans if p.dp_shard is not None)
-    full3 = [p for p in plans if p.zero_stage == 3 and p.dp_shard is None]
-    assert sum(p.dp_shard is not None for p in plans) == len(full3)  # one hybrid twin each
+    assert {p.zero_stage for p in plans if p.dp_shard is not None} == {2, 3}
+    full = [p for p in plans if p.dp_shard is None]
+    assert sum(p.dp_shard is not None for p in plans) == len(full)  # one hybrid twin each
 
 
 def test_cli_simulate_and_plan(capsys: pytest.CaptureFixture[str]) -> None:
@@ -220,3 +223,29 @@ def test_the_pruned_search_with_hybrid_sharding_is_exact() -> None:
     assert top(pruned) == top(full)
     assert any(e.plan.dp_shard is not None for e in full.ranked)
     assert pruned.num_simulated < full.num_simulated
+
+
+def test_zero1_with_a_partial_distributed_optimizer() -> None:
+    """ZeRO-1 with dp_shard (Megatron-core --num-distributed-optimizer-instances = dp /
+    dp_shard): optimizer states sharded over the shard group, gradients reduce-scattered in
+    it and the shard all-reduced over the instances, parameters gathered in it."""
+    from plansim.analytic.comm import sharded_reduce_time_s
+    from plansim.analytic.rank_work import rank_work
+
+    plan = _plan(64, 8, zero_stage=1, use_torch_fsdp2=False)
+    assert "shard8" in plan.label() and "hsdp" not in plan.label()
+    dp8 = _plan(8, zero_stage=1, use_torch_fsdp2=False)
+    mem, mem8 = (rank_memory(MODEL, p, H100, rank=0) for p in (plan, dp8))
+    assert mem.optimizer_bytes == pytest.approx(mem8.optimizer_bytes, rel=1e-12)
+    groups = layout_groups(plan, gpus_per_node=8)
+    work = rank_work(0, model=MODEL, plan=plan, profile=H100, groups=groups)
+    sync = [s for s in work.grad_sync if s.kind == "dp_comm"]
+    assert len(sync) == 1
+    expected = sharded_reduce_time_s(
+        H100, message_bytes=sync[0].num_bytes, shard=groups.shard, replicate=groups.replicate
+    )
+    assert sync[0].duration_s == pytest.approx(expected, rel=1e-12)
+    scatter_only = collective_time_s(
+        H100, collective="reduce_scatter", message_bytes=sync[0].num_bytes, span=groups.shard
+    )
+    assert sync[0].duration_s > scatter_only  # the all-reduce over the 8 instances

@@ -53,6 +53,8 @@ VARIANTS: dict[str, dict[str, object]] = {
         "overlap_grad_reduce": False,
     },
     "scatter_gather_p2p": {"scatter_gather_p2p": False},
+    "dp_shard": {"dp_shard": 2},  # ZeRO-1 with a partial distributed optimizer
+    "dp_shard zero3": {"zero_stage": 3, "dp_shard": 2, "overlap_grad_reduce": False},
 }
 
 
