@@ -89,6 +89,21 @@ def _ready_fraction(params: StageParams, done: float) -> float:
     return min(n, max(1, layers)) / n
 
 
+def dp_grad_reduce_s(
+    plan: ParallelPlan, *, profile: HardwareProfile, groups: LayoutGroups, message_bytes: float
+) -> float:
+    """Seconds of one ZeRO 0-2 DP gradient reduction of ``message_bytes``: an all-reduce over
+    dp * cp (ZeRO-0), else a reduce-scatter to the shard owners, all-reduced over the replicas
+    with hybrid sharding (``comm.sharded_reduce_time_s``)."""
+    if plan.zero_stage == 0:
+        return collective_time_s(
+            profile, collective="all_reduce", message_bytes=message_bytes, span=groups.dp_cp
+        )
+    return sharded_reduce_time_s(
+        profile, message_bytes=message_bytes, shard=groups.shard, replicate=groups.replicate
+    )
+
+
 def grad_buckets(
     model: ModelSpec,
     plan: ParallelPlan,
@@ -124,7 +139,6 @@ def grad_buckets(
     size = max(BUCKET_MIN_PARAMS, BUCKET_PARAMS_PER_DP_RANK * plan.dp) if stage == 0 else total
     count = max(1, math.ceil(total / size - 1e-9))
     grad_bytes = plan_state_bytes(plan).grad
-    collective = "all_reduce" if plan.zero_stage == 0 else "reduce_scatter"
     buckets = []
     for k in range(count):
         done = total if k == count - 1 else (k + 1) * size
@@ -133,15 +147,7 @@ def grad_buckets(
         if ps:
             segment = ps_transfer(plan, profile, groups, message_bytes=message).segment(PUSH_KIND)
         else:
-            seconds = (
-                collective_time_s(
-                    profile, collective=collective, message_bytes=message, span=groups.dp_cp
-                )
-                if plan.zero_stage == 0
-                else sharded_reduce_time_s(
-                    profile, message_bytes=message, shard=groups.shard, replicate=groups.replicate
-                )
-            )
+            seconds = dp_grad_reduce_s(plan, profile=profile, groups=groups, message_bytes=message)
             segment = Segment(kind="dp_comm", stream="dp", duration_s=seconds, num_bytes=message)
         buckets.append(
             GradBucket(

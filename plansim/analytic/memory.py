@@ -202,7 +202,7 @@ def rank_memory(
     model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *, rank: int
 ) -> MemoryBreakdown:
     """Peak memory of pipeline rank ``rank`` (one GPU) under ``plan``; ZeRO shards over
-    dp * cp ranks (with hybrid sharding, ``plan.dp_shard``, ZeRO-3 over dp_shard * cp)."""
+    dp * cp ranks (with hybrid sharding, ``plan.dp_shard``, over dp_shard * cp)."""
     params = rank_parameters(model, plan, rank=rank)
     fsdp = plan.use_torch_fsdp2  # PyTorch FSDP keeps fp32 training's states (plan docstring)
     states = model_state_bytes(

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plansim.analytic.comm import collective_time_s, sharded_reduce_time_s
+from plansim.analytic.comm import collective_time_s
 from plansim.analytic.elementwise import adam_step_bytes
+from plansim.analytic.grad_buckets import dp_grad_reduce_s
 from plansim.analytic.memory import (
     plan_state_bytes,
     rank_memory,
@@ -112,15 +113,7 @@ def rank_work(
     sync: list[tuple[str, str, float, float]] = []
     ps = uses_parameter_server(plan)
     if plan.zero_stage in (0, 1, 2) and not plan.overlap_grad_reduce and not ps:
-        if plan.zero_stage == 0:
-            span = groups.dp_cp
-            t = collective_time_s(
-                profile, collective="all_reduce", message_bytes=grad_bytes, span=span
-            )
-        else:  # reduce-scatter to the shard owners (and over the replicas when partial)
-            t = sharded_reduce_time_s(
-                profile, message_bytes=grad_bytes, shard=groups.shard, replicate=groups.replicate
-            )
+        t = dp_grad_reduce_s(plan, profile=profile, groups=groups, message_bytes=grad_bytes)
         sync.append(("dp_comm", "dp", t, grad_bytes))
     counts = count_parameters(model)
     if plan.pp > 1 and counts.output_layer == 0 and rank in (0, plan.pp - 1):
