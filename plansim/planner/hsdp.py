@@ -11,8 +11,7 @@ gathers stay on the scale-up fabric and only the gradient shards cross nodes.
 from __future__ import annotations
 
 from plansim.specs.plan import OffloadDevice, Zero3ParamFetch
-
-NO_OFFLOAD = (OffloadDevice.NONE, OffloadDevice.NONE)
+from plansim.specs.plan_checks import hsdp_problems
 
 
 def dp_shard_options(
@@ -28,24 +27,20 @@ def dp_shard_options(
 ) -> tuple[int | None, ...]:
     """``dp_shard`` values to try: None (shard over all dp * cp ranks) and, when
     ``shard_gpus`` is given (e.g. the GPUs of one node), the hybrid sharding whose shard
-    group spans that many GPUs, dp_shard = shard_gpus / (tp * cp), if it divides dp, is below
-    it and gives a shard group of at least 2 ranks. ZeRO 1-3 without offload or
-    per-tensor-sync fetch have it (``plan_checks.check_hsdp``; for ZeRO-1/2 it is
-    Megatron-core's partial distributed optimizer). ``only``: the hybrid value
-    alone where it fits (a run stated as hybrid-sharded), else None alone.
+    group spans that many GPUs, dp_shard = shard_gpus / (tp * cp), where the plan checks
+    allow it (``plan_checks.hsdp_problems``: ZeRO 1-3, a divisor of dp below it, a shard
+    group of at least 2 ranks, no offload or per-tensor-sync fetch; for ZeRO-1/2 it is
+    Megatron-core's partial distributed optimizer). ``only``: the hybrid value alone where
+    it fits (a run stated as hybrid-sharded), else None alone.
 
     Example: shard_gpus 8, tp 2, cp 1, dp 32 -> (None, 4): shards over the 4 DP ranks of a
     node, 8 replicas.
     """
-    if (
-        shard_gpus is None
-        or zero_stage == 0
-        or offload != NO_OFFLOAD
-        or fetch is Zero3ParamFetch.PER_TENSOR_SYNC
-        or shard_gpus % (tp * cp)
-    ):
+    if shard_gpus is None or shard_gpus % (tp * cp):
         return (None,)
     shard = shard_gpus // (tp * cp)
-    if shard >= dp or dp % shard or shard * cp < 2:
+    if hsdp_problems(
+        dp=dp, cp=cp, dp_shard=shard, zero_stage=zero_stage, offload=offload, fetch=fetch
+    ):
         return (None,)
     return (shard,) if only else (None, shard)

@@ -194,29 +194,50 @@ def check_torch_fsdp(plan: ParallelPlan) -> None:
 
 
 def check_hsdp(plan: ParallelPlan) -> None:
-    """Hybrid sharding (``dp_shard``, see :class:`ParallelPlan`): ZeRO 1-3 over shard groups
-    of dp_shard * cp >= 2 ranks, dp_shard a divisor of dp below it, no offload (DeepSpeed's
-    ZeRO-Offload / Infinity shard over the whole group), no per-tensor-sync fetch."""
+    """Hybrid sharding (``dp_shard``, see :class:`ParallelPlan`): :func:`hsdp_problems`."""
     shard = plan.dp_shard
     if shard is None:
         return
     require_positive_int("plan.dp_shard", shard)
-    problems = []
-    if plan.zero_stage == 0:
-        problems.append("zero_stage 1, 2 or 3 (got 0)")
-    if plan.dp % shard or shard >= plan.dp:
-        problems.append(
-            f"a divisor of dp({plan.dp}) below it (dp_shard = dp is full sharding: leave "
-            "dp_shard unset)"
-        )
-    if shard * plan.cp < 2:
-        problems.append(f"a shard group of at least 2 ranks (dp_shard * cp = {shard * plan.cp})")
-    if (plan.offload_optimizer, plan.offload_param) != (OffloadDevice.NONE, OffloadDevice.NONE):
-        problems.append("no offload")
-    if plan.zero3_param_fetch is Zero3ParamFetch.PER_TENSOR_SYNC:
-        problems.append("zero3_param_fetch layer-prefetch or layer-sync (got per-tensor-sync)")
+    problems = hsdp_problems(
+        dp=plan.dp,
+        cp=plan.cp,
+        dp_shard=shard,
+        zero_stage=plan.zero_stage,
+        offload=(plan.offload_optimizer, plan.offload_param),
+        fetch=plan.zero3_param_fetch,
+    )
     if problems:
         raise SpecError(f"plan.dp_shard({shard}) needs {'; '.join(problems)}")
+
+
+def hsdp_problems(
+    *,
+    dp: int,
+    cp: int,
+    dp_shard: int,
+    zero_stage: int,
+    offload: tuple[OffloadDevice, OffloadDevice],
+    fetch: Zero3ParamFetch,
+) -> list[str]:
+    """What hybrid sharding over ``dp_shard`` of ``dp`` ranks lacks (empty: allowed): ZeRO
+    1-3 over shard groups of dp_shard * cp >= 2 ranks, dp_shard a divisor of dp below it, no
+    offload (DeepSpeed's ZeRO-Offload / Infinity shard over the whole group), no
+    per-tensor-sync fetch. The planner asks it of its candidates (``planner.hsdp``)."""
+    problems = []
+    if zero_stage == 0:
+        problems.append("zero_stage 1, 2 or 3 (got 0)")
+    if dp % dp_shard or dp_shard >= dp:
+        problems.append(
+            f"a divisor of dp({dp}) below it (dp_shard = dp is full sharding: leave dp_shard unset)"
+        )
+    if dp_shard * cp < 2:
+        problems.append(f"a shard group of at least 2 ranks (dp_shard * cp = {dp_shard * cp})")
+    if offload != (OffloadDevice.NONE, OffloadDevice.NONE):
+        problems.append("no offload")
+    if fetch is Zero3ParamFetch.PER_TENSOR_SYNC:
+        problems.append("zero3_param_fetch layer-prefetch or layer-sync (got per-tensor-sync)")
+    return problems
 
 
 def offload_devices(field: str, zero_stage: int) -> list[str]:
