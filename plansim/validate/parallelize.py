@@ -196,9 +196,8 @@ def zero_bubble(plan: ParallelPlan) -> bool:
     return plan.schedule is Schedule.ZB_H1
 
 
-def apply_zero(stage: StageModule, plan: ParallelPlan, *, mesh: DeviceMesh) -> StageModule:
-    """FSDP2 ``fully_shard`` over the ``dp`` mesh dimension for ZeRO-2/3 (dp > 1); with hybrid
-    sharding (``plan.dp_shard``) over the 2-D mesh of :func:`_hsdp_mesh`.
+def apply_zero(stage: StageModule, plan: ParallelPlan, *, dp_mesh: DeviceMesh) -> StageModule:
+    """FSDP2 ``fully_shard`` over ``dp_mesh`` (:func:`zero_mesh`) for ZeRO-2/3 (dp > 1).
 
     ZeRO-3 reshards parameters after forward (``reshard_after_forward=True``), ZeRO-2 keeps
     them (False). With a zero-bubble schedule ZeRO-3 also uses False: FSDP2 resharding plus
@@ -210,26 +209,27 @@ def apply_zero(stage: StageModule, plan: ParallelPlan, *, mesh: DeviceMesh) -> S
     from torch.distributed.fsdp import fully_shard
 
     reshard = plan.zero_stage == 3 and not zero_bubble(plan)
-    dp_mesh = mesh["dp"] if plan.dp_shard is None else _hsdp_mesh(plan, mesh.device_type)
     for block in stage.blocks.values():
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
     fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard)
     return stage
 
 
-def _hsdp_mesh(plan: ParallelPlan, device: str) -> DeviceMesh:
-    """The 2-D ``(dp_replicate, dp_shard)`` mesh of this rank's DP group for hybrid sharding
-    (FSDP2 ``fully_shard`` on a 2-D mesh: replicate over the first dimension, shard over the
-    second). Ranks are numbered as in :func:`build_mesh` with the DP index split as
-    replicate * dp_shard + shard, so a shard group is dp_shard consecutive DP ranks
-    (``plansim.analytic.ranks``); tp is 1 here (:func:`check_supported`)."""
-    shard = plan.dp_shard or plan.dp
-    mesh = init_device_mesh(
-        device,
-        (plan.pp, plan.dp // shard, shard),
+def zero_mesh(plan: ParallelPlan, mesh: DeviceMesh) -> DeviceMesh:
+    """The mesh FSDP2 shards over, built once per rank: ``mesh["dp"]``, or with hybrid
+    sharding (``plan.dp_shard``) a 2-D ``(dp_replicate, dp_shard)`` mesh (FSDP2 on a 2-D mesh
+    replicates over the first dimension and shards over the second). Ranks are numbered as
+    in :func:`build_mesh` with the DP index split as replicate * dp_shard + shard, so a shard
+    group is dp_shard consecutive DP ranks (``plansim.analytic.ranks``); tp is 1 then
+    (:func:`check_supported`)."""
+    if plan.dp_shard is None:
+        return mesh["dp"]
+    hybrid = init_device_mesh(
+        mesh.device_type,
+        (plan.pp, plan.dp // plan.dp_shard, plan.dp_shard),
         mesh_dim_names=("pp", "dp_replicate", "dp_shard"),
     )
-    return mesh["dp_replicate", "dp_shard"]
+    return hybrid["dp_replicate", "dp_shard"]
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:

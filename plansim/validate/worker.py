@@ -114,11 +114,12 @@ class Trainer:
         self.recorder = Recorder(device=device)
         full = build_model(model, seed=seed)
         self.modules: dict[int, StageModule] = {}
+        dp_mesh = par.zero_mesh(plan, mesh)
         for stage in range(self.coords.pp, plan.num_stages, plan.pp):
             part = split_stage(full, model, plan, stage).to(self.device)
             par.apply_tp(part, plan, mesh=mesh)
             par.apply_recompute(part, plan)
-            self.modules[stage] = par.apply_zero(part, plan, mesh=mesh)
+            self.modules[stage] = par.apply_zero(part, plan, dp_mesh=dp_mesh)
         del full
         self.params = [p for m in self.modules.values() for p in m.parameters()]
         self.optimizer = par.build_optimizer(
