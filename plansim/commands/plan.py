@@ -19,10 +19,10 @@ from plansim.commands.common import (
 )
 from plansim.errors import SpecError, require_positive_int
 from plansim.io.outputs import check_writable
-from plansim.planner.enumerate import SearchSpace
 from plansim.planner.parallel import default_jobs
 from plansim.planner.progress import progress_bar
 from plansim.planner.search import SearchResult, search
+from plansim.planner.space import SearchSpace
 from plansim.report.tables import evaluation_dict, ranked_table, render
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec

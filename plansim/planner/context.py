@@ -14,13 +14,9 @@ from dataclasses import dataclass, replace
 from plansim.analytic.cost import build_pipeline_work
 from plansim.analytic.link_tags import Memo
 from plansim.planner.bounds import step_time_lower_bound_s
-from plansim.planner.enumerate import (
-    Layout,
-    SearchSpace,
-    enumerate_plan_groups,
-    restrict_to_layout,
-)
+from plansim.planner.enumerate import Layout, enumerate_plan_groups, restrict_to_layout
 from plansim.planner.evaluate import Evaluation, Rejected, check_plan, evaluate
+from plansim.planner.space import SearchSpace
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan

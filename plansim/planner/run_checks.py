@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 from plansim.analytic.layer_timing import layer_wall_times
 from plansim.io.runs import RunRow
-from plansim.planner.enumerate import SearchSpace
 from plansim.planner.run_model import Skip
+from plansim.planner.space import SearchSpace
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan

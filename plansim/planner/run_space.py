@@ -49,7 +49,6 @@ from __future__ import annotations
 import re
 
 from plansim.io.runs import RunRow
-from plansim.planner.enumerate import SearchSpace
 from plansim.planner.run_framework import (
     bf16_grad_modes,
     deepspeed_pipeline_engine,
@@ -67,6 +66,7 @@ from plansim.planner.run_framework import (
 )
 from plansim.planner.run_model import Skip
 from plansim.planner.run_scripts import script_facts
+from plansim.planner.space import SearchSpace
 from plansim.specs.plan import AttentionKernel, Precision, Recompute, Schedule
 
 FLASH_IN_MEGATRON_YEAR = 2023

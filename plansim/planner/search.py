@@ -25,10 +25,11 @@ from dataclasses import dataclass, field
 
 from plansim.errors import SpecError, require_positive_int
 from plansim.planner.context import Candidate, SearchContext, Simulated
-from plansim.planner.enumerate import SearchSpace, layouts
+from plansim.planner.enumerate import layouts
 from plansim.planner.evaluate import OUT_OF_MEMORY, Evaluation, Rejected, closest_miss
 from plansim.planner.parallel import Workers
 from plansim.planner.progress import Progress
+from plansim.planner.space import SearchSpace
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import Schedule

@@ -22,8 +22,8 @@ from typing import Any
 from plansim.catalog import resolve_model
 from plansim.errors import PlansimError, choice_error
 from plansim.io.profiles import load_profile
-from plansim.planner.enumerate import SearchSpace
 from plansim.planner.search import search
+from plansim.planner.space import SearchSpace
 from plansim.specs.plan import AttentionKernel, Precision
 from plansim.units import bytes_to_gib
 
