@@ -125,7 +125,8 @@ def grad_buckets(
     exactly bucket_size parameters (Megatron closes a bucket at the first whole tensor past
     it) and a bucket is ready at the end of the layer holding its last parameter
     (:func:`_ready_fraction`). Empty for ZeRO-3 (per micro-batch reduce-scatters) or
-    dp * cp == 1. The collectives span the dp * cp group; the bucket size uses dp alone, as
+    dp * cp == 1. The collectives span the dp * cp group (:func:`dp_grad_reduce_s`: with
+    hybrid sharding the shard group and its replicas); the bucket size uses dp alone, as
     Megatron's default does (``get_data_parallel_world_size()`` without context parallelism).
     With ``plan.dp_sync`` parameter-server each bucket is a ``ps_push`` of its gradients
     (``plansim.analytic.param_server.ps_transfer``), also with dp * cp == 1 when the servers

@@ -99,9 +99,11 @@ def rank_work(
 
     With ``plan.overlap_grad_reduce`` the DP reduction is in the stages' grad buckets
     instead (``grad_buckets``); the tied-embedding all-reduce stays here. DP traffic and
-    the optimizer shard are over the dp * cp ranks. With ``plan.overlap_param_gather`` the
-    ZeRO-1/2 parameter all-gather keeps only its exposed part (:func:`param_gather_exposed_s`
-    with ``cover``, from :func:`gather_cover`; required then).
+    the optimizer shard are over the dp * cp ranks (with hybrid sharding, ``plan.dp_shard``,
+    the shard group, the gradient shards all-reduced over its replicas). With
+    ``plan.overlap_param_gather`` the ZeRO-1/2 parameter all-gather keeps only its exposed
+    part (:func:`param_gather_exposed_s` with ``cover``, from :func:`gather_cover`; required
+    then).
 
     Raises:
         SpecError: overlap_param_gather without ``cover``.
