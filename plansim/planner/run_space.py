@@ -65,7 +65,7 @@ from plansim.planner.run_framework import (
     zero_stages,
 )
 from plansim.planner.run_model import Skip
-from plansim.planner.run_scripts import script_facts
+from plansim.planner.run_scripts import ScriptFacts, script_facts
 from plansim.planner.space import SearchSpace
 from plansim.specs.plan import AttentionKernel, Precision, Recompute, Schedule
 
@@ -119,7 +119,7 @@ def run_year(row: RunRow) -> int | None:
         found = re.search(pattern, locator)
         if found:
             return int(fmt.format(found.group(1)))
-    facts = script_facts(locator)
+    facts = script_facts(row)
     return facts.year if facts else None
 
 
@@ -134,7 +134,7 @@ def row_space(row: RunRow, notes: list[str]) -> SearchSpace:
     precision_text = row.choice("precision") or ""
     if precision_text not in {p.value for p in Precision}:
         raise Skip(f"precision {precision_text or 'blank'} not modelled")
-    facts = script_facts(row.text("source_locator") or "")
+    facts = script_facts(row)
     recompute = row.choice("recompute")
     if recompute is None and facts is not None:
         recompute = facts.recompute
@@ -168,14 +168,12 @@ def row_space(row: RunRow, notes: list[str]) -> SearchSpace:
         cp=cps,
         pp=deepspeed_pp(row, zero, notes),
         dp=_fixed(row, "dp", notes, "dp"),
-        micro_batch_size=_fixed(row, "micro_batch_size_seqs", notes, "mbs"),
+        micro_batch_size=_micro_batch_sizes(row, facts, notes),
         zero_stages=zero_stages(row, zero, year, notes),
         recomputes=_recomputes(row, recompute, modern=modern, attention=attention),
         sequence_parallel=(sp,) if sp is not None else ((False, True) if modern else (False,)),
         overlap_p2p_comm=(False, True) if year is None or year >= OVERLAP_P2P_YEAR else (False,),
-        overlap_grad_reduce=(False, True)
-        if year is None or year >= OVERLAP_GRAD_REDUCE_YEAR
-        else (False,),
+        overlap_grad_reduce=_overlap_grad_reduce(year, facts, notes),
         precision=Precision(precision_text),
         attention=attention,
         gradient_accumulation_fusion=(year is None or year >= GRAD_ACC_FUSION_YEAR)
@@ -189,6 +187,28 @@ def row_space(row: RunRow, notes: list[str]) -> SearchSpace:
         # recompute (Korthikanti et al. 2022's release); a stated "full" is every layer.
         partial_recompute=recompute is None and modern,
     )
+
+
+def _micro_batch_sizes(
+    row: RunRow, facts: ScriptFacts | None, notes: list[str]
+) -> tuple[int, ...] | None:
+    """The stated micro-batch size, else the launch script's, else None (searched)."""
+    if row.integer("micro_batch_size_seqs") is None and facts and facts.micro_batch_size:
+        notes.append(f"mbs {facts.micro_batch_size} from the launch script")
+        return (facts.micro_batch_size,)
+    return _fixed(row, "micro_batch_size_seqs", notes, "mbs")
+
+
+def _overlap_grad_reduce(
+    year: int | None, facts: ScriptFacts | None, notes: list[str]
+) -> tuple[bool, ...]:
+    """Overlapped DP gradient reduction: on when the launch script runs PyTorch DDP
+    (``ScriptFacts.overlap_grad_reduce``), searched for runs dated OVERLAP_GRAD_REDUCE_YEAR
+    (Megatron-LM ``--overlap-grad-reduce``) or later and undated ones, else off."""
+    if facts is not None and facts.overlap_grad_reduce:
+        notes.append("DP all-reduce overlapped with backward (PyTorch DDP, from the launch script)")
+        return (True,)
+    return (False, True) if year is None or year >= OVERLAP_GRAD_REDUCE_YEAR else (False,)
 
 
 def _recomputes(
@@ -249,7 +269,7 @@ def _pipeline_schedule(
     elif year is None or year >= ZERO_BUBBLE_YEAR:
         flat += (Schedule.ZB_H1,)
     vpp = row.integer("virtual_pipeline_size")
-    facts = script_facts(row.text("source_locator") or "")
+    facts = script_facts(row)
     if vpp is None and facts is not None:
         vpp = facts.virtual_pipeline_size
         notes.append(f"vpp {vpp} from the launch script")
