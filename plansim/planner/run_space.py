@@ -136,7 +136,7 @@ def row_space(row: RunRow, notes: list[str]) -> SearchSpace:
         raise Skip(f"precision {precision_text or 'blank'} not modelled")
     facts = script_facts(row)
     recompute = row.choice("recompute")
-    if recompute is None and facts is not None:
+    if recompute is None and facts is not None and facts.recompute is not None:
         recompute = facts.recompute
         notes.append(f"recompute {recompute} from {facts.source}")
     recompute = framework_recompute(row, recompute, notes)
@@ -270,7 +270,7 @@ def _pipeline_schedule(
         flat += (Schedule.ZB_H1,)
     vpp = row.integer("virtual_pipeline_size")
     facts = script_facts(row)
-    if vpp is None and facts is not None:
+    if vpp is None and facts is not None and facts.virtual_pipeline_size is not None:
         vpp = facts.virtual_pipeline_size
         notes.append(f"vpp {vpp} from the launch script")
     if vpp is not None:

@@ -114,3 +114,42 @@ def test_torch_ddp_cases_overlap_the_gradient_all_reduce() -> None:
     assert any("PyTorch DDP" in n for n in notes)
     # the same model on a count the script does not run: 2021 Megatron, no overlap offered
     assert row_space(_row(40, 6144, 512), []).overlap_grad_reduce == (False,)
+
+
+def _figure(figure: int, layers: int, hidden: int, gpus: int, **cells: str) -> RunRow:
+    locator = f"Narayanan et al. SC21 (arXiv:2104.04473) Figure {figure}"
+    return _row(layers, hidden, gpus, source_locator=locator, **cells)
+
+
+def test_the_figure_scripts_fix_what_their_sweep_does_not() -> None:
+    # Figure 13 sweeps tp x pp = 64 on the 162.2B model: any stated split is its case,
+    # with mbs 1, full recompute and no interleaving
+    facts = script_facts(_figure(13, 32, 20480, 64, tp="4", pp="16"))
+    assert facts is not None
+    assert (facts.micro_batch_size, facts.virtual_pipeline_size, facts.recompute) == (1, 1, "full")
+    notes: list[str] = []
+    space = row_space(_figure(13, 32, 20480, 64, tp="4", pp="16"), notes)
+    assert space.vpps == (1,)
+    assert Schedule.INTERLEAVED_1F1B not in space.schedules
+    # Figure 11: 3 layers and one node per pipeline rank
+    eleven = script_facts(_figure(11, 12, 20480, 32, pp="4"))
+    assert eleven is not None and "run_figure_11.sh" in eleven.source
+    assert script_facts(_figure(11, 12, 20480, 32, pp="2")) is None
+
+
+def test_a_swept_knob_is_left_to_the_row_or_the_search() -> None:
+    notes: list[str] = []
+    # Figure 12 compares interleaved and not: vpp is searched unless the row says
+    space = row_space(_figure(12, 96, 12288, 96), notes)
+    assert space.vpps is None
+    assert "vpp searched" in notes
+    # Figure 18 ran interleaved with 2 layers per virtual stage in both of its cases
+    assert row_space(_figure(18, 96, 12288, 96), []).vpps == (4,)
+    # Figure 17 sweeps recompute: a blank cell stays searched
+    fig17 = script_facts(_figure(17, 80, 12288, 128))
+    assert fig17 is not None and fig17.recompute is None
+    notes = []
+    row_space(_figure(17, 80, 12288, 128), notes)
+    assert "recompute searched" in notes
+    # Figure 16 sweeps the micro-batch size
+    assert row_space(_figure(16, 32, 15360, 64), []).micro_batch_size is None
