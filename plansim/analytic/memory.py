@@ -38,7 +38,6 @@ from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import pipeline_layer_counts, stage_bf16_layers
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import (
-    AttentionKernel,
     DpSync,
     OffloadDevice,
     ParallelPlan,
@@ -249,7 +248,7 @@ def transient_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float
         tp=plan.tp,
         sequence_parallel=plan.sequence_parallel,
         recompute=plan.recompute,
-        flash=plan.attention is AttentionKernel.FLASH,
+        flash=plan.attention.fused,
         cp=plan.cp,
         gemm_input_bytes=2.0 if bf16_here else saved_gemm_input_bytes(plan),
     )

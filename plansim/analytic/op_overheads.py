@@ -85,17 +85,22 @@ def attention_core_times(
     Forward: F / (peak * forward_fraction(F)); backward: 2F / (peak * backward_fraction(F)),
     F = :func:`attention_call_flops`.
     """
-    if plan.attention is not AttentionKernel.FLASH:
+    if not plan.attention.fused:
         return CoreTimes(forward_s=gemm_forward_s, backward_s=2.0 * gemm_forward_s)
     if dtype not in profile.attention_efficiency:
-        return flash_core_times(gemms, profile, dtype=dtype)
-    call = attention_call_flops(gemms)
-    if call <= 0:
-        return CoreTimes(forward_s=0.0, backward_s=0.0)
-    return CoreTimes(
-        forward_s=call / profile.attention_flops_per_s(dtype, call, backward=False),
-        backward_s=2.0 * call / profile.attention_flops_per_s(dtype, call, backward=True),
-    )
+        times = flash_core_times(gemms, profile, dtype=dtype)
+    else:
+        call = attention_call_flops(gemms)
+        if call <= 0:
+            return CoreTimes(forward_s=0.0, backward_s=0.0)
+        times = CoreTimes(
+            forward_s=call / profile.attention_flops_per_s(dtype, call, backward=False),
+            backward_s=2.0 * call / profile.attention_flops_per_s(dtype, call, backward=True),
+        )
+    if plan.attention is AttentionKernel.FLASH_TRITON:
+        slower = FLASH2_OVER_TRITON_SPEEDUP
+        return CoreTimes(forward_s=times.forward_s * slower, backward_s=times.backward_s * slower)
+    return times
 
 
 #: Backward FLOPs of a fused attention call over its forward's: five GEMMs (dV, dP, dS->dQ,
@@ -107,6 +112,13 @@ FLASH_BACKWARD_FLOPS_RATIO = 2.5
 #: it cuBLAS reaches there (MAMF, H04). Later kernels reach more (FlashAttention-3: up to 75%
 #: of an H100's peak, arXiv:2407.08608), earlier ones less.
 FLASH_FRACTION_OF_GEMM = 0.50 / (271.2 / 312.0)
+#: How much faster FlashAttention-2 runs than the Triton FlashAttention of 2022
+#: (``flash_attn/flash_attn_triton.py``, ``AttentionKernel.FLASH_TRITON``): "1.3-2.5x faster
+#: than FlashAttention in Triton" on an A100, forward and backward (Dao 2023,
+#: arXiv:2307.08691 §4.1); the low end, the least of the measured gaps. The kernel's own
+#: docstring puts it near FlashAttention-1 ("Overall Triton forward + backward is slightly
+#: slower than CUDA forward + backward"), which FlashAttention-2 beats by 1.7-3.0x (§4.1).
+FLASH2_OVER_TRITON_SPEEDUP = 1.3
 
 
 def flash_core_times(
@@ -155,7 +167,7 @@ def layer_ops(gemms: Sequence[fl.Gemm], plan: ParallelPlan, *, num_kernels: int)
     the checkpointed region.
     """
     weights = sum(1 for g in gemms if g.name not in fl.ATTENTION_CORE_GEMMS)
-    core = 1 if plan.attention is AttentionKernel.FLASH else 2
+    core = 1 if plan.attention.fused else 2
     ops = weights + core + num_kernels
     return PassOps(
         num_ops=ops,

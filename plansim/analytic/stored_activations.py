@@ -12,7 +12,7 @@ from plansim.analytic.elementwise import QUANTIZED_ELEMENT_BYTES
 from plansim.schedule.builders import interleaved_chunk, interleaved_warmup
 from plansim.specs.layer_split import stage_bf16_layers, stage_layer_counts
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import AttentionKernel, ParallelPlan, Recompute, Schedule
+from plansim.specs.plan import ParallelPlan, Recompute, Schedule
 
 
 def microbatches_in_flight(plan: ParallelPlan, *, rank: int) -> float:
@@ -61,7 +61,7 @@ def _layer_stored_bytes(model: ModelSpec, plan: ParallelPlan, recompute: Recompu
         tp=plan.tp,
         sequence_parallel=plan.sequence_parallel,
         recompute=recompute,
-        flash=plan.attention is AttentionKernel.FLASH,
+        flash=plan.attention.fused,
         gemm_input_bytes=saved_gemm_input_bytes(plan),
         cp=plan.cp,
     ).stored_bytes

@@ -209,7 +209,7 @@ def _knobs(
         for (recompute, block), shard in product(_recompute_modes(space, chunk=chunk), shards):
             if (
                 recompute is Recompute.SELECTIVE
-                and space.attention is AttentionKernel.FLASH
+                and space.attention.fused
                 and Recompute.NONE in space.recomputes
             ):
                 continue  # FlashAttention stores no s x s scores: selective ~ none, but slower

@@ -149,6 +149,19 @@ def is_torch_fsdp(row: RunRow, notes: list[str]) -> bool:
     return torch_fsdp
 
 
+#: MosaicML's llm-foundry trained its MPT models with the Triton FlashAttention of 2022
+#: (``attn_config: attn_impl: triton`` in every ``scripts/train/yamls/pretrain/mpt-*.yaml``,
+#: e.g. mpt-125m.yaml @2a59782a; ``llmfoundry/models/layers/flash_attn_triton.py``, a copy
+#: of ``flash_attn/flash_attn_triton.py`` on the ``triton_pre_mlir`` compiler); its yamls
+#: moved to FlashAttention-2 (``attn_impl: flash``) with its 2024 releases.
+LLM_FOUNDRY_FLASH2_YEAR = 2024
+
+
+def is_llm_foundry(row: RunRow) -> bool:
+    """Whether the row's framework cell names MosaicML's llm-foundry."""
+    return "llm-foundry" in framework_text(row) or "llm_foundry" in framework_text(row)
+
+
 def is_torchtitan(row: RunRow) -> bool:
     """Whether the row's framework cell names torchtitan."""
     return "torchtitan" in framework_text(row)

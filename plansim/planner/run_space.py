@@ -50,10 +50,12 @@ import re
 
 from plansim.io.runs import RunRow
 from plansim.planner.run_framework import (
+    LLM_FOUNDRY_FLASH2_YEAR,
     bf16_grad_modes,
     deepspeed_pipeline_engine,
     deepspeed_pp,
     framework_recompute,
+    is_llm_foundry,
     is_megatron_fork,
     is_nvidia_megatron,
     is_torch_fsdp,
@@ -123,7 +125,12 @@ def run_year(row: RunRow) -> int | None:
     return facts.year if facts else None
 
 
-def _attention(year: int | None, notes: list[str]) -> AttentionKernel:
+def _attention(row: RunRow, year: int | None, notes: list[str]) -> AttentionKernel:
+    """llm-foundry rows dated before LLM_FOUNDRY_FLASH2_YEAR: its Triton FlashAttention;
+    other rows dated before FLASH_IN_MEGATRON_YEAR: unfused; else FlashAttention."""
+    if is_llm_foundry(row) and year is not None and year < LLM_FOUNDRY_FLASH2_YEAR:
+        notes.append(f"Triton FlashAttention (llm-foundry attn_impl: triton, run dated {year})")
+        return AttentionKernel.FLASH_TRITON
     if year is not None and year < FLASH_IN_MEGATRON_YEAR:
         notes.append(f"unfused attention (run dated {year})")
         return AttentionKernel.UNFUSED
@@ -153,7 +160,7 @@ def row_space(row: RunRow, notes: list[str]) -> SearchSpace:
         attention = AttentionKernel.FLASH
         notes.append(f"cp {stated_cp} (flash attention, as context parallelism needs)")
     else:
-        attention = _attention(year, notes)
+        attention = _attention(row, year, notes)
     cps = _cp_values(row, stated_cp, attention, notes)
     modern = (year is None or year >= SP_AND_SELECTIVE_YEAR) and not is_megatron_fork(row, year)
     vpps, schedules = _pipeline_schedule(row, year, notes)

@@ -374,6 +374,8 @@ class ParallelPlan:
             parts.append("full-p2p")
         if self.attention is AttentionKernel.UNFUSED:
             parts.append("unfused-attn")
+        elif self.attention is AttentionKernel.FLASH_TRITON:
+            parts.append("triton-attn")
         if self.dp_sync is DpSync.PARAMETER_SERVER:
             parts.append(f"ps{self.ps_servers or ''}")
         if self.offload_optimizer is not OffloadDevice.NONE:

@@ -55,11 +55,21 @@ class Recompute(enum.Enum):
 
 
 class AttentionKernel(enum.Enum):
-    """Attention implementation: fused FlashAttention (Dao et al. 2022) or the unfused
-    softmax(QK^T)V that materialises the s x s scores (Megatron-LM before FlashAttention)."""
+    """Attention implementation: fused FlashAttention (Dao et al. 2022; priced as a
+    FlashAttention-2-class kernel), the Triton FlashAttention of 2022 (``flash-triton``:
+    ``flash_attn/flash_attn_triton.py``, which MosaicML's llm-foundry ran as
+    ``attn_impl: triton``; fused like FLASH, slower, ``plansim.analytic.op_overheads``), or
+    the unfused softmax(QK^T)V that materialises the s x s scores (Megatron-LM before
+    FlashAttention)."""
 
     FLASH = "flash"
+    FLASH_TRITON = "flash-triton"
     UNFUSED = "unfused"
+
+    @property
+    def fused(self) -> bool:
+        """One IO-aware kernel that never writes the s x s scores (FLASH, FLASH_TRITON)."""
+        return self is not AttentionKernel.UNFUSED
 
 
 class Zero3ParamFetch(enum.Enum):
