@@ -19,7 +19,11 @@ profile has it; without them these functions return what ``layer_cost`` computed
   up to 75% of an H100's peak, Shah et al. 2024, arXiv:2407.08608, so later kernels do
   better). As a share of the GEMM rate it follows the job's sustained pace like the GEMMs.
   Pricing a fused call as the unfused GEMMs, which write the s x s scores, made it 2-4x
-  slower than those kernels. Unfused attention keeps the GEMM pricing of its two batched
+  slower than those kernels. The Triton FlashAttention of 2022 (``AttentionKernel.FLASH_TRITON``,
+  :func:`triton_core_times`) is priced from the FlashAttention-2-class call: at most the
+  profile's ``ampere_attention_fraction_of_peak`` of peak where it has one (a pre-Hopper
+  kernel on Hopper), then 1.3x slower (FlashAttention-2 is 1.3-2.5x faster than it,
+  arXiv:2307.08691 §4.1). Unfused attention keeps the GEMM pricing of its two batched
   GEMMs, backward 2x.
 * **Host per-op overhead** (``HardwareProfile.host_overhead``): every eager op pays host
   time for its dispatch and autograd bookkeeping, forward and backward. The ops of a pass
@@ -98,9 +102,28 @@ def attention_core_times(
             backward_s=2.0 * call / profile.attention_flops_per_s(dtype, call, backward=True),
         )
     if plan.attention is AttentionKernel.FLASH_TRITON:
-        slower = FLASH2_OVER_TRITON_SPEEDUP
-        return CoreTimes(forward_s=times.forward_s * slower, backward_s=times.backward_s * slower)
+        return triton_core_times(times, gemms, profile, dtype=dtype)
     return times
+
+
+def triton_core_times(
+    flash2: CoreTimes, gemms: Sequence[fl.Gemm], profile: HardwareProfile, *, dtype: str
+) -> CoreTimes:
+    """Seconds of the Triton FlashAttention of 2022 (``AttentionKernel.FLASH_TRITON``) from
+    those of a FlashAttention-2-class call ``flash2``: on a profile with
+    ``ampere_attention_fraction_of_peak`` c (Hopper: such kernels cannot use its warpgroup
+    instructions) a call first takes at least F / (c x peak) forward and 2.5 F / (c x peak)
+    backward (F = :func:`attention_call_flops`, FlashAttention-2's FLOP count), then
+    FLASH2_OVER_TRITON_SPEEDUP times that."""
+    forward_s, backward_s = flash2.forward_s, flash2.backward_s
+    cap = profile.ampere_attention_fraction_of_peak
+    if cap is not None:
+        rate = cap * profile.peak_flops_per_s[dtype]
+        call = attention_call_flops(gemms)
+        forward_s = max(forward_s, call / rate)
+        backward_s = max(backward_s, FLASH_BACKWARD_FLOPS_RATIO * call / rate)
+    slower = FLASH2_OVER_TRITON_SPEEDUP
+    return CoreTimes(forward_s=forward_s * slower, backward_s=backward_s * slower)
 
 
 #: Backward FLOPs of a fused attention call over its forward's: five GEMMs (dV, dP, dS->dQ,

@@ -72,9 +72,9 @@ def _scaled(curve: Curve, factor: float) -> Curve:
 
 
 def job_compute_profile(profile: HardwareProfile, num_gpus: int) -> HardwareProfile:
-    """``profile`` with its GEMM and fused-attention curves scaled to the rate a synchronous
-    job of ``num_gpus`` GPUs sustains (:func:`sustained_pace_fraction`); the profile itself
-    when that is 1.
+    """``profile`` with its GEMM and fused-attention curves (and the Ampere-kernel attention
+    cap) scaled to the rate a synchronous job of ``num_gpus`` GPUs sustains
+    (:func:`sustained_pace_fraction`); the profile itself when that is 1.
 
     Raises:
         SpecError: ``num_gpus`` < 1.
@@ -93,4 +93,7 @@ def job_compute_profile(profile: HardwareProfile, num_gpus: int) -> HardwareProf
             )
             for d, a in profile.attention_efficiency.items()
         },
+        ampere_attention_fraction_of_peak=None
+        if profile.ampere_attention_fraction_of_peak is None
+        else profile.ampere_attention_fraction_of_peak * factor,
     )

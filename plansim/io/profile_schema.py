@@ -81,6 +81,7 @@ TOP_LEVEL_KEYS = (
     "elementwise_backward_gb_per_s",
     "sustained_matmul_fraction",
     "gpu_matmul_spread_fraction",
+    "ampere_attention_fraction_of_peak",
     "inter_node_ring_scaling",
     "host",
     "provenance",
@@ -95,6 +96,7 @@ OPTIONAL_TOP_LEVEL_KEYS = (
     "elementwise_backward_gb_per_s",
     "sustained_matmul_fraction",
     "gpu_matmul_spread_fraction",
+    "ampere_attention_fraction_of_peak",
     "inter_node_ring_scaling",
 )
 #: Optional top-level numbers (absent: the field's default).
@@ -119,6 +121,12 @@ OPTIONAL_SCALARS = (
     ),
     _Scalar("sustained_matmul_fraction", "sustained_matmul_fraction", _identity, _identity),
     _Scalar("gpu_matmul_spread_fraction", "gpu_matmul_spread_fraction", _identity, _identity),
+    _Scalar(
+        "ampere_attention_fraction_of_peak",
+        "ampere_attention_fraction_of_peak",
+        _identity,
+        _identity,
+    ),
 )
 #: The optional ``host:`` section (ZeRO-Offload / ZeRO-Infinity): YAML key <->
 #: ``HostSpec`` field, in file order; provenance keys are ``host.<key>``.

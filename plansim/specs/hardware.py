@@ -227,6 +227,13 @@ class HardwareProfile:
             clamped outside the measured node counts): a ring's every step waits for its
             slowest link, so longer rings lose bandwidth (``plansim.analytic.comm``). None
             (the default, a profile without the section): no loss with node count.
+        ampere_attention_fraction_of_peak: the most an attention kernel written for the
+            Ampere generation's tensor-core instructions (``mma.sync``: FlashAttention-2, the
+            Triton FlashAttention of 2022) reaches on this GPU, as a fraction of its dense
+            16-bit peak: on Hopper such kernels cannot use its warpgroup instructions
+            (FlashAttention-2 reaches 35% of an H100's, Shah et al. 2024, arXiv:2407.08608).
+            Caps ``AttentionKernel.FLASH_TRITON`` calls (``plansim.analytic.op_overheads``).
+            None (the default, a profile without the key): no cap.
     """
 
     name: str
@@ -253,6 +260,7 @@ class HardwareProfile:
     sustained_matmul_fraction: float = 1.0
     gpu_matmul_spread_fraction: float = 0.0
     inter_node_ring_fraction: Curve | None = None
+    ampere_attention_fraction_of_peak: float | None = None
 
     def __post_init__(self) -> None:
         require_positive_int(f"{self.name}.gpus_per_node", self.gpus_per_node)
@@ -283,6 +291,11 @@ class HardwareProfile:
             raise SpecError(
                 f"{self.name}.gpu_matmul_spread_fraction must be in [0, {MAX_SPREAD_FRACTION}), "
                 f"got {self.gpu_matmul_spread_fraction}"
+            )
+        cap = self.ampere_attention_fraction_of_peak
+        if cap is not None and not 0 < cap <= 1:
+            raise SpecError(
+                f"{self.name}.ampere_attention_fraction_of_peak must be in (0, 1], got {cap}"
             )
         ring = self.inter_node_ring_fraction
         if ring is not None and any(not 0 < y <= 1 for y in ring.y):

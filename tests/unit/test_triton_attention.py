@@ -96,3 +96,47 @@ def test_simulate_takes_the_triton_kernel_and_is_slower(
         return float(json.loads(capsys.readouterr().out)["step_time_s"])
 
     assert step_s("flash-triton") > step_s("flash")
+
+
+def test_an_ampere_kernel_cap_slows_only_the_triton_kernel() -> None:
+    """A profile with ``ampere_attention_fraction_of_peak`` c: a Triton call takes at least
+    F / (c x peak) forward and 2.5 F / (c x peak) backward before the 1.3x; FlashAttention
+    (FLASH, FlashAttention-3 / cuDNN class on Hopper) is not capped."""
+    base = with_attention(round_profile(), fwd=0.25, bwd=0.2)  # 100 TFLOP/s bf16 peak
+    capped = dataclasses.replace(base, ampere_attention_fraction_of_peak=0.05)
+    call = 131072.0  # the tiny model's causal call FLOPs (test_attention_efficiency)
+    want_fwd, want_bwd = call / (0.05 * 100e12), 2.5 * call / (0.05 * 100e12)
+    got = _core(TRITON, capped)
+    assert got.forward_s == pytest.approx(1.3 * want_fwd, rel=1e-12)
+    assert got.backward_s == pytest.approx(1.3 * want_bwd, rel=1e-12)
+    assert _core(FLASH, capped) == _core(FLASH, base)
+    # a cap above what the kernel reaches anyway changes nothing
+    loose = dataclasses.replace(base, ampere_attention_fraction_of_peak=1.0)
+    assert _core(TRITON, loose) == _core(TRITON, base)
+
+
+def test_the_hopper_profiles_carry_the_cap_and_bad_values_are_refused() -> None:
+    from plansim.errors import SpecError
+    from plansim.io.profiles import load_profile, profile_from_dict, profile_to_dict
+
+    for name in ("h100-sxm5-80gb", "h200-sxm-141gb"):
+        profile = load_profile(name)
+        assert profile.ampere_attention_fraction_of_peak == 0.35
+        assert "arXiv:2407.08608" in profile.provenance["ampere_attention_fraction_of_peak"]
+        again = profile_from_dict(profile_to_dict(profile), source=name)
+        assert again.ampere_attention_fraction_of_peak == 0.35
+    assert load_profile("a100-sxm4-80gb").ampere_attention_fraction_of_peak is None
+    for bad in (0.0, 1.5):
+        with pytest.raises(SpecError, match="ampere_attention_fraction_of_peak must be in"):
+            dataclasses.replace(round_profile(), ampere_attention_fraction_of_peak=bad)
+
+
+def test_the_job_pace_scales_the_cap_like_the_gemm_curves() -> None:
+    from plansim.analytic.sustained import job_compute_profile, sustained_pace_fraction
+    from plansim.io.profiles import load_profile
+
+    h100 = load_profile("h100-sxm5-80gb")
+    pace = sustained_pace_fraction(h100, 1024)
+    assert pace < 1.0
+    job = job_compute_profile(h100, 1024)
+    assert job.ampere_attention_fraction_of_peak == pytest.approx(0.35 * pace, rel=1e-12)
