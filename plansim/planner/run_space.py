@@ -34,7 +34,12 @@ row that states such a pp, and for a searched pp only where the framework had un
 (DeepSpeed; Megatron-LM from 2024). Rules that follow the framework rather than the date
 (DeepSpeed's pipeline engine and ZeRO-3, the DeepSpeed-based forks of Megatron-LM, a ZeRO
 stage named only in ``zero_stage_or_sharding``) are in ``plansim.planner.run_framework``.
-An undated row is searched over everything.
+An undated row is searched over everything. Where the row's source has a launch script that
+states a blank knob (micro-batch size, virtual pipeline size, recompute, PyTorch DDP's
+overlapped all-reduce: ``plansim.planner.run_scripts``, e.g. SC21's
+``examples/sc21/run_table_1.sh``), the script's value is used instead of a search; MosaicML
+llm-foundry rows dated before 2024 use its Triton FlashAttention
+(``AttentionKernel.FLASH_TRITON``).
 
 Context parallelism (cp; Megatron-LM, Llama 3 §3.3.2): a stated cp is modelled as given
 (cp > 1 with FlashAttention whatever the date: Megatron-LM runs cp only through Transformer
