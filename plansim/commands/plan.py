@@ -213,7 +213,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     out.write(
         f"{model.name} on {args.gpus} x {profile.name}, global batch {args.gbs} x "
-        f"{model.seq_length} tokens, {args.precision}{_bf16_clause(space.bf16_layers)}; HBM "
+        f"{model.seq_length} tokens, {args.precision}{_bf16_clause(space.bf16_layers)}"
+        f"{'' if args.attention == 'flash' else f', {args.attention} attention'}; HBM "
         f"{bytes_to_gib(profile.hbm_capacity_bytes):.1f} GiB per GPU, "
         f"{bytes_to_gib(profile.memory_reserve_bytes):.1f} of it reserved"
         f"{_pace_clause(profile, args.gpus)}\n\n"

@@ -140,3 +140,16 @@ def test_the_job_pace_scales_the_cap_like_the_gemm_curves() -> None:
     assert pace < 1.0
     job = job_compute_profile(h100, 1024)
     assert job.ampere_attention_fraction_of_peak == pytest.approx(0.35 * pace, rel=1e-12)
+
+
+def test_the_plan_header_names_a_kernel_other_than_flash(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def header(kernel: str) -> str:
+        args = ["plan", "--model", "megatron-1.7b", "--gpu", "a100-sxm4-80gb", "--gpus", "8"]
+        assert main([*args, "--gbs", "16", "--attention", kernel, "--top", "1"]) == 0
+        return capsys.readouterr().out.splitlines()[0]
+
+    assert ", flash-triton attention;" in header("flash-triton")
+    assert ", unfused attention;" in header("unfused")
+    assert "attention" not in header("flash")
