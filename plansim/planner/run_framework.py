@@ -159,7 +159,7 @@ LLM_FOUNDRY_FLASH2_YEAR = 2024
 
 def is_llm_foundry(row: RunRow) -> bool:
     """Whether the row's framework cell names MosaicML's llm-foundry."""
-    return "llm-foundry" in framework_text(row) or "llm_foundry" in framework_text(row)
+    return "llm-foundry" in framework_text(row).replace("_", "-")
 
 
 def is_torchtitan(row: RunRow) -> bool:

@@ -112,10 +112,10 @@ def _sc21_case(
     recompute flag (None: swept)."""
     layers, hidden, nodes = shape
     tp, pp = layout
-    vpp: int | None = 1  # no interleaving flag
-    if per_chunk is None or (per_chunk and pp is None):
-        vpp = None
-    elif per_chunk and pp is not None:
+    vpp: int | None = None  # swept: the row states it or the back-test searches it
+    if per_chunk == 0:
+        vpp = 1  # no interleaving flag
+    elif per_chunk is not None and pp is not None:
         vpp = layers // (pp * per_chunk)
     flags = [f"--DDP-impl {ddp}"]
     flags += [f"--micro-batch-size {mbs}"] if mbs else []

@@ -372,10 +372,8 @@ class ParallelPlan:
             parts.append("bf16-grads")
         if self.pp > 1 and self.tp > 1 and not (self.scatter_gather_p2p or self.sequence_parallel):
             parts.append("full-p2p")
-        if self.attention is AttentionKernel.UNFUSED:
-            parts.append("unfused-attn")
-        elif self.attention is AttentionKernel.FLASH_TRITON:
-            parts.append("triton-attn")
+        if self.attention.label:
+            parts.append(self.attention.label)
         if self.dp_sync is DpSync.PARAMETER_SERVER:
             parts.append(f"ps{self.ps_servers or ''}")
         if self.offload_optimizer is not OffloadDevice.NONE:

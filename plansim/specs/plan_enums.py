@@ -71,6 +71,14 @@ class AttentionKernel(enum.Enum):
         """One IO-aware kernel that never writes the s x s scores (FLASH, FLASH_TRITON)."""
         return self is not AttentionKernel.UNFUSED
 
+    @property
+    def label(self) -> str:
+        """The plan label's part for this kernel ('' for the default FLASH)."""
+        return {
+            AttentionKernel.UNFUSED: "unfused-attn",
+            AttentionKernel.FLASH_TRITON: "triton-attn",
+        }.get(self, "")
+
 
 class Zero3ParamFetch(enum.Enum):
     """How ZeRO-3 gathers parameters (``plansim.analytic.zero3``): one prefetched all-gather
