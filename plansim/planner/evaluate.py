@@ -107,21 +107,18 @@ def check_plan(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile) -
             category="layout does not divide the model",
             reason=f"ffn_hidden_size({model.ffn_hidden_size}) is not divisible by tp({plan.tp})",
         )
-    if plan.tp > profile.gpus_per_node:
-        return Rejected(
-            plan=plan,
-            category="tp spans nodes",
-            reason=f"tp({plan.tp}) > GPUs per node({profile.gpus_per_node}) of {profile.name}",
-        )
-    if plan.num_gpus > profile.gpus_per_node and profile.gpus_per_node % plan.tp:
+    g = profile.gpus_per_node
+    if plan.num_gpus > g and g % plan.tp and plan.tp % g:
         # Megatron numbers ranks TP-first: groups of tp consecutive ranks, so with tp = 3 on
-        # 8-GPU nodes ranks 6, 7 and 8 form a group across two nodes (within one node, or
-        # one scale-up domain, no group can).
+        # 8-GPU nodes ranks 6, 7 and 8 form a group across two nodes, and with tp = 12 every
+        # other group holds 4 GPUs of one node and 8 of the next (within one node, or one
+        # scale-up domain, no group can). A tp that whole nodes make up (16 on 8-GPU nodes)
+        # is priced: its collectives pay the inter-node tier (``plansim.analytic.comm``).
         return Rejected(
             plan=plan,
-            category="tp spans nodes",
-            reason=f"tp({plan.tp}) does not divide GPUs per node({profile.gpus_per_node}) of "
-            f"{profile.name}: some TP groups would cross a node boundary",
+            category="tp straddles nodes",
+            reason=f"tp({plan.tp}) neither divides nor is a multiple of GPUs per node({g}) of "
+            f"{profile.name}: some TP groups would hold part of a node",
         )
     if plan.precision.value not in profile.matmul_efficiency:
         return Rejected(

@@ -6,8 +6,12 @@ import dataclasses
 
 import pytest
 
+from plansim.analytic.comm import collective_time_s
+from plansim.analytic.cost import build_pipeline_work
 from plansim.analytic.memory import MemoryBreakdown, rank_memory
+from plansim.analytic.ranks import layout_groups
 from plansim.analytic.stored_activations import microbatch_activation_bytes
+from plansim.analytic.tp_comm import hidden_message_bytes
 from plansim.catalog import resolve_model
 from plansim.errors import SpecError
 from plansim.io.profiles import load_profile
@@ -69,18 +73,58 @@ def test_rejection_reasons() -> None:
     r = check_plan(gpt3, big, A100)
     assert isinstance(r, Rejected) and r.category == "out of memory"
     assert r.reason.startswith("stage 0 needs ") and "80.0 GiB available: activations" in r.reason
+    # tp 16 on 8-GPU nodes: two whole nodes per TP group, priced on the inter-node tier
     wide = ParallelPlan(dp=1, tp=16, pp=1, micro_batch_size=1, global_batch_size=1)
     r = check_plan(gpt3, wide, A100)
-    assert isinstance(r, Rejected) and r.category == "tp spans nodes"
+    assert not (isinstance(r, Rejected) and r.category == "tp straddles nodes")
     # tp 3 divides the 96 heads, but groups of 3 consecutive ranks straddle 8-GPU nodes
     odd = ParallelPlan(dp=8, tp=3, pp=1, micro_batch_size=1, global_batch_size=8)
     r = check_plan(gpt3, odd, A100)
-    assert isinstance(r, Rejected) and r.category == "tp spans nodes"
-    assert r.reason.startswith("tp(3) does not divide GPUs per node(8) of a100-sxm4-80gb")
+    assert isinstance(r, Rejected) and r.category == "tp straddles nodes"
+    assert r.reason.startswith(
+        "tp(3) neither divides nor is a multiple of GPUs per node(8) of a100-sxm4-80gb"
+    )
+    # tp 12: half of every other group sits on one node, half on the next
+    twelve = ParallelPlan(dp=2, tp=12, pp=1, micro_batch_size=1, global_batch_size=2)
+    r = check_plan(gpt3, twelve, A100)
+    assert isinstance(r, Rejected) and r.category == "tp straddles nodes"
     # on 6 GPUs of one node no group crosses a node boundary
     one_node = ParallelPlan(dp=2, tp=3, pp=1, micro_batch_size=1, global_batch_size=2)
     r = check_plan(gpt3, one_node, A100)
-    assert not (isinstance(r, Rejected) and r.category == "tp spans nodes")
+    assert not (isinstance(r, Rejected) and r.category == "tp straddles nodes")
+
+
+def test_tp_across_nodes_pays_the_inter_node_tier() -> None:
+    """A TP group of two 8-GPU nodes prices its all-reduces on the NICs: per-layer TP
+    collectives cost more than the same message inside one node, and the simulator tags
+    them on the NIC link (so they contend with DP and PP traffic there)."""
+    gpt3 = resolve_model("gpt3-175b")
+    plans = {
+        tp: ParallelPlan(dp=1, tp=tp, pp=64 // tp, micro_batch_size=1, global_batch_size=32)
+        for tp in (8, 16)
+    }
+    groups = {
+        tp: layout_groups(plan, gpus_per_node=A100.gpus_per_node) for tp, plan in plans.items()
+    }
+    assert groups[8].tp.num_nodes == 1 and groups[16].tp.num_nodes == 2
+    message = hidden_message_bytes(gpt3, plans[16])
+    inside = collective_time_s(
+        A100, collective="all_reduce", message_bytes=message, span=groups[8].tp
+    )
+    across = collective_time_s(
+        A100, collective="all_reduce", message_bytes=message, span=groups[16].tp
+    )
+    assert across > inside
+    work = build_pipeline_work(gpt3, plans[16], A100)
+    tp_links = {
+        seg.link
+        for stage in work.stages
+        for seg in stage.forward + stage.backward
+        if seg.kind == "tp_comm"
+    }
+    assert tp_links == {"nic"}
+    ev = evaluate(gpt3, plans[16], A100)
+    assert isinstance(ev, Evaluation) and ev.exposed_comm_s_by_kind["tp_comm"] > 0
 
 
 def test_search_ranks_by_simulated_step_time_and_is_deterministic() -> None:
