@@ -120,6 +120,17 @@ def check_plan(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile) -
             reason=f"tp({plan.tp}) neither divides nor is a multiple of GPUs per node({g}) of "
             f"{profile.name}: some TP groups would hold part of a node",
         )
+    if plan.tp_comm_overlap and plan.tp > g:
+        # Transformer Engine's userbuffers overlap registers its buffers with CUDA IPC /
+        # multicast handles, which reach only the GPUs of one NVLink domain (TE maintainers,
+        # NVIDIA/TransformerEngine issue #1071, 2024: "only possible with single-node
+        # tensor-parallelism").
+        return Rejected(
+            plan=plan,
+            category="tp comm overlap across nodes",
+            reason=f"tp_comm_overlap needs the TP group inside one node; tp({plan.tp}) > GPUs "
+            f"per node({g}) of {profile.name}",
+        )
     if plan.precision.value not in profile.matmul_efficiency:
         return Rejected(
             plan=plan,

@@ -77,6 +77,11 @@ def test_rejection_reasons() -> None:
     wide = ParallelPlan(dp=1, tp=16, pp=1, micro_batch_size=1, global_batch_size=1)
     r = check_plan(gpt3, wide, A100)
     assert not (isinstance(r, Rejected) and r.category == "tp straddles nodes")
+    # ... but not with Transformer Engine's userbuffers TP overlap, which stays in one node
+    wide_overlap = dataclasses.replace(wide, sequence_parallel=True, tp_comm_overlap=True)
+    r = check_plan(gpt3, wide_overlap, A100)
+    assert isinstance(r, Rejected) and r.category == "tp comm overlap across nodes"
+    assert r.reason.startswith("tp_comm_overlap needs the TP group inside one node; tp(16)")
     # tp 3 divides the 96 heads, but groups of 3 consecutive ranks straddle 8-GPU nodes
     odd = ParallelPlan(dp=8, tp=3, pp=1, micro_batch_size=1, global_batch_size=8)
     r = check_plan(gpt3, odd, A100)
