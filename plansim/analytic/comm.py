@@ -10,10 +10,16 @@ pipelines the intra- and inter-node hops, so the busbw is the slower of the two 
 
     time = alpha + bus_factor(collective, n) * S / busbw
     busbw = intra-node busbw(S)                            (one node)
-          = min(intra-node busbw(S), members_per_node * nic_bytes_per_s)   (several nodes;
-            all-gather and reduce-scatter times the ring fraction below)
+          = min(intra-node busbw(S), members_per_node * nic_bytes_per_s * m(S))
+            (several nodes; all-gather and reduce-scatter times the ring fraction below)
     alpha = intra-node latency + nic_latency_s * ceil(log2(num_nodes))  (all-reduce: tree
             depth; N02: a 2-node all_reduce of 8 B takes one nic_latency_s)
+
+m(S) is the fraction of the line rate a multi-node run reached at message size S (the
+profile's ``inter_node_message_fraction``, imported from nccl-tests across nodes; 1 without
+it): a transfer across nodes needs larger messages than NVLink to reach its rate (N02 2 x 8
+H100: 951.6 us for a 16 MiB all_reduce where the NVLink-shaped curve capped at the line rate
+gives 240 us).
 
 All-gather and reduce-scatter have no tree in NCCL: across nodes they run as one ring of all
 n ranks, whose latency grows with n, not log n. For them (:func:`ring_collective_time_s`)
@@ -72,7 +78,9 @@ def collective_time_s(
         return curve.time_s(message_bytes, span.size)
     busbw = min(
         curve.busbw_bytes_per_s(message_bytes),
-        span.members_per_node * profile.nic_bytes_per_s,
+        span.members_per_node
+        * profile.nic_bytes_per_s
+        * profile.message_busbw_fraction(message_bytes),
     )
     if collective in ("all_gather", "reduce_scatter"):
         busbw *= profile.ring_busbw_fraction(span.num_nodes)

@@ -11,6 +11,12 @@ inter-node model of ``plansim.analytic.comm`` is inverted: a group spanning node
 ceil(log2(nodes))``, so ``nic = busbw / ranks_per_node`` (bandwidth term at the largest size;
 send/recv: ``nic = busbw``) and ``nic_latency = (alpha - intra latency) / ceil(log2(nodes))``.
 
+Message-size shape: the same run's busbw curve (bandwidth term, alpha removed) over its value
+at the largest size becomes the profile's ``inter_node_message_scaling`` (all_reduce,
+reduce_scatter or all_gather runs; a send/recv run prices nothing but pipeline sends, which
+use the NIC figure alone), so a collective across nodes reproduces the run's time at every
+size instead of taking the intra-node curve's shape.
+
 Ring fall-off: when reduce_scatter (else all_gather) was run across nodes at two or more node
 counts, each count's busbw (bandwidth term at its largest size) over the smallest count's
 becomes the profile's ``inter_node_ring_scaling`` (fractions above 1, a longer ring measured
@@ -28,7 +34,7 @@ from plansim.calibrate.fit import CollectiveFit, fit_collective
 from plansim.calibrate.nccl_tests import NcclTestsLog, NcclTestsRun
 from plansim.errors import InputFileError
 from plansim.io.profiles import ProfileUpdate
-from plansim.specs.hardware import Curve, HardwareProfile
+from plansim.specs.hardware import CollectiveCurve, Curve, HardwareProfile
 
 TIERS = ("intra-node", "inter-node")
 _INTER_NODE_PREFERENCE = ("all_reduce", "reduce_scatter", "all_gather", "sendrecv")
@@ -182,6 +188,10 @@ def _inter_node(
         f"nic_gb_per_s = {busbw / per_node / 1e9:.4g}, nic_latency_us = {nic_latency * 1e6:.4g} "
         f"<- {source.name} ({collective}, {run.num_ranks} ranks on {nodes} nodes)",
     ]
+    message = None if collective == "sendrecv" else _message_scaling(fit.curve, where)
+    if message is not None:
+        provenance["inter_node_message_scaling"] = message.source
+        lines.append(f"inter_node_message_scaling <- {source.name} ({len(message.x)} sizes)")
     ring = _ring_scaling(multi, notes, date)
     if ring is not None:
         provenance["inter_node_ring_scaling"] = ring.source
@@ -190,8 +200,21 @@ def _inter_node(
         scalars={"nic_bytes_per_s": busbw / per_node, "nic_latency_s": nic_latency},
         provenance=provenance,
         inter_node_ring_fraction=ring,
+        inter_node_message_fraction=message,
     )
     return Imported(update=update, lines=tuple(lines), notes=tuple(notes), fits={collective: fit})
+
+
+def _message_scaling(curve: CollectiveCurve, where: str) -> Curve:
+    """The fitted busbw curve of a run across nodes over its value at the largest size
+    (module docstring); fractions above 1 (a mid size faster than the largest) read as 1."""
+    busbw = curve.busbw_bytes_per_s
+    top = busbw.y[-1]
+    text = (
+        f"{where}; busbw of the bandwidth term (alpha {curve.latency_s * 1e6:.4g} us removed) "
+        f"at each size over the largest size's {top / 1e9:.4g} GB/s"
+    )
+    return Curve(x=busbw.x, y=tuple(min(1.0, y / top) for y in busbw.y), source=text)
 
 
 def _ring_scaling(multi: dict[str, list[_Source]], notes: list[str], date: str) -> Curve | None:

@@ -42,6 +42,7 @@ _CURVE_SECTIONS = (
     "attention_efficiency",
     "intra_node",
     "inter_node_ring_scaling",
+    "inter_node_message_scaling",
 )
 _TEXT_KEYS = ("schema_version", "name", "description", "provenance")
 
@@ -205,13 +206,17 @@ def _collective_tables(profile: HardwareProfile) -> None:
         print(table.to_string(index=False, formatters={"busbw_gb_per_s": "{:g}".format}))
 
 
-def _ring_table(profile: HardwareProfile) -> None:
-    ring = profile.inter_node_ring_fraction
-    if ring is None:
-        return
-    table = pd.DataFrame({"num_nodes": [int(x) for x in ring.x], "busbw_fraction": ring.y})
-    print(f"\ninter_node_ring_scaling: {profile.provenance.get('inter_node_ring_scaling')}")
-    print(table.to_string(index=False, formatters={"busbw_fraction": "{:g}".format}))
+def _fraction_tables(profile: HardwareProfile) -> None:
+    """The inter-node fraction curves: by node count (ring) and by message size."""
+    for key, x_name, curve in (
+        ("inter_node_ring_scaling", "num_nodes", profile.inter_node_ring_fraction),
+        ("inter_node_message_scaling", "message_bytes", profile.inter_node_message_fraction),
+    ):
+        if curve is None:
+            continue
+        table = pd.DataFrame({x_name: [int(x) for x in curve.x], "busbw_fraction": curve.y})
+        print(f"\n{key}: {profile.provenance.get(key)}")
+        print(table.to_string(index=False, formatters={"busbw_fraction": "{:g}".format}))
 
 
 def run_show(args: argparse.Namespace) -> int:
@@ -224,7 +229,7 @@ def run_show(args: argparse.Namespace) -> int:
     _matmul_tables(profile)
     _attention_tables(profile)
     _collective_tables(profile)
-    _ring_table(profile)
+    _fraction_tables(profile)
     return 0
 
 

@@ -1,11 +1,13 @@
-"""The optional sections of a profile YAML: ``attention_efficiency``, ``host_overhead`` and
-``inter_node_ring_scaling`` (read for ``profile_parse``, written for ``profiles``).
+"""The optional sections of a profile YAML: ``attention_efficiency``, ``host_overhead``,
+``inter_node_ring_scaling`` and ``inter_node_message_scaling`` (read for ``profile_parse``,
+written for ``profiles``).
 
 All are documented in ``hardware_profiles/README.md``; a file without them loads with
-``HardwareProfile.attention_efficiency == {}``, ``host_overhead is None`` and
-``inter_node_ring_fraction is None``, which leaves every cost as it was. Provenance keys:
-``attention_efficiency.<dtype>`` (one per curve), ``host_overhead.<key>`` (one per value,
-``serial`` included) and ``inter_node_ring_scaling`` (one for the curve).
+``HardwareProfile.attention_efficiency == {}``, ``host_overhead is None``,
+``inter_node_ring_fraction is None`` and ``inter_node_message_fraction is None``, which leaves
+every cost as it was. Provenance keys: ``attention_efficiency.<dtype>`` (one per curve),
+``host_overhead.<key>`` (one per value, ``serial`` included), ``inter_node_ring_scaling`` and
+``inter_node_message_scaling`` (one per curve).
 """
 
 from __future__ import annotations
@@ -15,7 +17,12 @@ from typing import Any
 
 from plansim.errors import SpecError
 from plansim.io.profile_parse import _Ctx, _curve, _mapping, _number, _numbers, _require
-from plansim.io.profile_schema import ATTENTION_KEYS, HOST_OVERHEAD_SCALARS, RING_SCALING_KEYS
+from plansim.io.profile_schema import (
+    ATTENTION_KEYS,
+    HOST_OVERHEAD_SCALARS,
+    MESSAGE_SCALING_KEYS,
+    RING_SCALING_KEYS,
+)
 from plansim.specs.compute_terms import AttentionEfficiency, HostOverhead
 from plansim.specs.hardware import Curve, HardwareProfile
 
@@ -86,22 +93,32 @@ def read_host_overhead(ctx: _Ctx, top: Mapping[str, object]) -> HostOverhead | N
         raise ctx.error("host_overhead", str(exc)) from None
 
 
-def read_ring_scaling(
-    ctx: _Ctx, top: Mapping[str, object], provenance: Mapping[str, str]
+#: The fraction-of-bandwidth curves: YAML section -> (its x key, HardwareProfile field).
+FRACTION_CURVES = {
+    "inter_node_ring_scaling": ("num_nodes", "inter_node_ring_fraction"),
+    "inter_node_message_scaling": ("message_bytes", "inter_node_message_fraction"),
+}
+
+
+def read_fraction_curve(
+    ctx: _Ctx, top: Mapping[str, object], provenance: Mapping[str, str], path: str
 ) -> Curve | None:
-    """``inter_node_ring_scaling: {num_nodes, busbw_fraction}`` -> the curve of
-    ``HardwareProfile.inter_node_ring_fraction`` (None if absent).
+    """``inter_node_ring_scaling: {num_nodes, busbw_fraction}`` (the curve of
+    ``HardwareProfile.inter_node_ring_fraction``) or ``inter_node_message_scaling:
+    {message_bytes, busbw_fraction}`` (``inter_node_message_fraction``), by ``path``; None if
+    the section is absent.
 
     Raises:
         InputFileError: a key is missing, unknown or ill-typed, the lists differ in length,
-            the node counts do not increase, or a fraction is outside (0, 1].
+            x does not increase, or a fraction is outside (0, 1].
     """
-    path = "inter_node_ring_scaling"
     if path not in top:
         return None
+    x_key = FRACTION_CURVES[path][0]
+    keys = RING_SCALING_KEYS if x_key == "num_nodes" else MESSAGE_SCALING_KEYS
     section = _mapping(ctx, top[path], path)
-    _require(ctx, section, path, RING_SCALING_KEYS)
-    x = _numbers(ctx, section["num_nodes"], f"{path}.num_nodes")
+    _require(ctx, section, path, keys)
+    x = _numbers(ctx, section[x_key], f"{path}.{x_key}")
     y = _numbers(ctx, section["busbw_fraction"], f"{path}.busbw_fraction")
     if any(not 0 < f <= 1 for f in y):
         raise ctx.error(f"{path}.busbw_fraction", f"values must be in (0, 1], got {y}")
@@ -117,8 +134,7 @@ def extra_number_keys(top: Mapping[str, object]) -> set[str]:
     host = top.get("host_overhead")
     if isinstance(host, Mapping):
         keys |= {f"host_overhead.{k}" for k in HOST_OVERHEAD_KEYS if k in host}
-    if "inter_node_ring_scaling" in top:
-        keys.add("inter_node_ring_scaling")
+    keys |= {path for path in FRACTION_CURVES if path in top}
     return keys
 
 
@@ -151,12 +167,13 @@ def extras_to_dict(profile: HardwareProfile, tidy: Any) -> dict[str, Any]:
             if value is not None:
                 section[s.key] = tidy(s.from_si(value))
         data["host_overhead"] = section
-    ring = profile.inter_node_ring_fraction
-    if ring is not None:
-        data["inter_node_ring_scaling"] = {
-            "num_nodes": [tidy(x) for x in ring.x],
-            "busbw_fraction": [tidy(y) for y in ring.y],
-        }
+    for path, (x_key, attr) in FRACTION_CURVES.items():
+        curve = getattr(profile, attr)
+        if curve is not None:
+            data[path] = {
+                x_key: [tidy(x) for x in curve.x],
+                "busbw_fraction": [tidy(y) for y in curve.y],
+            }
     return data
 
 
@@ -168,7 +185,8 @@ def extras_provenance(profile: HardwareProfile) -> dict[str, str]:
         for dtype, curves in profile.attention_efficiency.items()
         if curves.source
     }
-    ring = profile.inter_node_ring_fraction
-    if ring is not None and ring.source:
-        entries["inter_node_ring_scaling"] = ring.source
+    for path, (_, attr) in FRACTION_CURVES.items():
+        curve = getattr(profile, attr)
+        if curve is not None and curve.source:
+            entries[path] = curve.source
     return entries

@@ -138,7 +138,8 @@ def profile_from_dict(data: object, *, source: str) -> HardwareProfile:
 
     attention = extras.read_attention(ctx, top, provenance)
     host_overhead = extras.read_host_overhead(ctx, top)
-    ring = extras.read_ring_scaling(ctx, top, provenance)
+    ring = extras.read_fraction_curve(ctx, top, provenance, "inter_node_ring_scaling")
+    message = extras.read_fraction_curve(ctx, top, provenance, "inter_node_message_scaling")
     try:
         return HardwareProfile(
             name=_text(ctx, top["name"], "name"),
@@ -152,6 +153,7 @@ def profile_from_dict(data: object, *, source: str) -> HardwareProfile:
             attention_efficiency=attention,
             host_overhead=host_overhead,
             inter_node_ring_fraction=ring,
+            inter_node_message_fraction=message,
             **scalars,
         )
     except SpecError as exc:

@@ -83,6 +83,7 @@ TOP_LEVEL_KEYS = (
     "gpu_matmul_spread_fraction",
     "ampere_attention_fraction_of_peak",
     "inter_node_ring_scaling",
+    "inter_node_message_scaling",
     "host",
     "provenance",
 )
@@ -98,6 +99,7 @@ OPTIONAL_TOP_LEVEL_KEYS = (
     "gpu_matmul_spread_fraction",
     "ampere_attention_fraction_of_peak",
     "inter_node_ring_scaling",
+    "inter_node_message_scaling",
 )
 #: Optional top-level numbers (absent: the field's default).
 OPTIONAL_SCALARS = (
@@ -172,6 +174,9 @@ COLLECTIVE_KEYS = ("latency_us", "message_bytes", "busbw_gb_per_s")
 #: Keys of the optional ``inter_node_ring_scaling:`` section (``profile_extras``): node
 #: counts and the fraction of the inter-node bus bandwidth a ring keeps at each.
 RING_SCALING_KEYS = ("num_nodes", "busbw_fraction")
+#: Keys of the optional ``inter_node_message_scaling:`` section: message sizes and the
+#: fraction of the NIC line rate a collective across nodes reaches at each.
+MESSAGE_SCALING_KEYS = ("message_bytes", "busbw_fraction")
 
 HEADER = (
     "# plansim hardware profile (schema_version 1), written by plansim.io.profiles.\n"

@@ -257,6 +257,7 @@ class ProfileUpdate:
         attention_efficiency: per dtype, replaces the profile's attention curves.
         host_overhead: replaces the profile's ``host_overhead`` section as a whole.
         inter_node_ring_fraction: replaces the profile's ``inter_node_ring_scaling`` curve.
+        inter_node_message_fraction: replaces its ``inter_node_message_scaling`` curve.
         host: ``HostSpec`` fields (``memory_bytes``, ``adam_params_per_s``, ...; see
             :data:`HOST_KEYS`) -> SI value, replacing those of the profile's host section
             (created when the profile has none; its other fields stay).
@@ -277,6 +278,7 @@ class ProfileUpdate:
     attention_efficiency: Mapping[str, AttentionEfficiency] = field(default_factory=dict)
     host_overhead: HostOverhead | None = None
     inter_node_ring_fraction: Curve | None = None
+    inter_node_message_fraction: Curve | None = None
 
     def replaced_keys(self) -> list[str]:
         """Dotted keys of the numbers this update replaces."""
@@ -291,6 +293,8 @@ class ProfileUpdate:
             keys += [f"host_overhead.{k}" for k in host_overhead_keys(self.host_overhead)]
         if self.inter_node_ring_fraction is not None:
             keys.append("inter_node_ring_scaling")
+        if self.inter_node_message_fraction is not None:
+            keys.append("inter_node_message_scaling")
         return keys + (["gpus_per_node"] if self.gpus_per_node is not None else [])
 
 
@@ -348,6 +352,8 @@ def merge_profile(base: HardwareProfile | None, update: ProfileUpdate) -> Hardwa
             host_overhead=update.host_overhead or (base.host_overhead if base else None),
             inter_node_ring_fraction=update.inter_node_ring_fraction
             or (base.inter_node_ring_fraction if base else None),
+            inter_node_message_fraction=update.inter_node_message_fraction
+            or (base.inter_node_message_fraction if base else None),
         )
     except SpecError as exc:
         raise InputFileError(f"merged profile is invalid: {exc}") from None

@@ -227,6 +227,13 @@ class HardwareProfile:
             clamped outside the measured node counts): a ring's every step waits for its
             slowest link, so longer rings lose bandwidth (``plansim.analytic.comm``). None
             (the default, a profile without the section): no loss with node count.
+        inter_node_message_fraction: fraction of the NIC line rate (``gpus x nic``) a
+            collective across nodes reaches at each message size (x: bytes, y: fraction in
+            (0, 1]; the end values outside the measured sizes), from an nccl-tests run over
+            several nodes with the alpha of ``plansim.analytic.comm`` taken out: a network
+            transfer needs larger messages than NVLink to reach its line rate (NCCL uses
+            fewer channels and chunks for smaller messages). None (the default, a profile
+            without the section): the intra-node curve's shape, capped at the line rate.
         ampere_attention_fraction_of_peak: the most an attention kernel written for the
             Ampere generation's tensor-core instructions (``mma.sync``: FlashAttention-2, the
             Triton FlashAttention of 2022) reaches on this GPU, as a fraction of its dense
@@ -261,6 +268,7 @@ class HardwareProfile:
     gpu_matmul_spread_fraction: float = 0.0
     inter_node_ring_fraction: Curve | None = None
     ampere_attention_fraction_of_peak: float | None = None
+    inter_node_message_fraction: Curve | None = None
 
     def __post_init__(self) -> None:
         require_positive_int(f"{self.name}.gpus_per_node", self.gpus_per_node)
@@ -297,11 +305,10 @@ class HardwareProfile:
             raise SpecError(
                 f"{self.name}.ampere_attention_fraction_of_peak must be in (0, 1], got {cap}"
             )
-        ring = self.inter_node_ring_fraction
-        if ring is not None and any(not 0 < y <= 1 for y in ring.y):
-            raise SpecError(
-                f"{self.name}.inter_node_ring_fraction values must be in (0, 1], got {ring.y}"
-            )
+        for key in ("inter_node_ring_fraction", "inter_node_message_fraction"):
+            curve = getattr(self, key)
+            if curve is not None and any(not 0 < y <= 1 for y in curve.y):
+                raise SpecError(f"{self.name}.{key} values must be in (0, 1], got {curve.y}")
         for key in ("elementwise_forward_bytes_per_s", "elementwise_backward_bytes_per_s"):
             if not getattr(self, key) >= 0:
                 raise SpecError(f"{self.name}.{key} must be >= 0, got {getattr(self, key)}")
@@ -367,6 +374,13 @@ class HardwareProfile:
         if self.inter_node_ring_fraction is None or num_nodes <= 1:
             return 1.0
         return self.inter_node_ring_fraction(num_nodes)
+
+    def message_busbw_fraction(self, message_bytes: float) -> float:
+        """Fraction of the NIC line rate a collective across nodes reaches with a message of
+        ``message_bytes`` (:attr:`inter_node_message_fraction`; 1 without it)."""
+        if self.inter_node_message_fraction is None:
+            return 1.0
+        return self.inter_node_message_fraction(message_bytes)
 
     def streaming_bytes_per_s(self) -> float:
         """Achievable HBM bandwidth for memory-bound elementwise kernels."""

@@ -87,6 +87,16 @@ def test_it_round_trips_and_survives_a_merge(tmp_path: Path) -> None:
     assert merged.inter_node_ring_fraction == a100.inter_node_ring_fraction
 
 
+def _with_message_section(data: dict[str, Any], **changes: Any) -> None:
+    """Give ``data`` an ``inter_node_message_scaling`` section (the same loader reads it),
+    with ``changes`` applied; ``provenance=None`` leaves its source out."""
+    section: dict[str, Any] = {"message_bytes": [1024, 2048], "busbw_fraction": [0.5, 1.0]}
+    section.update({k: v for k, v in changes.items() if k != "provenance"})
+    data["inter_node_message_scaling"] = {k: v for k, v in section.items() if v is not None}
+    if changes.get("provenance", "test") is not None:
+        data["provenance"]["inter_node_message_scaling"] = "test"
+
+
 def _raw() -> dict[str, Any]:
     text = (profiles_dir() / "h100-sxm5-80gb.yaml").read_text(encoding="utf-8")
     data = yaml.safe_load(text)
@@ -112,6 +122,22 @@ def _raw() -> dict[str, Any]:
         (
             lambda d: d["provenance"].pop("inter_node_ring_scaling"),
             "provenance: no source given for: inter_node_ring_scaling",
+        ),
+        (
+            lambda d: _with_message_section(d, busbw_fraction=[0.5, 1.5]),
+            r"inter_node_message_scaling\.busbw_fraction: values must be in \(0, 1\]",
+        ),
+        (
+            lambda d: _with_message_section(d, message_bytes=[2048, 1024]),
+            r"inter_node_message_scaling: curve\.x must be strictly increasing",
+        ),
+        (
+            lambda d: _with_message_section(d, message_bytes=None),
+            r"inter_node_message_scaling\.message_bytes: missing required key",
+        ),
+        (
+            lambda d: _with_message_section(d, provenance=None),
+            "provenance: no source given for: inter_node_message_scaling",
         ),
     ],
 )
