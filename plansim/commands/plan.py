@@ -101,6 +101,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "collectives pipelined with their GEMMs; Transformer Engine userbuffers)",
     )
     p.add_argument(
+        "--cp",
+        default="1",
+        metavar="LIST",
+        help="context-parallel sizes to try, comma-separated (default 1; e.g. 1,2,4,8 for "
+        "long sequences: ring attention splits each sequence over cp ranks; needs "
+        "--attention flash)",
+    )
+    p.add_argument(
         "--plot",
         metavar="OUT.png",
         help="step time vs peak memory of the simulated plans, Pareto front marked (PNG)",
@@ -122,6 +130,23 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
         help="always draw the progress bar on stderr (default: only on a terminal, "
         "after about a second)",
     )
+
+
+def cp_sizes_from_arg(text: str) -> tuple[int, ...]:
+    """``--cp 1,2,4`` -> (1, 2, 4), sorted and without repeats.
+
+    Raises:
+        SpecError: an entry is not a positive integer.
+    """
+    sizes = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part.isdigit() or int(part) < 1:
+            raise SpecError(
+                f"--cp must be positive integers separated by commas, e.g. 1,2,4 (got {text!r})"
+            )
+        sizes.append(int(part))
+    return tuple(sorted(set(sizes)))
 
 
 def resolve_jobs(jobs: int | None) -> int:
@@ -149,7 +174,15 @@ def run(args: argparse.Namespace) -> int:
             f"(got {args.attention}): torchtitan's per-op policy saves the fused attention "
             f"kernel's output"
         )
+    cps = cp_sizes_from_arg(args.cp)
+    if max(cps) > 1 and args.attention != AttentionKernel.FLASH.value:
+        raise SpecError(
+            f"--cp {args.cp} needs --attention {AttentionKernel.FLASH.value} (got "
+            f"{args.attention}): context parallelism exchanges key/value blocks between the "
+            f"ranks of a fused ring-attention kernel"
+        )
     space = SearchSpace(
+        cp=cps,
         recomputes=(Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
         + ((Recompute.SELECTIVE_OP,) if args.recompute_selective_op else ()),
         precision=Precision(args.precision),

@@ -46,6 +46,8 @@ def plan_row(ev: Evaluation) -> dict[str, Any]:
         row["pipeline_split"] = pipeline_split_label(p)
     if p.dp_shard is not None:  # fully sharded plans keep their columns unchanged
         row["zero_shard"] = f"hsdp{p.dp_shard}"
+    if p.cp > 1:  # plans without context parallelism keep their columns unchanged
+        row["cp"] = p.cp
     return row
 
 
@@ -93,7 +95,8 @@ def ranked_table(evaluations: Sequence[Evaluation]) -> pd.DataFrame:
     """Ranked plans, fastest first, with a 1-based ``rank`` column (and ``dp_sync``,
     'ring' on ring rows, when some plan uses a parameter server; ``pipeline_split``, 'even'
     on evenly split rows, when some plan splits its layers unevenly; ``zero_shard``, 'full'
-    on fully sharded rows, when some plan uses hybrid sharding, e.g. 'hsdp8')."""
+    on fully sharded rows, when some plan uses hybrid sharding, e.g. 'hsdp8'; ``cp``, after
+    ``tp``, when some plan uses context parallelism)."""
     rows = [{"rank": i + 1, **plan_row(ev)} for i, ev in enumerate(evaluations)]
     df = pd.DataFrame(rows)
     if "dp_sync" in df:
@@ -104,6 +107,9 @@ def ranked_table(evaluations: Sequence[Evaluation]) -> pd.DataFrame:
         df["pipeline_split"] = df["pipeline_split"].fillna("even")
     if "zero_shard" in df:
         df["zero_shard"] = df["zero_shard"].fillna("full")
+    if "cp" in df:  # next to tp, as Megatron's rank order tp -> cp -> dp -> pp
+        cp = df.pop("cp").fillna(1).astype(int)
+        df.insert(df.columns.get_loc("tp") + 1, "cp", cp)
     return df
 
 

@@ -167,6 +167,7 @@ def _short_label(ev: Evaluation) -> str:
     """``tp4 pp8 dp32 vpp6 mbs1 zero2 none sp`` (the schedule is the point's colour)."""
     p = ev.plan
     parts = [f"tp{p.tp}", f"pp{p.pp}", f"dp{p.dp}"]
+    parts += [f"cp{p.cp}"] if p.cp > 1 else []
     parts += [f"vpp{p.vpp}"] if p.vpp > 1 else []
     parts += [f"mbs{p.micro_batch_size}", f"zero{p.zero_stage}", p.recompute.value]
     parts += ["sp"] if p.sequence_parallel else []
