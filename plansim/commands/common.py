@@ -107,3 +107,37 @@ def bf16_layers_from_args(args: argparse.Namespace) -> tuple[int, int]:
         return 0, 0
     start, end = (1 if count is None else count for count in counts)
     return start, end
+
+
+def int_list_arg(flag: str, text: str) -> tuple[int, ...]:
+    """``--tp 4,8`` -> (4, 8): positive integers, sorted, without repeats.
+
+    Raises:
+        SpecError: an entry is not a positive integer (names ``flag``).
+    """
+    sizes = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part.isdigit() or int(part) < 1:
+            raise SpecError(
+                f"{flag} must be positive integers separated by commas, e.g. 1,2,4 (got {text!r})"
+            )
+        sizes.append(int(part))
+    return tuple(sorted(set(sizes)))
+
+
+def choice_list_arg(flag: str, text: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    """``--recompute none,full`` -> ('none', 'full'): each entry one of ``allowed``, in the
+    order given, without repeats.
+
+    Raises:
+        SpecError: an entry is not allowed (names ``flag`` and the allowed values).
+    """
+    chosen = [part.strip() for part in text.split(",")]
+    bad = [c for c in chosen if c not in allowed]
+    if bad:
+        raise SpecError(
+            f"{flag} {bad[0]!r} is not allowed; choose from {', '.join(allowed)} "
+            f"(several separated by commas)"
+        )
+    return tuple(dict.fromkeys(chosen))

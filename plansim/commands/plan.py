@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from plansim.analytic.offload import offload_choices
@@ -14,7 +15,9 @@ from plansim.commands.common import (
     add_dp_sync_args,
     add_model_args,
     bf16_layers_from_args,
+    choice_list_arg,
     dp_syncs_from_args,
+    int_list_arg,
     resolve,
 )
 from plansim.errors import SpecError, require_positive_int
@@ -26,7 +29,7 @@ from plansim.planner.space import SearchSpace
 from plansim.report.tables import evaluation_dict, ranked_table, render
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import AttentionKernel, Precision, Recompute
+from plansim.specs.plan import AttentionKernel, Precision, Recompute, Schedule
 from plansim.units import bytes_to_gib
 
 
@@ -108,6 +111,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "long sequences: ring attention splits each sequence over cp ranks; needs "
         "--attention flash)",
     )
+    add_constraint_args(p)
     p.add_argument(
         "--plot",
         metavar="OUT.png",
@@ -132,21 +136,58 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def cp_sizes_from_arg(text: str) -> tuple[int, ...]:
-    """``--cp 1,2,4`` -> (1, 2, 4), sorted and without repeats.
+#: Search constraints: flag -> (SearchSpace field, what it fixes).
+_INT_CONSTRAINTS = {
+    "tp": ("tp", "tensor-parallel sizes"),
+    "pp": ("pp", "pipeline-parallel sizes"),
+    "dp": ("dp", "data-parallel sizes"),
+    "vpp": ("vpps", "virtual pipeline sizes (1: no interleaving)"),
+    "mbs": ("micro_batch_size", "micro-batch sizes"),
+}
+
+
+def add_constraint_args(p: argparse.ArgumentParser) -> None:
+    """--tp, --pp, --dp, --vpp, --mbs, --zero, --recompute, --schedule: restrict the search
+    to the listed values (comma-separated; default: every value)."""
+    for flag, (_, what) in _INT_CONSTRAINTS.items():
+        p.add_argument(
+            f"--{flag}", metavar="LIST", help=f"only these {what}, comma-separated (default: all)"
+        )
+    p.add_argument("--zero", metavar="LIST", help="only these ZeRO stages (0-3), comma-separated")
+    p.add_argument(
+        "--recompute",
+        metavar="LIST",
+        help="only these recompute modes (none, selective, full, selective-op), comma-separated",
+    )
+    p.add_argument(
+        "--schedule",
+        metavar="LIST",
+        help="only these pipeline schedules (gpipe, 1f1b, interleaved-1f1b, zb-h1), "
+        "comma-separated",
+    )
+
+
+def constrained_space(space: SearchSpace, args: argparse.Namespace) -> SearchSpace:
+    """``space`` restricted by the constraint flags that were given.
 
     Raises:
-        SpecError: an entry is not a positive integer.
+        SpecError: a flag's list has a value outside its allowed ones.
     """
-    sizes = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part.isdigit() or int(part) < 1:
-            raise SpecError(
-                f"--cp must be positive integers separated by commas, e.g. 1,2,4 (got {text!r})"
-            )
-        sizes.append(int(part))
-    return tuple(sorted(set(sizes)))
+    changes: dict[str, object] = {}
+    for flag, (field_name, _) in _INT_CONSTRAINTS.items():
+        text = getattr(args, flag)
+        if text is not None:
+            changes[field_name] = int_list_arg(f"--{flag}", text)
+    if args.zero is not None:
+        stages = choice_list_arg("--zero", args.zero, ("0", "1", "2", "3"))
+        changes["zero_stages"] = tuple(sorted(int(z) for z in stages))
+    if args.recompute is not None:
+        modes = choice_list_arg("--recompute", args.recompute, tuple(r.value for r in Recompute))
+        changes["recomputes"] = tuple(Recompute(m) for m in modes)
+    if args.schedule is not None:
+        names = choice_list_arg("--schedule", args.schedule, tuple(s.value for s in Schedule))
+        changes["schedules"] = tuple(Schedule(n) for n in names)
+    return replace(space, **changes)  # type: ignore[arg-type]
 
 
 def resolve_jobs(jobs: int | None) -> int:
@@ -168,13 +209,7 @@ def run(args: argparse.Namespace) -> int:
     jobs = resolve_jobs(args.jobs)
     plot = check_writable(args.plot, label="--plot") if args.plot else None
     model, profile = resolve(args)
-    if args.recompute_selective_op and args.attention != AttentionKernel.FLASH.value:
-        raise SpecError(
-            f"--recompute-selective-op needs --attention {AttentionKernel.FLASH.value} "
-            f"(got {args.attention}): torchtitan's per-op policy saves the fused attention "
-            f"kernel's output"
-        )
-    cps = cp_sizes_from_arg(args.cp)
+    cps = int_list_arg("--cp", args.cp)
     if max(cps) > 1 and args.attention != AttentionKernel.FLASH.value:
         raise SpecError(
             f"--cp {args.cp} needs --attention {AttentionKernel.FLASH.value} (got "
@@ -197,6 +232,18 @@ def run(args: argparse.Namespace) -> int:
         hsdp_shard_gpus=profile.gpus_per_node if args.hsdp else None,
         bf16_layers=bf16_layers_from_args(args),
     )
+    space = constrained_space(space, args)
+    if Recompute.SELECTIVE_OP in space.recomputes and args.attention != AttentionKernel.FLASH.value:
+        flag = (
+            "--recompute-selective-op"
+            if args.recompute_selective_op
+            else "--recompute selective-op"
+        )
+        raise SpecError(
+            f"{flag} needs --attention {AttentionKernel.FLASH.value} "
+            f"(got {args.attention}): torchtitan's per-op policy saves the fused attention "
+            f"kernel's output"
+        )
     if sum(space.bf16_layers) > model.num_layers:
         start, end = space.bf16_layers
         raise SpecError(
