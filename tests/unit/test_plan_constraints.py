@@ -11,25 +11,14 @@ import pytest
 
 from plansim.cli import main
 
-LONG = [
-    "plan",
-    "--model",
-    "llama3-8b",
-    "--gpu",
-    "h100-sxm5-80gb",
-    "--gpus",
-    "16",
-    "--gbs",
-    "16",
-    "--seq-len",
-    "65536",
-    "--top",
-    "3",
-    "--format",
-    "csv",
-    "--jobs",
-    "1",
-]
+
+def _plan(model: str, gpu: str, gpus: int, gbs: int, *extra: str) -> list[str]:
+    """``plansim plan`` arguments with CSV output on one worker."""
+    head = ["plan", "--model", model, "--gpu", gpu, "--gpus", str(gpus), "--gbs", str(gbs)]
+    return [*head, "--format", "csv", "--jobs", "1", *extra]
+
+
+LONG = _plan("llama3-8b", "h100-sxm5-80gb", 16, 16, "--seq-len", "65536", "--top", "3")
 
 
 def _rows(capsys: pytest.CaptureFixture[str], args: list[str]) -> list[dict[str, str]]:
@@ -55,23 +44,7 @@ def test_long_sequences_rank_context_parallel_layouts_first(
     assert float(best["step_time_s"]) < float(without[0]["step_time_s"])
 
 
-SMALL = [
-    "plan",
-    "--model",
-    "megatron-1.7b",
-    "--gpu",
-    "a100-sxm4-80gb",
-    "--gpus",
-    "16",
-    "--gbs",
-    "64",
-    "--top",
-    "200",
-    "--format",
-    "csv",
-    "--jobs",
-    "1",
-]
+SMALL = _plan("megatron-1.7b", "a100-sxm4-80gb", 16, 64, "--top", "200")
 
 
 def test_constraints_keep_only_the_listed_values(capsys: pytest.CaptureFixture[str]) -> None:
