@@ -7,6 +7,7 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from plansim.analytic.offload import offload_choices
 from plansim.analytic.sustained import sustained_pace_fraction
@@ -173,7 +174,7 @@ def constrained_space(space: SearchSpace, args: argparse.Namespace) -> SearchSpa
     Raises:
         SpecError: a flag's list has a value outside its allowed ones.
     """
-    changes: dict[str, object] = {}
+    changes: dict[str, Any] = {}
     for flag, (field_name, _) in _INT_CONSTRAINTS.items():
         text = getattr(args, flag)
         if text is not None:
@@ -183,11 +184,13 @@ def constrained_space(space: SearchSpace, args: argparse.Namespace) -> SearchSpa
         changes["zero_stages"] = tuple(sorted(int(z) for z in stages))
     if args.recompute is not None:
         modes = choice_list_arg("--recompute", args.recompute, tuple(r.value for r in Recompute))
-        changes["recomputes"] = tuple(Recompute(m) for m in modes)
+        if args.recompute_selective_op:  # the flag adds selective-op to a given list too
+            modes = (*modes, Recompute.SELECTIVE_OP.value)
+        changes["recomputes"] = tuple(Recompute(m) for m in dict.fromkeys(modes))
     if args.schedule is not None:
         names = choice_list_arg("--schedule", args.schedule, tuple(s.value for s in Schedule))
         changes["schedules"] = tuple(Schedule(n) for n in names)
-    return replace(space, **changes)  # type: ignore[arg-type]
+    return replace(space, **changes)
 
 
 def resolve_jobs(jobs: int | None) -> int:

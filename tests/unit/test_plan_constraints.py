@@ -4,12 +4,16 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 
 import pytest
 
 from plansim.cli import main
+from plansim.commands.plan import add_constraint_args, constrained_space
+from plansim.planner.space import SearchSpace
+from plansim.specs.plan import Recompute
 
 
 def _plan(model: str, gpu: str, gpus: int, gbs: int, *extra: str) -> list[str]:
@@ -96,3 +100,14 @@ def test_bad_cp_is_one_clear_error(
     assert main([*LONG, *extra]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+def test_recompute_list_and_the_selective_op_flag_add_up() -> None:
+    parser = argparse.ArgumentParser()
+    add_constraint_args(parser)
+    parser.add_argument("--recompute-selective-op", action="store_true")
+    args = parser.parse_args(["--recompute", "none,full,none", "--recompute-selective-op"])
+    space = constrained_space(SearchSpace(), args)
+    assert space.recomputes == (Recompute.NONE, Recompute.FULL, Recompute.SELECTIVE_OP)
+    untouched = constrained_space(SearchSpace(), parser.parse_args([]))
+    assert untouched == SearchSpace()
