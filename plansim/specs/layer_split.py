@@ -127,9 +127,9 @@ def stage_layer_counts(num_layers: int, plan: ParallelPlan) -> tuple[int, ...]:
     require_positive_int("num_layers", num_layers)
     emb = int(plan.account_for_embedding_in_pipeline_split)
     loss = int(plan.account_for_loss_in_pipeline_split)
-    if not (emb or loss):
+    if not (emb or loss):  # stage s = chunk k * pp + rank r holds rank r's count / vpp
         per_rank = pipeline_layer_counts(num_layers, plan)
-        return tuple(per_rank[s % plan.pp] // plan.vpp for s in range(plan.num_stages))
+        return tuple(count // plan.vpp for count in per_rank) * plan.vpp
     slots = num_layers + emb + loss
     flags = " + ".join(name for name, on in (("embedding", emb), ("loss", loss)) if on)
     if slots % plan.num_stages:
@@ -166,6 +166,8 @@ def stage_bf16_layers(num_layers: int, plan: ParallelPlan) -> tuple[tuple[int, i
             f"num_layers_at_start_in_bf16({start}) + num_layers_at_end_in_bf16({end}) > "
             f"num_layers({num_layers})"
         )
+    if not (start or end):  # no layer kept in bf16 (the common case)
+        return ((0, 0),) * len(counts)
     ends: list[tuple[int, int]] = []
     first = 0
     for count in counts:
