@@ -97,21 +97,24 @@ def _chunk_layer_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> li
 def microbatch_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float:
     """Bytes one micro-batch's forward leaves stored on ``rank`` until its backward (its
     s/cp tokens with context parallelism)."""
-    per_mb: float = sum(_chunk_layer_bytes(model, plan, rank=rank))
+    return _rank_activations(model, plan, rank=rank)[0]
+
+
+def _rank_activations(
+    model: ModelSpec, plan: ParallelPlan, *, rank: int
+) -> tuple[float, list[float]]:
+    """(:func:`microbatch_activation_bytes`, :func:`stage_activation_bytes` of the rank's vpp
+    chunks, chunk 0 first), from one pricing of the rank's layers."""
+    layers = _chunk_layer_bytes(model, plan, rank=rank)
+    per_mb: float = sum(layers)
     if rank == 0 and model.dropout:  # embedding output (dropout mask), Korthikanti §4.3
         sbh = model.seq_length / plan.cp * plan.micro_batch_size * model.hidden_size
         per_mb += sbh / (plan.tp if plan.sequence_parallel else 1)
     # Korthikanti's bytes are for 16-bit activations; fp32 training stores 4-byte ones.
-    return per_mb * plan.precision.activation_bytes / 2
-
-
-def _chunk_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> list[float]:
-    """:func:`stage_activation_bytes` of the rank's vpp chunks, chunk 0 first."""
-    per_mb = microbatch_activation_bytes(model, plan, rank=rank)
-    layers = _chunk_layer_bytes(model, plan, rank=rank)
+    per_mb = per_mb * plan.precision.activation_bytes / 2
     if len(set(layers)) == 1:
-        return [per_mb / plan.vpp] * plan.vpp
-    return [per_mb * b / sum(layers) for b in layers]
+        return per_mb, [per_mb / plan.vpp] * plan.vpp
+    return per_mb, [per_mb * b / sum(layers) for b in layers]
 
 
 def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, stage: int) -> float:
@@ -119,7 +122,7 @@ def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, stage: int) 
     its backward: the rank's :func:`microbatch_activation_bytes` over its vpp chunks, or,
     when the rank's chunks store different bytes (different layer counts with
     ``account_for_*_in_pipeline_split``, layers kept in bf16), in proportion to them."""
-    return _chunk_activation_bytes(model, plan, rank=stage % plan.pp)[stage // plan.pp]
+    return _rank_activations(model, plan, rank=stage % plan.pp)[1][stage // plan.pp]
 
 
 def stored_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float:
@@ -130,9 +133,8 @@ def stored_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) 
     forward/backward pairs, ``plansim.schedule.builders``): each forward stores its chunk's
     bytes (:func:`stage_activation_bytes`), each backward frees them, as the event engine
     does."""
-    stored = _chunk_activation_bytes(model, plan, rank=rank)
+    per_mb, stored = _rank_activations(model, plan, rank=rank)
     if len(set(stored)) == 1:
-        per_mb = microbatch_activation_bytes(model, plan, rank=rank)
         return per_mb * microbatches_in_flight(plan, rank=rank)
     p, v, m = plan.pp, plan.vpp, plan.num_microbatches
     warmup = interleaved_warmup(rank, num_ranks=p, num_microbatches=m, vpp=v)
