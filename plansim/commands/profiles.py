@@ -19,6 +19,7 @@ import pandas as pd
 from plansim.calibrate.importer import TIERS, update_from_nccl_tests
 from plansim.calibrate.nccl_tests import read_nccl_tests_log
 from plansim.errors import InputFileError
+from plansim.io.profile_schema import FRACTION_CURVES
 from plansim.io.profiles import (
     list_profiles,
     load_profile,
@@ -41,8 +42,7 @@ _CURVE_SECTIONS = (
     "matmul_efficiency",
     "attention_efficiency",
     "intra_node",
-    "inter_node_ring_scaling",
-    "inter_node_message_scaling",
+    *FRACTION_CURVES,
 )
 _TEXT_KEYS = ("schema_version", "name", "description", "provenance")
 
@@ -208,10 +208,8 @@ def _collective_tables(profile: HardwareProfile) -> None:
 
 def _fraction_tables(profile: HardwareProfile) -> None:
     """The inter-node fraction curves: by node count (ring) and by message size."""
-    for key, x_name, curve in (
-        ("inter_node_ring_scaling", "num_nodes", profile.inter_node_ring_fraction),
-        ("inter_node_message_scaling", "message_bytes", profile.inter_node_message_fraction),
-    ):
+    for key, (x_name, attr) in FRACTION_CURVES.items():
+        curve = getattr(profile, attr)
         if curve is None:
             continue
         table = pd.DataFrame({x_name: [int(x) for x in curve.x], "busbw_fraction": curve.y})

@@ -17,12 +17,7 @@ from typing import Any
 
 from plansim.errors import SpecError
 from plansim.io.profile_parse import _Ctx, _curve, _mapping, _number, _numbers, _require
-from plansim.io.profile_schema import (
-    ATTENTION_KEYS,
-    HOST_OVERHEAD_SCALARS,
-    MESSAGE_SCALING_KEYS,
-    RING_SCALING_KEYS,
-)
+from plansim.io.profile_schema import ATTENTION_KEYS, FRACTION_CURVES, HOST_OVERHEAD_SCALARS
 from plansim.specs.compute_terms import AttentionEfficiency, HostOverhead
 from plansim.specs.hardware import Curve, HardwareProfile
 
@@ -93,13 +88,6 @@ def read_host_overhead(ctx: _Ctx, top: Mapping[str, object]) -> HostOverhead | N
         raise ctx.error("host_overhead", str(exc)) from None
 
 
-#: The fraction-of-bandwidth curves: YAML section -> (its x key, HardwareProfile field).
-FRACTION_CURVES = {
-    "inter_node_ring_scaling": ("num_nodes", "inter_node_ring_fraction"),
-    "inter_node_message_scaling": ("message_bytes", "inter_node_message_fraction"),
-}
-
-
 def read_fraction_curve(
     ctx: _Ctx, top: Mapping[str, object], provenance: Mapping[str, str], path: str
 ) -> Curve | None:
@@ -115,9 +103,8 @@ def read_fraction_curve(
     if path not in top:
         return None
     x_key = FRACTION_CURVES[path][0]
-    keys = RING_SCALING_KEYS if x_key == "num_nodes" else MESSAGE_SCALING_KEYS
     section = _mapping(ctx, top[path], path)
-    _require(ctx, section, path, keys)
+    _require(ctx, section, path, (x_key, "busbw_fraction"))
     x = _numbers(ctx, section[x_key], f"{path}.{x_key}")
     y = _numbers(ctx, section["busbw_fraction"], f"{path}.busbw_fraction")
     if any(not 0 < f <= 1 for f in y):

@@ -171,12 +171,14 @@ HOST_OVERHEAD_SCALARS = (
     _Scalar("sac_backward_op_us", "sac_backward_op_s", us_to_s, s_to_us),
 )
 COLLECTIVE_KEYS = ("latency_us", "message_bytes", "busbw_gb_per_s")
-#: Keys of the optional ``inter_node_ring_scaling:`` section (``profile_extras``): node
-#: counts and the fraction of the inter-node bus bandwidth a ring keeps at each.
-RING_SCALING_KEYS = ("num_nodes", "busbw_fraction")
-#: Keys of the optional ``inter_node_message_scaling:`` section: message sizes and the
-#: fraction of the NIC line rate a collective across nodes reaches at each.
-MESSAGE_SCALING_KEYS = ("message_bytes", "busbw_fraction")
+#: The optional fraction-of-bandwidth sections (``profile_extras``): YAML section -> (its x
+#: key, HardwareProfile field); each also has ``busbw_fraction``, the fraction at each x.
+#: ``inter_node_ring_scaling``: node counts, the bus bandwidth a ring keeps;
+#: ``inter_node_message_scaling``: message sizes, the NIC line rate a collective reaches.
+FRACTION_CURVES = {
+    "inter_node_ring_scaling": ("num_nodes", "inter_node_ring_fraction"),
+    "inter_node_message_scaling": ("message_bytes", "inter_node_message_fraction"),
+}
 
 HEADER = (
     "# plansim hardware profile (schema_version 1), written by plansim.io.profiles.\n"
