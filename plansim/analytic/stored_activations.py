@@ -75,16 +75,14 @@ def _chunk_layer_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> li
     counts = stage_layer_counts(model.num_layers, plan)[rank :: plan.pp]
     block = plan.recompute_num_layers is not None
     rec_mode = Recompute.FULL if block else plan.recompute
+    ends = stage_bf16_layers(model.num_layers, plan)[rank :: plan.pp]
     rec8 = _layer_stored_bytes(model, plan, rec_mode)
     plain8 = _layer_stored_bytes(model, plan, Recompute.NONE)
-    if not (plan.num_layers_at_start_in_bf16 or plan.num_layers_at_end_in_bf16):
-        # no layer kept in bf16: every layer as the plan (the common case, priced once)
-        stored = [plan.recomputed_layers(c) if block else c for c in counts]
-        return [r * rec8 + (c - r) * plain8 for c, r in zip(counts, stored, strict=True)]
-    ends = stage_bf16_layers(model.num_layers, plan)[rank :: plan.pp]
-    plan16 = plan.bf16_layer_plan()
-    rec16 = _layer_stored_bytes(model, plan16, rec_mode)
-    plain16 = _layer_stored_bytes(model, plan16, Recompute.NONE)
+    rec16, plain16 = rec8, plain8  # unused (weight 0) unless the rank keeps bf16 layers
+    if any(head or tail for head, tail in ends):
+        plan16 = plan.bf16_layer_plan()
+        rec16 = _layer_stored_bytes(model, plan16, rec_mode)
+        plain16 = _layer_stored_bytes(model, plan16, Recompute.NONE)
     chunks = []
     for c, (head, tail) in zip(counts, ends, strict=True):
         r = plan.recomputed_layers(c) if block else c  # layers stored as rec_mode says
