@@ -169,7 +169,8 @@ def add_constraint_args(p: argparse.ArgumentParser) -> None:
 
 
 def constrained_space(space: SearchSpace, args: argparse.Namespace) -> SearchSpace:
-    """``space`` restricted by the constraint flags that were given.
+    """``space`` restricted by the constraint flags that were given (and with torchtitan's
+    per-op selective recompute added under ``--recompute-selective-op``).
 
     Raises:
         SpecError: a flag's list has a value outside its allowed ones.
@@ -182,11 +183,14 @@ def constrained_space(space: SearchSpace, args: argparse.Namespace) -> SearchSpa
     if args.zero is not None:
         stages = choice_list_arg("--zero", args.zero, ("0", "1", "2", "3"))
         changes["zero_stages"] = tuple(sorted(int(z) for z in stages))
+    recomputes = space.recomputes
     if args.recompute is not None:
         modes = choice_list_arg("--recompute", args.recompute, tuple(r.value for r in Recompute))
-        if args.recompute_selective_op:  # the flag adds selective-op to a given list too
-            modes = (*modes, Recompute.SELECTIVE_OP.value)
-        changes["recomputes"] = tuple(Recompute(m) for m in dict.fromkeys(modes))
+        recomputes = tuple(Recompute(m) for m in modes)
+    if args.recompute_selective_op and Recompute.SELECTIVE_OP not in recomputes:
+        recomputes += (Recompute.SELECTIVE_OP,)  # the flag adds it to the list or the default
+    if recomputes != space.recomputes:
+        changes["recomputes"] = recomputes
     if args.schedule is not None:
         names = choice_list_arg("--schedule", args.schedule, tuple(s.value for s in Schedule))
         changes["schedules"] = tuple(Schedule(n) for n in names)
@@ -221,8 +225,6 @@ def run(args: argparse.Namespace) -> int:
         )
     space = SearchSpace(
         cp=cps,
-        recomputes=(Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
-        + ((Recompute.SELECTIVE_OP,) if args.recompute_selective_op else ()),
         precision=Precision(args.precision),
         attention=AttentionKernel(args.attention),
         dp_syncs=dp_syncs_from_args(args),
