@@ -109,21 +109,31 @@ def bf16_layers_from_args(args: argparse.Namespace) -> tuple[int, int]:
     return start, end
 
 
+def comma_items(flag: str, text: str) -> list[str]:
+    """``a, b,a`` -> ['a', 'b']: the stripped items of a comma-separated option, in the
+    order given, without repeats.
+
+    Raises:
+        SpecError: an item is empty (names ``flag``).
+    """
+    items = [x.strip() for x in text.split(",")]
+    if not all(items):
+        raise SpecError(f"{flag}={text!r}: empty item in the comma-separated list")
+    return list(dict.fromkeys(items))
+
+
 def int_list_arg(flag: str, text: str) -> tuple[int, ...]:
     """``--tp 4,8`` -> (4, 8): positive integers, sorted, without repeats.
 
     Raises:
-        SpecError: an entry is not a positive integer (names ``flag``).
+        SpecError: an item is empty or not a positive integer (names ``flag``).
     """
-    sizes = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part.isdigit() or int(part) < 1:
-            raise SpecError(
-                f"{flag} must be positive integers separated by commas, e.g. 1,2,4 (got {text!r})"
-            )
-        sizes.append(int(part))
-    return tuple(sorted(set(sizes)))
+    items = comma_items(flag, text)
+    if not all(item.isdigit() and int(item) >= 1 for item in items):
+        raise SpecError(
+            f"{flag} must be positive integers separated by commas, e.g. 1,2,4 (got {text!r})"
+        )
+    return tuple(sorted({int(item) for item in items}))
 
 
 def choice_list_arg(flag: str, text: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
@@ -131,13 +141,13 @@ def choice_list_arg(flag: str, text: str, allowed: tuple[str, ...]) -> tuple[str
     order given, without repeats.
 
     Raises:
-        SpecError: an entry is not allowed (names ``flag`` and the allowed values).
+        SpecError: an entry is empty or not allowed (names ``flag`` and the allowed values).
     """
-    chosen = [part.strip() for part in text.split(",")]
+    chosen = comma_items(flag, text)
     bad = [c for c in chosen if c not in allowed]
     if bad:
         raise SpecError(
             f"{flag} {bad[0]!r} is not allowed; choose from {', '.join(allowed)} "
             f"(several separated by commas)"
         )
-    return tuple(dict.fromkeys(chosen))
+    return tuple(chosen)

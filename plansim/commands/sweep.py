@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from plansim.commands.common import comma_items
 from plansim.commands.plan import add_search_args, resolve_jobs
 from plansim.errors import PlansimError, SpecError, require_positive_int
 from plansim.io.outputs import check_writable, write_bytes_atomic
@@ -50,16 +51,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(func=run)
 
 
-def _names(option: str, text: str) -> list[str]:
-    items = [x.strip() for x in text.split(",")]
-    if not all(items):
-        raise SpecError(f"{option}={text!r}: empty item in the comma-separated list")
-    return list(dict.fromkeys(items))
-
-
 def _counts(option: str, text: str) -> list[int]:
     values = []
-    for item in _names(option, text):
+    for item in comma_items(option, text):
         try:
             value = int(item)
         except ValueError:
@@ -85,8 +79,8 @@ def run(args: argparse.Namespace) -> int:
     """Validate the grid, run every cell, write the table and print it."""
     out = _check_out(args.out)
     cells = sweep_grid(
-        _names("--model", args.model),
-        _names("--gpu", args.gpu),
+        comma_items("--model", args.model),
+        comma_items("--gpu", args.gpu),
         _counts("--gpus", args.gpus),
         _counts("--gbs", args.gbs),
     )
