@@ -12,7 +12,7 @@ Pure. Each piece prices a mechanism with the profile's curves:
   (the sender waits) unless ``plan.overlap_p2p_comm``. With context parallelism each cp
   rank sends its s/cp tokens to the same cp rank of the next stage.
 * Context-parallel ring attention: the exposed part of each layer's K/V ring transfers
-  (``layer_cost.ring_attention_times``) as ``cp_comm`` segments that hold the compute stream
+  (``ring_attention.ring_attention_times``) as ``cp_comm`` segments that hold the compute stream
   (recorded on stream ``tp``, like the other blocking collectives), in forward, in the
   input-gradient backward and in full recompute.
 * DP (over the dp * cp ranks holding the same weights: Megatron-LM reduces gradients over
