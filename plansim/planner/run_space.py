@@ -168,7 +168,7 @@ def row_space(row: RunRow, notes: list[str]) -> SearchSpace:
         attention = _attention(row, year, notes)
     cps = _cp_values(row, stated_cp, attention, notes)
     modern = (year is None or year >= SP_AND_SELECTIVE_YEAR) and not is_megatron_fork(row, year)
-    vpps, schedules = _pipeline_schedule(row, year, facts, notes)
+    vpps, schedules = _pipeline_schedule(row, year, notes, facts=facts)
     interleave_from = min_interleaved_pp(row, year)
     if vpps is None and interleave_from > 2:
         notes.append(f"interleaving only with pp >= {interleave_from} (Megatron-LM before 2024)")
@@ -263,15 +263,15 @@ def _cp_values(
 
 
 def _pipeline_schedule(
-    row: RunRow, year: int | None, facts: ScriptFacts | None, notes: list[str]
+    row: RunRow, year: int | None, notes: list[str], *, facts: ScriptFacts | None = None
 ) -> tuple[tuple[int, ...] | None, tuple[Schedule, ...]]:
     """(vpps, schedules) to search: a stated virtual_pipeline_size v > 1 means interleaved 1F1B
     with vpp = v only; v = 1 the non-interleaved schedules; blank searches vpp (interleaving
     only for runs dated from its introduction on). The non-interleaved schedules are 1F1B
     alone on NVIDIA's Megatron family and DeepSpeed's pipeline engine; elsewhere 1F1B and
     GPipe, and ZB-H1 for runs dated ZERO_BUBBLE_YEAR or later and undated ones (module
-    docstring). ``facts``: the row's launch script (:func:`script_facts`), whose vpp fills a
-    blank cell."""
+    docstring). ``facts``: the row's launch script (:func:`script_facts`; read here when not
+    given), whose vpp fills a blank cell."""
     flat: tuple[Schedule, ...] = (Schedule.ONE_F_ONE_B, Schedule.GPIPE)
     if is_nvidia_megatron(row):
         flat = (Schedule.ONE_F_ONE_B,)
@@ -282,6 +282,7 @@ def _pipeline_schedule(
     elif year is None or year >= ZERO_BUBBLE_YEAR:
         flat += (Schedule.ZB_H1,)
     vpp = row.integer("virtual_pipeline_size")
+    facts = facts or script_facts(row)
     if vpp is None and facts is not None and facts.virtual_pipeline_size is not None:
         vpp = facts.virtual_pipeline_size
         notes.append(f"vpp {vpp} from the launch script")
