@@ -45,18 +45,18 @@ Pure. Each piece prices a mechanism with the profile's curves:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import replace
-from typing import TypeVar
+from dataclasses import dataclass, replace
 
 from plansim.analytic.grad_buckets import grad_buckets
 from plansim.analytic.layer_cost import EdgeTimes, PassTimes, edge_times, layer_pass_times
-from plansim.analytic.link_tags import Memo, with_links
+from plansim.analytic.link_tags import with_links
+from plansim.analytic.memo import Memo, memoised
 from plansim.analytic.memory import plan_state_bytes
 from plansim.analytic.offload import with_param_fetch
 from plansim.analytic.pipeline_send import pipeline_send
 from plansim.analytic.rank_work import ParamGatherCover, gather_cover, rank_work, segments
-from plansim.analytic.ranks import layout_groups
+from plansim.analytic.ranks import LayoutGroups, layout_groups
+from plansim.analytic.stage_seconds import stage_seconds
 from plansim.analytic.stored_activations import stage_activation_bytes
 from plansim.analytic.sustained import job_compute_profile
 from plansim.analytic.zero3 import (
@@ -72,8 +72,6 @@ from plansim.specs.layer_split import stage_bf16_layers, stage_layer_counts
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan, Recompute, Zero3ParamFetch
 from plansim.specs.work import P2P, GradBucket, PipelineWork, RankWork, StageWork
-
-T = TypeVar("T")
 
 
 def _zero3_segments(
@@ -142,46 +140,31 @@ def _stage_work(
     (``plansim.specs.layer_split.stage_layer_counts``) whose first and last ``bf16_ends``
     layers run in bf16 (``layer16``; ``plansim.specs.layer_split.stage_bf16_layers``)."""
     n = num_layers
-    head, tail = bf16_ends
-
-    def total(attr: str, count: int, bf16: int) -> float:
-        quantized: float = getattr(layer, attr)
-        return (count - bf16) * quantized + bf16 * float(getattr(layer16, attr))
-
     first, last = stage == 0, stage == plan.num_stages - 1
-    fwd = total("forward_s", n, head + tail) + (edges.first_forward_s if first else 0.0)
-    fwd += edges.last_forward_s if last else 0.0
-    tp_fwd = total("tp_forward_s", n, head + tail) + (edges.first_tp_s if first else 0.0)
-    tp_fwd += edges.last_tp_s if last else 0.0
-    bwd_in = total("backward_input_s", n, head + tail)
-    bwd_in += (edges.first_backward_s if first else 0.0) + (
-        edges.last_backward_input_s if last else 0.0
-    )
-    bwd_w = total("backward_weight_s", n, head + tail)
-    bwd_w += edges.last_backward_weight_s if last else 0.0
-    tp_bwd = total("tp_backward_s", n, head + tail) + (edges.first_tp_s if first else 0.0)
-    tp_bwd += edges.last_tp_s if last else 0.0
+    sec = stage_seconds(
+        n, first=first, last=last, plan=plan, layer=layer, layer16=layer16,
+        bf16_ends=bf16_ends, edges=edges,
+    )  # fmt: skip
+    bwd_in, bwd_w, tp_bwd = sec.backward_input_s, sec.backward_weight_s, sec.tp_backward_s
     z3 = _zero3_segments(
         n, plan=plan, layer=layer, unit=zero3[0], edge=zero3[1], slowdown=overlap_slowdown
     )
     cp_fwd = ("cp_comm", "tp", n * layer.cp_forward_s, n * layer.cp_forward_bytes)
     cp_bwd = ("cp_comm", "tp", n * layer.cp_backward_s, n * layer.cp_backward_bytes)
-    # layers whose recompute runs: all of them, or the block method's first N (full)
-    r = plan.recomputed_layers(n) if plan.recompute is Recompute.FULL else n
-    r16 = min(r, head) + max(0, r - (n - tail))  # the block method recomputes the first r
+    r = plan.recomputed_layers(n) if plan.recompute is Recompute.FULL else n  # (stage_seconds)
     cp_rec = ("cp_comm", "tp", r * layer.cp_recompute_s, r * layer.cp_forward_bytes)
     recompute = (
         z3["gather_b"],
-        ("recompute", "compute", total("recompute_s", r, r16), 0.0),
+        ("recompute", "compute", sec.recompute_s, 0.0),
         cp_rec,
-        ("tp_comm", "tp", total("tp_recompute_s", r, r16), 0.0),
+        ("tp_comm", "tp", sec.tp_recompute_s, 0.0),
     )
     return StageWork(
         forward=segments(
             z3["forward"],
-            ("forward", "compute", fwd, 0.0),
+            ("forward", "compute", sec.forward_s, 0.0),
             cp_fwd,
-            ("tp_comm", "tp", tp_fwd, 0.0),
+            ("tp_comm", "tp", sec.tp_forward_s, 0.0),
         ),
         backward=segments(
             *recompute,
@@ -219,6 +202,15 @@ _PASS_FIELDS = (
     "sequence_parallel", "tp_comm_overlap", "gradient_accumulation_fusion",
     "grad_reduce_in_bf16",
 )  # fmt: skip
+#: Plan fields the compute-stream seconds of the stages (:func:`stage_compute_s`) do not
+#: depend on: orderings, overlap and the DP / ZeRO / offload traffic and state placement
+#: (every other field counts, so a field added later is in the key until listed here).
+_NOT_IN_COMPUTE = (
+    "global_batch_size", "zero_stage", "schedule", "overlap_p2p_comm", "overlap_grad_reduce",
+    "overlap_param_gather", "scatter_gather_p2p", "dp_sync", "ps_servers",
+    "offload_optimizer", "offload_param", "zero3_param_fetch", "use_torch_fsdp2", "dp_shard",
+)  # fmt: skip
+_COMPUTE_FIELDS = tuple(f for f in ParallelPlan.__dataclass_fields__ if f not in _NOT_IN_COMPUTE)
 #: Plan fields of one layer's ZeRO-3 traffic (``plansim.analytic.zero3``).
 _ZERO3_FIELDS = ("tp", "cp", "dp", "dp_shard", "zero_stage", "zero3_param_fetch", "precision")
 #: Plan fields of one stage's gradient buckets (``grad_buckets``), besides first/last; the
@@ -262,12 +254,72 @@ def build_pipeline_work(
     return work if work.blocking_p2p == blocking else replace(work, blocking_p2p=blocking)
 
 
-def _memoised(memo: Memo | None, key: tuple[object, ...], compute: Callable[[], T]) -> T:
+@dataclass(frozen=True, slots=True)
+class _PassInputs:
+    groups: LayoutGroups
+    layer: PassTimes
+    layer16: PassTimes  # the layer with bf16 GEMMs (``layer`` when no layer is kept in bf16)
+    edges: EdgeTimes
+    bf16_ends: tuple[tuple[int, int], ...]  # per stage (stage_bf16_layers)
+
+
+def _pass_inputs(
+    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, memo: Memo | None
+) -> _PassInputs:
+    """The per-layer and edge pass times of ``plan`` (memoised per distinct pass input)."""
+    groups = layout_groups(plan, gpus_per_node=profile.gpus_per_node)
+    gpus = plan.num_gpus  # sets the GEMM rate the job sustains (plansim.analytic.sustained)
+    job = memoised(memo, ("job", gpus), lambda: job_compute_profile(profile, gpus))
+    pass_key = (gpus, *(getattr(plan, f) for f in _PASS_FIELDS))
+    layer = memoised(memo, ("layer", *pass_key), lambda: layer_pass_times(model, plan, job, groups))
+    edges = memoised(memo, ("edges", *pass_key), lambda: edge_times(model, plan, job, groups))
+    bf16_ends = stage_bf16_layers(model.num_layers, plan)
+    layer16 = layer
+    if any(head or tail for head, tail in bf16_ends):  # the same layer with bf16 GEMMs
+        plan16 = plan.bf16_layer_plan()
+        key16 = (gpus, *(getattr(plan16, f) for f in _PASS_FIELDS))
+        layer16 = memoised(
+            memo, ("layer", *key16), lambda: layer_pass_times(model, plan16, job, groups)
+        )
+    return _PassInputs(groups, layer, layer16, edges, bf16_ends)
+
+
+def stage_compute_s(
+    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *, memo: Memo | None = None
+) -> tuple[tuple[float, float], ...]:
+    """Per pipeline stage (model chunk), stage 0 first: (forward, backward) seconds of one
+    micro-batch that hold the rank's compute stream (kernels and blocking TP collectives,
+    :class:`plansim.analytic.stage_seconds.StageSeconds` totals). The work
+    :func:`build_pipeline_work` builds has these segments and more (ZeRO-3, CP and pipeline
+    transfers), so bounds from these are bounds on it; much cheaper than building it.
+
+    Raises:
+        SpecError: as :func:`build_pipeline_work`.
+    """
     if memo is None:
-        return compute()
-    if key not in memo:
-        memo[key] = compute()
-    return memo[key]  # type: ignore[return-value]
+        return _stage_compute_s(model, plan, profile, None)
+    key = ("stage_compute", *(getattr(plan, f) for f in _COMPUTE_FIELDS))
+    return memoised(memo, key, lambda: _stage_compute_s(model, plan, profile, memo))
+
+
+def _stage_compute_s(
+    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, memo: Memo | None
+) -> tuple[tuple[float, float], ...]:
+    inputs = _pass_inputs(model, plan, profile, memo)
+    counts = stage_layer_counts(model.num_layers, plan)
+    last_stage = plan.num_stages - 1
+    kinds: dict[tuple[bool, bool, int, tuple[int, int]], tuple[float, float]] = {}
+    out = []
+    for s, layers in enumerate(counts):
+        key = (s == 0, s == last_stage, layers, inputs.bf16_ends[s])
+        if key not in kinds:
+            sec = stage_seconds(
+                layers, first=key[0], last=key[1], plan=plan, layer=inputs.layer,
+                layer16=inputs.layer16, bf16_ends=key[3], edges=inputs.edges,
+            )  # fmt: skip
+            kinds[key] = (sec.forward_total_s, sec.backward_total_s)
+        out.append(kinds[key])
+    return tuple(out)
 
 
 def _build(
@@ -278,26 +330,13 @@ def _build(
     *,
     links: bool = True,
 ) -> PipelineWork:
-    groups = layout_groups(plan, gpus_per_node=profile.gpus_per_node)
-    gpus = plan.num_gpus  # sets the GEMM rate the job sustains (plansim.analytic.sustained)
-    job = _memoised(memo, ("job", gpus), lambda: job_compute_profile(profile, gpus))
-    pass_key = (gpus, *(getattr(plan, f) for f in _PASS_FIELDS))
-    layer = _memoised(
-        memo, ("layer", *pass_key), lambda: layer_pass_times(model, plan, job, groups)
-    )
-    edges = _memoised(memo, ("edges", *pass_key), lambda: edge_times(model, plan, job, groups))
-    bf16_ends = stage_bf16_layers(model.num_layers, plan)
-    layer16 = layer
-    if any(head or tail for head, tail in bf16_ends):  # the same layer with bf16 GEMMs
-        plan16 = plan.bf16_layer_plan()
-        key16 = (gpus, *(getattr(plan16, f) for f in _PASS_FIELDS))
-        layer16 = _memoised(
-            memo, ("layer", *key16), lambda: layer_pass_times(model, plan16, job, groups)
-        )
+    inputs = _pass_inputs(model, plan, profile, memo)
+    groups, layer, layer16, edges = inputs.groups, inputs.layer, inputs.layer16, inputs.edges
+    bf16_ends = inputs.bf16_ends
     bucket_key = tuple(getattr(plan, f) for f in _BUCKET_FIELDS)
     per_param = plan_state_bytes(plan)
     z3_bytes = {"param_bytes": per_param.param, "grad_bytes": per_param.param}
-    z3_layer = _memoised(
+    z3_layer = memoised(
         memo,
         ("zero3", *(getattr(plan, f) for f in _ZERO3_FIELDS)),
         lambda: unit_traffic(
@@ -336,7 +375,7 @@ def _build(
                 p2p=p2p,
                 overlap_slowdown=profile.overlap_compute_slowdown_fraction,
                 activation_bytes=stage_activation_bytes(model, plan, stage=s),
-                buckets=_memoised(
+                buckets=memoised(
                     memo,
                     ("buckets", *key, *bucket_key),
                     lambda s=s: grad_buckets(model, plan, profile, groups, stage=s),  # type: ignore[misc]

@@ -12,13 +12,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from plansim.analytic.memo import Memo
 from plansim.analytic.ranks import GroupSpan, LayoutGroups
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.plan import ParallelPlan
 from plansim.specs.work import P2P, GradBucket, PipelineWork, RankWork, Segment, StageWork
 
 #: A search-scoped cache (one model and one profile): key tuple -> costed object.
-Memo = dict[tuple[object, ...], object]
 
 
 def _tier(span: GroupSpan) -> str:

@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from plansim.analytic.activations import layer_activations, ring_kv_chunk_bytes
+from plansim.analytic.memo import Memo
 from plansim.analytic.params import count_parameters
 from plansim.analytic.ranks import dp_cp_size, zero_shard_size
 from plansim.analytic.stored_activations import saved_gemm_input_bytes, stored_activation_bytes
@@ -198,10 +199,16 @@ class MemoryBreakdown:
 
 
 def rank_memory(
-    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *, rank: int
+    model: ModelSpec,
+    plan: ParallelPlan,
+    profile: HardwareProfile,
+    *,
+    rank: int,
+    memo: Memo | None = None,
 ) -> MemoryBreakdown:
     """Peak memory of pipeline rank ``rank`` (one GPU) under ``plan``; ZeRO shards over
-    dp * cp ranks (with hybrid sharding, ``plan.dp_shard``, over dp_shard * cp)."""
+    dp * cp ranks (with hybrid sharding, ``plan.dp_shard``, over dp_shard * cp). ``memo``:
+    a search's cache (one model) for the activation pricing; same result without."""
     params = rank_parameters(model, plan, rank=rank)
     fsdp = plan.use_torch_fsdp2  # PyTorch FSDP keeps fp32 training's states (plan docstring)
     states = model_state_bytes(
@@ -221,7 +228,7 @@ def rank_memory(
         weights_bytes=states.weights_bytes,
         gradients_bytes=states.gradients_bytes,
         optimizer_bytes=states.optimizer_bytes,
-        activations_bytes=stored_activation_bytes(model, plan, rank=rank),
+        activations_bytes=stored_activation_bytes(model, plan, rank=rank, memo=memo),
         transient_bytes=transient_bytes(model, plan, rank=rank),
         reserve_bytes=profile.memory_reserve_bytes,
     )
@@ -263,16 +270,17 @@ def transient_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float
 
 
 def worst_rank_memory(
-    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
+    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *, memo: Memo | None = None
 ) -> MemoryBreakdown:
     """The pipeline rank with the highest peak (ties: the lowest rank). Only the edge ranks
     can peak with an even split (rank 0 keeps the most micro-batches in flight, the last
     rank holds the logits); with an uneven one rank 1 too, the middle rank with the most
-    micro-batches in flight; with bf16 layers ranks 1 and pp - 2 too, where they spill."""
+    micro-batches in flight; with bf16 layers ranks 1 and pp - 2 too, where they spill.
+    ``memo`` as :func:`rank_memory`."""
     candidates = {0, plan.pp - 1}
     if plan.uneven_pipeline and plan.pp > 2:
         candidates.add(1)
     if plan.num_layers_at_start_in_bf16 or plan.num_layers_at_end_in_bf16:
         candidates |= {min(1, plan.pp - 1), max(0, plan.pp - 2)}  # bf16 layers spill over
-    per_rank = [rank_memory(model, plan, profile, rank=r) for r in sorted(candidates)]
+    per_rank = [rank_memory(model, plan, profile, rank=r, memo=memo) for r in sorted(candidates)]
     return max(per_rank, key=lambda m: (m.total_bytes, -m.rank))

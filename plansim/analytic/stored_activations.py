@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from plansim.analytic.activations import layer_activations
 from plansim.analytic.elementwise import QUANTIZED_ELEMENT_BYTES
+from plansim.analytic.memo import Memo, memoised
 from plansim.schedule.builders import interleaved_chunk, interleaved_warmup
 from plansim.specs.layer_split import stage_bf16_layers, stage_layer_counts
 from plansim.specs.model import ModelSpec
@@ -98,11 +99,35 @@ def microbatch_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: i
     return _rank_activations(model, plan, rank=rank)[0]
 
 
+#: Plan fields the bytes one micro-batch stores per layer and chunk do not depend on (the
+#: micro-batches in flight do: :func:`microbatches_in_flight`); every other field is in the
+#: memo key of :func:`_rank_activations`, so a field added later counts until listed here.
+NOT_IN_ACTIVATIONS = (
+    "dp", "global_batch_size", "zero_stage", "schedule", "overlap_p2p_comm",
+    "overlap_grad_reduce", "overlap_param_gather", "gradient_accumulation_fusion",
+    "grad_reduce_in_bf16", "scatter_gather_p2p", "dp_sync", "ps_servers",
+    "offload_optimizer", "offload_param", "zero3_param_fetch", "use_torch_fsdp2", "dp_shard",
+)  # fmt: skip
+_ACTIVATION_FIELDS = tuple(
+    f for f in ParallelPlan.__dataclass_fields__ if f not in NOT_IN_ACTIVATIONS
+)
+
+
 def _rank_activations(
-    model: ModelSpec, plan: ParallelPlan, *, rank: int
-) -> tuple[float, list[float]]:
+    model: ModelSpec, plan: ParallelPlan, *, rank: int, memo: Memo | None = None
+) -> tuple[float, tuple[float, ...]]:
     """(:func:`microbatch_activation_bytes`, :func:`stage_activation_bytes` of the rank's vpp
-    chunks, chunk 0 first), from one pricing of the rank's layers."""
+    chunks, chunk 0 first), from one pricing of the rank's layers; ``memo``: a search's
+    cache (one model), keyed by the rank and the fields outside NOT_IN_ACTIVATIONS."""
+    if memo is None:
+        return _price_rank_activations(model, plan, rank=rank)
+    key = ("rank_activations", rank, *(getattr(plan, f) for f in _ACTIVATION_FIELDS))
+    return memoised(memo, key, lambda: _price_rank_activations(model, plan, rank=rank))
+
+
+def _price_rank_activations(
+    model: ModelSpec, plan: ParallelPlan, *, rank: int
+) -> tuple[float, tuple[float, ...]]:
     layers = _chunk_layer_bytes(model, plan, rank=rank)
     per_mb: float = sum(layers)
     if rank == 0 and model.dropout:  # embedding output (dropout mask), Korthikanti §4.3
@@ -111,8 +136,8 @@ def _rank_activations(
     # Korthikanti's bytes are for 16-bit activations; fp32 training stores 4-byte ones.
     per_mb = per_mb * plan.precision.activation_bytes / 2
     if len(set(layers)) == 1:
-        return per_mb, [per_mb / plan.vpp] * plan.vpp
-    return per_mb, [per_mb * b / sum(layers) for b in layers]
+        return per_mb, (per_mb / plan.vpp,) * plan.vpp
+    return per_mb, tuple(per_mb * b / sum(layers) for b in layers)
 
 
 def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, stage: int) -> float:
@@ -123,15 +148,17 @@ def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, stage: int) 
     return _rank_activations(model, plan, rank=stage % plan.pp)[1][stage // plan.pp]
 
 
-def stored_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float:
+def stored_activation_bytes(
+    model: ModelSpec, plan: ParallelPlan, *, rank: int, memo: Memo | None = None
+) -> float:
     """Activations stored at the rank's peak: per micro-batch bytes x micro-batches in flight
     (:func:`microbatches_in_flight`). When the rank's chunks store different bytes (only
     with interleaving: ``account_for_*_in_pipeline_split``, bf16 layers) the chunks held at the peak
     matter, so the rank's interleaved 1F1B order is replayed instead (warm-up forwards, then
     forward/backward pairs, ``plansim.schedule.builders``): each forward stores its chunk's
     bytes (:func:`stage_activation_bytes`), each backward frees them, as the event engine
-    does."""
-    per_mb, stored = _rank_activations(model, plan, rank=rank)
+    does. ``memo``: a search's cache (one model); same result without."""
+    per_mb, stored = _rank_activations(model, plan, rank=rank, memo=memo)
     if len(set(stored)) == 1:
         return per_mb * microbatches_in_flight(plan, rank=rank)
     p, v, m = plan.pp, plan.vpp, plan.num_microbatches

@@ -44,6 +44,12 @@ sharing, FIFO waits and the slack of blocking sends, so the engine may take long
 property test (``tests/unit/test_planner_pruning.py``) checks bound <= simulated time over
 random plans. :data:`SAFETY` absorbs float rounding (the engine adds the same durations in
 another order).
+
+A cheaper, looser bound needs no :class:`PipelineWork`, only each stage's compute-stream
+seconds (``plansim.analytic.cost.stage_compute_s``): the work bound above without the
+transfers, the rank's step tail and the ZeRO-3 / CP segments
+(:func:`compute_lower_bound_s`). The search gives it to every feasible plan and builds the
+work for the full bound only where the cheap one does not already exceed the K-th best.
 """
 
 from __future__ import annotations
@@ -58,6 +64,10 @@ from plansim.specs.work import GradBucket, PipelineWork, Segment, StageWork
 #: Relative margin taken off every bound so float summation order cannot make it exceed the
 #: engine's time for the same work (sums of at most ~1e6 terms, each rounding ~1e-16).
 SAFETY = 1e-9
+#: Margin of :func:`compute_lower_bound_s`: it must stay below the full bound of the same
+#: plan (which sums the same seconds with others, in another order), not only below the
+#: engine's time, so that refining it only ever raises a candidate's bound.
+COMPUTE_SAFETY = 1e-6
 
 
 def _sum(segments: tuple[Segment, ...]) -> float:
@@ -187,3 +197,33 @@ def step_time_lower_bound_s(
             best = max(best, head + work_s - suffix - blocking_send + chain + rank0_end)
         head += fwd[r] + send_f[r]
     return best * (1.0 - SAFETY)
+
+
+def compute_lower_bound_s(
+    stage_compute: tuple[tuple[float, float], ...], *, num_ranks: int, num_microbatches: int
+) -> float:
+    """A bound from compute alone, <= :func:`step_time_lower_bound_s` of the same plan.
+
+    Args:
+        stage_compute: per stage (model chunk), stage 0 first, (forward, backward) seconds
+            of one micro-batch that hold the compute stream (``cost.stage_compute_s``);
+            stage s runs on rank s mod ``num_ranks``.
+        num_ranks: pipeline ranks p; num_microbatches: m.
+
+    Returns:
+        Seconds: max over ranks r of (sum over stages s < r of F_s) + m x (sum over r's
+        stages of F + B), the module docstring's work bound with every transfer, the
+        step's tail and the non-compute segments left out (:data:`COMPUTE_SAFETY` below).
+        Every schedule runs each of rank r's actions after micro-batch 0 crossed stages
+        0..r - 1, one after another, each at least its compute-stream seconds.
+    """
+    p, m = num_ranks, num_microbatches
+    per_rank = [0.0] * p
+    for s, (f, b) in enumerate(stage_compute):
+        per_rank[s % p] += f + b
+    best = 0.0
+    head = 0.0
+    for r in range(p):
+        best = max(best, head + m * per_rank[r])
+        head += stage_compute[r][0]
+    return best * (1.0 - COMPUTE_SAFETY)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from plansim.analytic.cost import build_pipeline_work
-from plansim.analytic.link_tags import Memo
-from plansim.planner.bounds import step_time_lower_bound_s
+from plansim.analytic.cost import build_pipeline_work, stage_compute_s
+from plansim.analytic.memo import Memo
+from plansim.planner.bounds import compute_lower_bound_s, step_time_lower_bound_s
 from plansim.planner.enumerate import Layout, enumerate_plan_groups, restrict_to_layout
 from plansim.planner.evaluate import Evaluation, Rejected, check_plan, evaluate
 from plansim.planner.space import SearchSpace
@@ -29,8 +29,10 @@ class Candidate:
     Attributes:
         plan: the plan.
         label: ``plan.label()`` (tie-breaker of every ordering).
-        bound_s: guaranteed lower bound on its simulated step time, seconds
-            (``plansim.planner.bounds.step_time_lower_bound_s``).
+        bound_s: guaranteed lower bound on its simulated step time, seconds: the full one
+            (``plansim.planner.bounds.step_time_lower_bound_s``) when ``refined``, else
+            the cheaper compute-only one (``bounds.compute_lower_bound_s``), never above
+            the full one.
         estimate_s: the heuristic estimate (``search.estimate_step_time_s``) when asked for
             (the ``simulate_top`` mode), else 0.
     """
@@ -39,6 +41,7 @@ class Candidate:
     label: str
     bound_s: float
     estimate_s: float = 0.0
+    refined: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,12 +89,15 @@ class SearchContext:
         global_batch_size: int,
         space: SearchSpace,
         with_estimate: bool = False,
+        refine: bool = True,
     ) -> LayoutCosting:
         """Check every plan of ``layout`` (divisibility, memory) and bound the feasible ones.
 
         Memory is pruned before any costing: only plans that pass ``check_plan`` are costed;
         one check serves each group of plans that differ only in overlap flags
-        (``enumerate_plan_groups``).
+        (``enumerate_plan_groups``). ``refine=False`` gives each the compute-only bound
+        (``Candidate.refined`` False; :meth:`refine_bounds` later), without building its
+        work; the estimate, when asked for, needs the work and refines too.
         """
         from plansim.planner.search import estimate_step_time_s  # (search imports us)
 
@@ -106,9 +112,16 @@ class SearchContext:
             num_layers=model.num_layers,
         ):
             count += len(group)
-            why = check_plan(model, group[0], profile)  # the same for the whole group
+            why = check_plan(model, group[0], profile, memo=self.memo)  # same for the group
             if why is not None:
                 rejected += [why] + [replace(why, plan=plan) for plan in group[1:]]
+                continue
+            if not (refine or with_estimate):  # the overlap flags cost no compute
+                bound = self._compute_bound_s(group[0])
+                feasible += [
+                    Candidate(plan=plan, label=plan.label(), bound_s=bound, refined=False)
+                    for plan in group
+                ]
                 continue
             for plan in group:
                 work = build_pipeline_work(model, plan, profile, memo=self.memo, links=False)
@@ -127,6 +140,20 @@ class SearchContext:
         return LayoutCosting(
             num_candidates=count, feasible=tuple(feasible), rejected=tuple(rejected)
         )
+
+    def _compute_bound_s(self, plan: ParallelPlan) -> float:
+        stages = stage_compute_s(self.model, plan, self.profile, memo=self.memo)
+        return compute_lower_bound_s(
+            stages, num_ranks=plan.pp, num_microbatches=plan.num_microbatches
+        )
+
+    def refine_bounds(self, plans: tuple[ParallelPlan, ...]) -> tuple[float, ...]:
+        """The full lower bound (``step_time_lower_bound_s``) of each checked plan."""
+        out = []
+        for plan in plans:
+            work = build_pipeline_work(self.model, plan, self.profile, memo=self.memo, links=False)
+            out.append(step_time_lower_bound_s(work, schedule=plan.schedule, memo=self.memo))
+        return tuple(out)
 
     def simulate(
         self, plan: ParallelPlan, *, keep_below_s: float

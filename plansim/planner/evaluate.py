@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from plansim.analytic.cost import build_pipeline_work
 from plansim.analytic.flops import hardware_flops_per_step, model_flops_per_step
-from plansim.analytic.link_tags import Memo
+from plansim.analytic.memo import Memo
 from plansim.analytic.memory import MemoryBreakdown, rank_memory, worst_rank_memory
 from plansim.analytic.offload import host_memory_rejection, offloads, require_host
 from plansim.schedule.actions import PerRankActions
@@ -81,9 +81,12 @@ class Evaluation:
     num_grad_buckets: int = 0
 
 
-def check_plan(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile) -> Rejected | None:
+def check_plan(
+    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *, memo: Memo | None = None
+) -> Rejected | None:
     """Why ``plan`` cannot run ``model`` on ``profile`` (divisibility, dtype, GPU memory,
-    host memory of offloaded states), or None.
+    host memory of offloaded states), or None. ``memo``: a search's cache (one model and
+    profile) for the memory model's activation pricing; same result without.
 
     Raises:
         SpecError: the plan offloads and the profile has no host section (or no NVMe figures
@@ -138,7 +141,7 @@ def check_plan(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile) -
             reason=f"{profile.name} has no {plan.precision.value} matmul data "
             f"(has: {', '.join(profile.dtypes())})",
         )
-    worst = worst_rank_memory(model, plan, profile)
+    worst = worst_rank_memory(model, plan, profile, memo=memo)
     if worst.total_bytes > profile.hbm_capacity_bytes:
         return Rejected(
             plan=plan,
@@ -171,7 +174,7 @@ def evaluate(
         SpecError: the schedule builder does not support the plan's schedule/vpp.
     """
     if not checked:
-        rejected = check_plan(model, plan, profile)
+        rejected = check_plan(model, plan, profile, memo=memo)
         if rejected is not None:
             return rejected
     work = build_pipeline_work(model, plan, profile, memo=memo)
@@ -180,7 +183,7 @@ def evaluate(
     peak = max(result.peak_memory_bytes)
     if peak > profile.hbm_capacity_bytes:
         worst_rank = result.peak_memory_bytes.index(peak)
-        breakdown = rank_memory(model, plan, profile, rank=worst_rank)
+        breakdown = rank_memory(model, plan, profile, rank=worst_rank, memo=memo)
         return Rejected(
             plan=plan,
             category=OUT_OF_MEMORY,

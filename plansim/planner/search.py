@@ -1,13 +1,18 @@
 """Search: enumerate, prune (divisibility, memory), bound, simulate, rank by step time.
 
 Exact by default (branch and bound). Every candidate is checked (cheap, analytic: layout
-divisibility, then memory, before any costing); each feasible one is costed (memoised per
-search) and gets a guaranteed lower bound on its simulated step time
-(``plansim.planner.bounds``). Candidates are then simulated as events in increasing bound
-order, in fixed-size batches; the search stops when the next bound exceeds the K-th best
-simulated step time (K = ``top_k``). Every plan that could be among the K fastest (ties
-included) has been simulated, so the top K equal those of simulating every feasible plan
-(``exhaustive=True``), which the tests check.
+divisibility, then memory, before any costing); each feasible one gets a guaranteed lower
+bound on its simulated step time from its compute alone (``bounds.compute_lower_bound_s``,
+no pipeline work built). Candidates are then taken in increasing bound order: one whose
+bound is still the compute-only one is costed (its work built, memoised per search) and
+gets the full bound (``bounds.step_time_lower_bound_s``, never below the compute-only one)
+and goes back in line; one with its full bound is simulated as events, in fixed-size
+batches. The search stops when the next bound exceeds the K-th best simulated step time
+(K = ``top_k``). Plans leave the line in the order of their full bounds, as if every plan
+had been fully bounded first, so the plans simulated do not depend on the cheap bound.
+Every plan that could be among the K fastest (ties included) has been simulated, so the
+top K equal those of simulating every feasible plan (``exhaustive=True``), which the tests
+check.
 
 ``simulate_top=N`` keeps the older heuristic mode: simulate the N best analytic estimates
 (:func:`estimate_step_time_s`, not a bound), fast but not guaranteed to find the best plan.
@@ -19,9 +24,11 @@ on ``jobs``, so results are identical for any number of processes.
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from plansim.errors import SpecError, require_positive_int
 from plansim.planner.context import Candidate, SearchContext, Simulated
@@ -39,6 +46,10 @@ from plansim.specs.work import PipelineWork, StageWork
 PRUNED_BATCH = 4
 #: Plans simulated per round of the exhaustive search.
 EXHAUSTIVE_BATCH = 32
+#: Plans whose compute-only bound the exact search refines to the full one per round, and
+#: per task (both independent of jobs: determinism).
+REFINE_BATCH = 64
+REFINE_TASK = 8
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,6 +193,7 @@ def search(
             global_batch_size=global_batch_size,
             space=space,
             with_estimate=simulate_top is not None,
+            refine=exhaustive,
             progress=progress,
         )
         if simulate_top is not None:
@@ -230,15 +242,18 @@ def _cost_all(
     global_batch_size: int,
     space: SearchSpace,
     with_estimate: bool,
+    refine: bool,
     progress: Progress | None,
 ) -> tuple[int, list[Candidate], list[Rejected]]:
-    """Check and bound every candidate, one task per (tp, cp, pp, dp) layout, in order."""
+    """Check and bound every candidate, one task per (tp, cp, pp, dp) layout, in order
+    (``refine``: full bounds, else compute-only ones)."""
     todo = list(layouts(num_gpus, space))
     kwargs = {
         "num_gpus": num_gpus,
         "global_batch_size": global_batch_size,
         "space": space,
         "with_estimate": with_estimate,
+        "refine": refine,
     }
     if progress is not None:
         progress.start("cost layouts", len(todo))
@@ -272,31 +287,56 @@ def _branch_and_bound(
     progress: Progress | None,
 ) -> list[tuple[Candidate, Outcome]]:
     """Simulate in (bound, label) order until the next bound exceeds the K-th best step
-    time (exhaustive: until every plan is simulated); returns what was simulated, in order."""
-    order = sorted(feasible, key=lambda c: (c.bound_s, c.label))
+    time (exhaustive: until every plan is simulated); returns what was simulated, in order.
+    Candidates with a compute-only bound are refined when they reach the front (module
+    docstring)."""
+    line = [(c.bound_s, c.label, i, c) for i, c in enumerate(feasible)]
+    heapq.heapify(line)
     batch = EXHAUSTIVE_BATCH if exhaustive else PRUNED_BATCH
     times: list[float] = []  # simulated step times, sorted
     sims: list[tuple[Candidate, Outcome]] = []
     if progress is not None:
-        progress.start("simulate", len(order))
-    i = 0
-    while i < len(order):
+        progress.start("simulate", len(line))
+    while line:
         kth = times[top_k - 1] if len(times) >= top_k else math.inf
-        if not exhaustive and order[i].bound_s > kth:
-            break
+        limit = math.inf if exhaustive else kth
         take: list[Candidate] = []
-        while i < len(order) and len(take) < batch and (exhaustive or order[i].bound_s <= kth):
-            take.append(order[i])
-            i += 1
+        while line and len(take) < batch and line[0][0] <= limit:
+            if line[0][3].refined:
+                take.append(heapq.heappop(line)[3])
+            else:
+                _refine(workers, line, limit=limit)
+        if not take:
+            break
         outcomes = _simulate(workers, take, keep_below_s=kth if exhaustive else math.inf)
         for cand, out in zip(take, outcomes, strict=True):
             sims.append((cand, out))
             if not isinstance(out, Rejected):
                 bisect.insort(times, out.step_time_s)
         _report(progress, len(take), feasible=len(feasible), sims=sims)
-    if progress is not None and i < len(order):
-        progress.update(len(order) - i, feasible=len(feasible), best_s=times[0] if times else None)
+    if progress is not None and line:
+        progress.update(len(line), feasible=len(feasible), best_s=times[0] if times else None)
     return sims
+
+
+Line = list[tuple[float, str, int, Candidate]]
+
+
+def _refine(workers: Workers, line: Line, *, limit: float) -> None:
+    """Replace the compute-only bounds at the front of ``line`` (up to REFINE_BATCH, while
+    <= ``limit``) by full ones, in tasks of REFINE_TASK plans."""
+    popped: Line = []
+    while line and len(popped) < REFINE_BATCH and line[0][0] <= limit:
+        if line[0][3].refined:
+            break
+        popped.append(heapq.heappop(line))
+    plans = [entry[3].plan for entry in popped]
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+        ((tuple(plans[k : k + REFINE_TASK]),), {}) for k in range(0, len(plans), REFINE_TASK)
+    ]
+    bounds = [b for chunk in workers.map(SearchContext.refine_bounds, calls) for b in chunk]
+    for (_, label, i, cand), bound in zip(popped, bounds, strict=True):
+        heapq.heappush(line, (bound, label, i, replace(cand, bound_s=bound, refined=True)))
 
 
 def _report(

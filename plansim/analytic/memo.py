@@ -1,0 +1,25 @@
+"""The cache a planner search threads through the costing functions (pure helpers).
+
+A memo is a plain dict a :class:`plansim.planner.context.SearchContext` owns for one model
+and one profile; costing functions take it as an optional argument and give identical
+results without it. Keys start with a tag naming what is cached, followed by the plan
+fields that quantity depends on (each module lists the fields it leaves out).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+Memo = dict[tuple[object, ...], object]
+
+
+def memoised(memo: Memo | None, key: tuple[object, ...], compute: Callable[[], T]) -> T:
+    """``memo[key]``, computed by ``compute()`` the first time; ``compute()`` without a memo."""
+    if memo is None:
+        return compute()
+    if key not in memo:
+        memo[key] = compute()
+    return memo[key]  # type: ignore[return-value]

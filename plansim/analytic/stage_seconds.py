@@ -1,0 +1,105 @@
+"""Seconds of one model chunk's passes for one micro-batch, by part (pure).
+
+A pipeline stage (model chunk) of ``n`` layers runs ``n`` times the per-layer pass times
+(``plansim.analytic.layer_cost.PassTimes``), its first and last layers kept in bf16 at the
+bf16 layer's times (``num_layers_at_start/end_in_bf16``), plus the embedding work on the
+first stage and the logits and loss on the last (``EdgeTimes``). Full recompute re-runs the
+forward of the layers :meth:`ParallelPlan.recomputed_layers` names (the block method: the
+chunk's first ones); selective recompute is inside the per-layer times.
+
+These are the parts that hold a rank's compute stream: kernels and the blocking TP
+collectives. ZeRO-3, context-parallel and pipeline transfers come on top
+(``plansim.analytic.cost``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plansim.analytic.layer_cost import EdgeTimes, PassTimes
+from plansim.specs.plan import ParallelPlan, Recompute
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageSeconds:
+    """Seconds of one micro-batch through one model chunk on one GPU, by part.
+
+    Attributes:
+        forward_s, tp_forward_s: forward kernels; its TP collectives.
+        backward_input_s, backward_weight_s, tp_backward_s: input-gradient and
+            weight-gradient kernels; the backward's TP collectives.
+        recompute_s, tp_recompute_s: the forward re-run by full recompute, and its TP
+            collectives (0 without full recompute).
+    """
+
+    forward_s: float
+    tp_forward_s: float
+    backward_input_s: float
+    backward_weight_s: float
+    tp_backward_s: float
+    recompute_s: float
+    tp_recompute_s: float
+
+    @property
+    def forward_total_s(self) -> float:
+        """What a forward action holds the compute stream for: kernels + TP collectives."""
+        return self.forward_s + self.tp_forward_s
+
+    @property
+    def backward_total_s(self) -> float:
+        """What a backward action (input + weight gradients, with recompute) holds the
+        compute stream for."""
+        return (
+            self.recompute_s
+            + self.tp_recompute_s
+            + self.backward_input_s
+            + self.backward_weight_s
+            + self.tp_backward_s
+        )
+
+
+def stage_seconds(
+    num_layers: int,
+    *,
+    first: bool,
+    last: bool,
+    plan: ParallelPlan,
+    layer: PassTimes,
+    layer16: PassTimes,
+    bf16_ends: tuple[int, int],
+    edges: EdgeTimes,
+) -> StageSeconds:
+    """Seconds of a chunk of ``num_layers`` layers whose first and last ``bf16_ends`` layers
+    run at ``layer16``'s times (``plansim.specs.layer_split.stage_bf16_layers``), the rest at
+    ``layer``'s; ``first`` / ``last``: it is the model's first / last stage (``edges``)."""
+    n = num_layers
+    head, tail = bf16_ends
+
+    def total(attr: str, count: int, bf16: int) -> float:
+        quantized: float = getattr(layer, attr)
+        return (count - bf16) * quantized + bf16 * float(getattr(layer16, attr))
+
+    fwd = total("forward_s", n, head + tail) + (edges.first_forward_s if first else 0.0)
+    fwd += edges.last_forward_s if last else 0.0
+    tp_fwd = total("tp_forward_s", n, head + tail) + (edges.first_tp_s if first else 0.0)
+    tp_fwd += edges.last_tp_s if last else 0.0
+    bwd_in = total("backward_input_s", n, head + tail)
+    bwd_in += (edges.first_backward_s if first else 0.0) + (
+        edges.last_backward_input_s if last else 0.0
+    )
+    bwd_w = total("backward_weight_s", n, head + tail)
+    bwd_w += edges.last_backward_weight_s if last else 0.0
+    tp_bwd = total("tp_backward_s", n, head + tail) + (edges.first_tp_s if first else 0.0)
+    tp_bwd += edges.last_tp_s if last else 0.0
+    # layers whose recompute runs: all of them, or the block method's first N (full)
+    r = plan.recomputed_layers(n) if plan.recompute is Recompute.FULL else n
+    r16 = min(r, head) + max(0, r - (n - tail))  # the block method recomputes the first r
+    return StageSeconds(
+        forward_s=fwd,
+        tp_forward_s=tp_fwd,
+        backward_input_s=bwd_in,
+        backward_weight_s=bwd_w,
+        tp_backward_s=tp_bwd,
+        recompute_s=total("recompute_s", r, r16),
+        tp_recompute_s=total("tp_recompute_s", r, r16),
+    )

@@ -1,0 +1,147 @@
+"""The search's compute-only bounds: below the full bound, refined lazily to the same
+simulated plans, and memoised under keys that leave out only fields they ignore."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from plansim.analytic import cost, stored_activations
+from plansim.analytic.cost import stage_compute_s
+from plansim.analytic.stored_activations import microbatch_activation_bytes, stage_activation_bytes
+from plansim.catalog import resolve_model
+from plansim.io.profiles import load_profile
+from plansim.planner import search as search_module
+from plansim.planner.bounds import compute_lower_bound_s, step_time_lower_bound_s
+from plansim.planner.parallel import Workers
+from plansim.planner.space import SearchSpace
+from plansim.schedule import build_actions
+from plansim.sim import simulate
+from plansim.specs.plan import (
+    DpSync,
+    OffloadDevice,
+    ParallelPlan,
+    Schedule,
+    Zero3ParamFetch,
+)
+from tests.unit.synthetic import round_profile
+from tests.unit.test_planner_pruning import _uniform_work
+from tests.unit.test_work_memo import BASE, H100, MODEL
+
+A100 = load_profile("a100-sxm4-80gb")
+
+
+@pytest.mark.parametrize("schedule", list(Schedule))
+def test_compute_bound_of_uniform_stages_is_the_last_rank_after_the_fill(
+    schedule: Schedule,
+) -> None:
+    p, m = 4, 8
+    v = 2 if schedule is Schedule.INTERLEAVED_1F1B else 1
+    split = schedule is Schedule.ZB_H1
+    work = _uniform_work(p, m, v, split=split)
+    backward = ("backward_input", "backward_weight") if split else ("backward",)
+    stages = tuple(
+        (
+            sum(s.duration_s for s in st.forward),
+            sum(s.duration_s for part in backward for s in getattr(st, part)),
+        )
+        for st in work.stages
+    )
+    quick = compute_lower_bound_s(stages, num_ranks=p, num_microbatches=m)
+    # F = 1 s, B = 2 s (ZB-H1: I + W = 1.5 s) per chunk: the last rank waits 3 forwards,
+    # then runs m v (F + B)
+    assert quick == pytest.approx(3 * 1.0 + m * v * (2.5 if split else 3.0), rel=1e-5)
+    full = step_time_lower_bound_s(work, schedule=schedule)
+    simulated = simulate(build_actions(schedule, num_ranks=p, num_microbatches=m, vpp=v), work)
+    assert quick < full <= simulated.step_time_s
+
+
+SPACE = SearchSpace(max_micro_batch_size=2, max_vpp=4)
+
+
+@pytest.mark.parametrize(("name", "profile", "gpus", "gbs", "k"), [
+    ("megatron-1.7b", A100, 8, 16, 10),
+    ("megatron-7.5b", round_profile(gpus_per_node=4), 16, 32, 5),
+    ("llama3-8b", A100, 16, 32, 3),
+])  # fmt: skip
+def test_lazy_refinement_simulates_the_plans_eager_bounds_would(
+    name: str, profile: object, gpus: int, gbs: int, k: int
+) -> None:
+    model = resolve_model(name)
+    kw = dict(num_gpus=gpus, global_batch_size=gbs, space=SPACE, with_estimate=False)
+    runs = []
+    for refine in (True, False):
+        with Workers(model, profile, jobs=1) as workers:  # type: ignore[arg-type]
+            _, feasible, _ = search_module._cost_all(
+                workers,
+                refine=refine,
+                progress=None,
+                **kw,  # type: ignore[arg-type]
+            )
+            assert all(c.refined is refine for c in feasible)
+            sims = search_module._branch_and_bound(
+                workers, feasible, top_k=k, exhaustive=False, progress=None
+            )
+        runs.append([(c.label, c.bound_s, out.step_time_s) for c, out in sims])  # type: ignore[union-attr]
+    eager, lazy = runs
+    assert lazy == eager  # same plans, same order, same full bounds and times
+    assert len(feasible) > 4 * len(lazy)  # and the search did prune
+
+
+ZERO3 = {"zero_stage": 3, "overlap_grad_reduce": False}
+INTERLEAVED = {"vpp": 2, "schedule": Schedule.INTERLEAVED_1F1B}
+PS = {"zero_stage": 0, "dp_sync": DpSync.PARAMETER_SERVER}
+
+#: field -> (what both plans share beyond BASE, what the second one changes)
+PAIRS: dict[str, tuple[dict[str, object], dict[str, object]]] = {
+    "dp": ({}, {"dp": 8}),
+    "global_batch_size": ({}, {"global_batch_size": 32}),
+    "zero_stage": ({}, {"zero_stage": 2}),
+    "schedule": ({}, {"schedule": Schedule.GPIPE}),
+    "overlap_p2p_comm": (INTERLEAVED, {"overlap_p2p_comm": True}),
+    "overlap_grad_reduce": ({}, {"overlap_grad_reduce": False}),
+    "overlap_param_gather": ({}, {"overlap_param_gather": True}),
+    "gradient_accumulation_fusion": ({}, {"gradient_accumulation_fusion": False}),
+    "grad_reduce_in_bf16": ({}, {"grad_reduce_in_bf16": True}),
+    "scatter_gather_p2p": ({}, {"scatter_gather_p2p": False}),
+    "dp_sync": ({"zero_stage": 0}, {"dp_sync": DpSync.PARAMETER_SERVER}),
+    "ps_servers": (PS, {"ps_servers": 2}),
+    "offload_optimizer": ({}, {"offload_optimizer": OffloadDevice.CPU}),
+    "offload_param": (
+        {**ZERO3, "offload_optimizer": OffloadDevice.CPU},
+        {"offload_param": OffloadDevice.CPU},
+    ),
+    "zero3_param_fetch": (ZERO3, {"zero3_param_fetch": Zero3ParamFetch.PER_TENSOR_SYNC}),
+    "use_torch_fsdp2": (ZERO3, {"use_torch_fsdp2": True}),
+    "dp_shard": ({}, {"dp_shard": 2}),
+}
+
+
+def _stage_compute(plan: ParallelPlan) -> object:
+    return stage_compute_s(MODEL, plan, H100)
+
+
+def _activations(plan: ParallelPlan) -> object:
+    per_rank = [microbatch_activation_bytes(MODEL, plan, rank=r) for r in range(plan.pp)]
+    per_stage = [stage_activation_bytes(MODEL, plan, stage=s) for s in range(plan.num_stages)]
+    return per_rank, per_stage
+
+
+@pytest.mark.parametrize(
+    ("excluded", "price"),
+    [(cost._NOT_IN_COMPUTE, _stage_compute), (stored_activations.NOT_IN_ACTIVATIONS, _activations)],
+    ids=["stage compute", "activations per micro-batch"],
+)
+def test_memo_keys_leave_out_only_fields_the_quantity_ignores(
+    excluded: tuple[str, ...], price: object
+) -> None:
+    assert set(excluded) <= set(PAIRS)  # every left-out field is checked here
+    for field in excluded:
+        common, change = PAIRS[field]
+        first = replace(BASE, **common)  # type: ignore[arg-type]
+        second = replace(first, **change)  # type: ignore[arg-type]
+        assert price(first) == price(second), field  # type: ignore[operator]
+    # and the check can fail: a field the quantity depends on changes it
+    assert price(BASE) != price(replace(BASE, micro_batch_size=2, global_batch_size=32))  # type: ignore[operator]
+    assert price(BASE) != price(replace(BASE, tp=4))  # type: ignore[operator]
