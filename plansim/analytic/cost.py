@@ -50,7 +50,7 @@ from dataclasses import dataclass, replace
 from plansim.analytic.grad_buckets import grad_buckets
 from plansim.analytic.layer_cost import EdgeTimes, PassTimes, edge_times, layer_pass_times
 from plansim.analytic.link_tags import with_links
-from plansim.analytic.memo import Memo, memoised
+from plansim.analytic.memo import Memo, fields_getter, memoised
 from plansim.analytic.memory import plan_state_bytes
 from plansim.analytic.offload import with_param_fetch
 from plansim.analytic.pipeline_send import pipeline_send
@@ -221,6 +221,13 @@ _BUCKET_FIELDS = (
 )  # fmt: skip
 
 
+_work_key = fields_getter(_WORK_FIELDS)
+_pass_key = fields_getter(_PASS_FIELDS)
+_compute_key = fields_getter(_COMPUTE_FIELDS)
+_bucket_key = fields_getter(_BUCKET_FIELDS)
+_zero3_key = fields_getter(_ZERO3_FIELDS)
+
+
 def build_pipeline_work(
     model: ModelSpec,
     plan: ParallelPlan,
@@ -245,7 +252,7 @@ def build_pipeline_work(
     """
     if memo is None:
         return _build(model, plan, profile, None, links=links)
-    key = ("work", links, *(getattr(plan, f) for f in _WORK_FIELDS))
+    key = ("work", links, *_work_key(plan))
     work = memo.get(key)
     if work is None:
         work = memo[key] = _build(model, plan, profile, memo, links=links)
@@ -270,14 +277,14 @@ def _pass_inputs(
     groups = layout_groups(plan, gpus_per_node=profile.gpus_per_node)
     gpus = plan.num_gpus  # sets the GEMM rate the job sustains (plansim.analytic.sustained)
     job = memoised(memo, ("job", gpus), lambda: job_compute_profile(profile, gpus))
-    pass_key = (gpus, *(getattr(plan, f) for f in _PASS_FIELDS))
+    pass_key = (gpus, *_pass_key(plan))
     layer = memoised(memo, ("layer", *pass_key), lambda: layer_pass_times(model, plan, job, groups))
     edges = memoised(memo, ("edges", *pass_key), lambda: edge_times(model, plan, job, groups))
     bf16_ends = stage_bf16_layers(model.num_layers, plan)
     layer16 = layer
     if any(head or tail for head, tail in bf16_ends):  # the same layer with bf16 GEMMs
         plan16 = plan.bf16_layer_plan()
-        key16 = (gpus, *(getattr(plan16, f) for f in _PASS_FIELDS))
+        key16 = (gpus, *_pass_key(plan16))
         layer16 = memoised(
             memo, ("layer", *key16), lambda: layer_pass_times(model, plan16, job, groups)
         )
@@ -298,7 +305,7 @@ def stage_compute_s(
     """
     if memo is None:
         return _stage_compute_s(model, plan, profile, None)
-    key = ("stage_compute", *(getattr(plan, f) for f in _COMPUTE_FIELDS))
+    key = ("stage_compute", *_compute_key(plan))
     return memoised(memo, key, lambda: _stage_compute_s(model, plan, profile, memo))
 
 
@@ -333,12 +340,12 @@ def _build(
     inputs = _pass_inputs(model, plan, profile, memo)
     groups, layer, layer16, edges = inputs.groups, inputs.layer, inputs.layer16, inputs.edges
     bf16_ends = inputs.bf16_ends
-    bucket_key = tuple(getattr(plan, f) for f in _BUCKET_FIELDS)
+    bucket_key = _bucket_key(plan)
     per_param = plan_state_bytes(plan)
     z3_bytes = {"param_bytes": per_param.param, "grad_bytes": per_param.param}
     z3_layer = memoised(
         memo,
-        ("zero3", *(getattr(plan, f) for f in _ZERO3_FIELDS)),
+        ("zero3", *_zero3_key(plan)),
         lambda: unit_traffic(
             layer_param_tensors(model, plan), plan=plan, profile=profile, groups=groups, **z3_bytes
         ),

@@ -9,6 +9,7 @@ fields that quantity depends on (each module lists the fields it leaves out).
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import attrgetter
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -23,3 +24,15 @@ def memoised(memo: Memo | None, key: tuple[object, ...], compute: Callable[[], T
     if key not in memo:
         memo[key] = compute()
     return memo[key]  # type: ignore[return-value]
+
+
+def fields_getter(names: tuple[str, ...]) -> Callable[[object], tuple[object, ...]]:
+    """A function giving an object's values of ``names`` as a tuple, for memo keys (one C
+    call instead of a Python loop of getattr).
+
+    Raises:
+        ValueError: fewer than two names (one would give a bare value, not a tuple).
+    """
+    if len(names) < 2:
+        raise ValueError(f"fields_getter needs two or more names, got {names!r}")
+    return attrgetter(*names)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from plansim.analytic.activations import layer_activations
 from plansim.analytic.elementwise import QUANTIZED_ELEMENT_BYTES
-from plansim.analytic.memo import Memo, memoised
+from plansim.analytic.memo import Memo, fields_getter, memoised
 from plansim.schedule.builders import interleaved_chunk, interleaved_warmup
 from plansim.specs.layer_split import stage_bf16_layers, stage_layer_counts
 from plansim.specs.model import ModelSpec
@@ -108,8 +108,8 @@ NOT_IN_ACTIVATIONS = (
     "grad_reduce_in_bf16", "scatter_gather_p2p", "dp_sync", "ps_servers",
     "offload_optimizer", "offload_param", "zero3_param_fetch", "use_torch_fsdp2", "dp_shard",
 )  # fmt: skip
-_ACTIVATION_FIELDS = tuple(
-    f for f in ParallelPlan.__dataclass_fields__ if f not in NOT_IN_ACTIVATIONS
+_activation_key = fields_getter(
+    tuple(f for f in ParallelPlan.__dataclass_fields__ if f not in NOT_IN_ACTIVATIONS)
 )
 
 
@@ -121,7 +121,7 @@ def _rank_activations(
     cache (one model), keyed by the rank and the fields outside NOT_IN_ACTIVATIONS."""
     if memo is None:
         return _price_rank_activations(model, plan, rank=rank)
-    key = ("rank_activations", rank, *(getattr(plan, f) for f in _ACTIVATION_FIELDS))
+    key = ("rank_activations", rank, *_activation_key(plan))
     return memoised(memo, key, lambda: _price_rank_activations(model, plan, rank=rank))
 
 
