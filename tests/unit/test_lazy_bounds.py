@@ -14,14 +14,19 @@ from plansim.catalog import resolve_model
 from plansim.io.profiles import load_profile
 from plansim.planner import search as search_module
 from plansim.planner.bounds import compute_lower_bound_s, step_time_lower_bound_s
+from plansim.planner.context import SearchContext
+from plansim.planner.enumerate import layouts
 from plansim.planner.parallel import Workers
 from plansim.planner.space import SearchSpace
 from plansim.schedule import build_actions
 from plansim.sim import simulate
+from plansim.specs.hardware import HostSpec
 from plansim.specs.plan import (
     DpSync,
     OffloadDevice,
     ParallelPlan,
+    Precision,
+    Recompute,
     Schedule,
     Zero3ParamFetch,
 )
@@ -145,3 +150,64 @@ def test_memo_keys_leave_out_only_fields_the_quantity_ignores(
     # and the check can fail: a field the quantity depends on changes it
     assert price(BASE) != price(replace(BASE, micro_batch_size=2, global_batch_size=32))  # type: ignore[operator]
     assert price(BASE) != price(replace(BASE, tp=4))  # type: ignore[operator]
+
+
+#: The H100 profile with a host for offloaded states (a what-if: round figures, not a
+#: measured host).
+HOST_H100 = replace(
+    H100,
+    host=HostSpec(
+        memory_bytes=2.0**41,
+        adam_params_per_s=1e9,
+        nvme_read_bytes_per_s=10e9,
+        nvme_write_bytes_per_s=5e9,
+    ),
+)
+
+#: Spaces beyond the default one: context parallelism, offload, parameter servers, hybrid
+#: sharding, fp8 with bf16 edge layers, every overlap flag.
+RICH_SPACES = (
+    SearchSpace(
+        cp=None,
+        micro_batch_size=(1,),
+        recomputes=(Recompute.NONE, Recompute.FULL),
+        offloads=(
+            (OffloadDevice.NONE, OffloadDevice.NONE),
+            (OffloadDevice.CPU, OffloadDevice.NONE),
+            (OffloadDevice.CPU, OffloadDevice.CPU),
+        ),
+        dp_syncs=(DpSync.RING, DpSync.PARAMETER_SERVER),
+        overlap_param_gather=(False, True),
+        tp_comm_overlap=(False, True),
+        grad_reduce_in_bf16=(False, True),
+        hsdp_shard_gpus=8,
+    ),
+    SearchSpace(
+        max_micro_batch_size=2,
+        precision=Precision.FP8,
+        bf16_layers=(1, 1),
+        zero3_param_fetch=Zero3ParamFetch.PER_TENSOR_SYNC,
+        gradient_accumulation_fusion=False,
+    ),
+)
+
+
+@pytest.mark.parametrize("space", RICH_SPACES, ids=["cp offload ps hsdp", "fp8 bf16-layers"])
+def test_compute_bound_stays_below_the_full_bound_across_the_plan_features(
+    space: SearchSpace,
+) -> None:
+    model, gpus = resolve_model("llama3-8b"), 8
+    ctx = SearchContext(model, HOST_H100)
+    checked = 0
+    for layout in layouts(gpus, space):
+        costing = ctx.cost_layout(layout, num_gpus=gpus, global_batch_size=32, space=space)
+        for cand in costing.feasible:
+            plan = cand.plan
+            quick = compute_lower_bound_s(
+                stage_compute_s(model, plan, HOST_H100, memo=ctx.memo),
+                num_ranks=plan.pp,
+                num_microbatches=plan.num_microbatches,
+            )
+            assert 0 < quick <= cand.bound_s, cand.label
+            checked += 1
+    assert checked > 100
