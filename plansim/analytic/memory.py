@@ -30,10 +30,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from plansim.analytic.activations import layer_activations, ring_kv_chunk_bytes
-from plansim.analytic.memo import Memo
+from plansim.analytic.memo import Memo, memoised
 from plansim.analytic.params import count_parameters
 from plansim.analytic.ranks import dp_cp_size, zero_shard_size
-from plansim.analytic.stored_activations import saved_gemm_input_bytes, stored_activation_bytes
+from plansim.analytic.stored_activations import (
+    activation_key,
+    saved_gemm_input_bytes,
+    stored_activation_bytes,
+)
 from plansim.analytic.zero3 import gathered_bytes
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import pipeline_layer_counts, stage_bf16_layers
@@ -229,12 +233,14 @@ def rank_memory(
         gradients_bytes=states.gradients_bytes,
         optimizer_bytes=states.optimizer_bytes,
         activations_bytes=stored_activation_bytes(model, plan, rank=rank, memo=memo),
-        transient_bytes=transient_bytes(model, plan, rank=rank),
+        transient_bytes=transient_bytes(model, plan, rank=rank, memo=memo),
         reserve_bytes=profile.memory_reserve_bytes,
     )
 
 
-def transient_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float:
+def transient_bytes(
+    model: ModelSpec, plan: ParallelPlan, *, rank: int, memo: Memo | None = None
+) -> float:
     """Short-lived buffers at the peak: recompute working set, logits, ZeRO-3 gathered layer,
     context-parallel ring buffers.
 
@@ -244,8 +250,18 @@ def transient_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float
     s is the rank's s/cp tokens, and one layer's ring attention holds max(cp, 4) K/V chunks
     (``ring_kv_chunk_bytes``): Transformer Engine's ``AttnFuncWithCPAndKVP2P`` keeps every
     received chunk until the layer's forward ends, and its backward double-buffers (K, V,
-    dK, dV) = 2 x 2 chunks.
+    dK, dV) = 2 x 2 chunks. ``memo``: a search's cache (one model) for the part before
+    ZeRO-3, which depends only on the fields of ``stored_activations.activation_key``.
     """
+    key = ("transient", rank, *activation_key(plan))
+    total = memoised(memo, key, lambda: _working_bytes(model, plan, rank=rank))
+    if plan.zero_stage == 3:
+        total += gathered_bytes(model, plan, rank=rank, param_bytes=plan_state_bytes(plan).param)
+    return total
+
+
+def _working_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float:
+    """:func:`transient_bytes` without the ZeRO-3 gathered parameters."""
     s, b, h = model.seq_length / plan.cp, plan.micro_batch_size, model.hidden_size
     ends = stage_bf16_layers(model.num_layers, plan)[rank :: plan.pp]
     bf16_here = any(head or tail for head, tail in ends)  # its working set is the larger
@@ -264,8 +280,6 @@ def transient_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float
     total += max(plan.cp, 4) * chunk
     if rank == plan.pp - 1:
         total += 4.0 * s * b * model.vocab_size / plan.tp + 4.0 * s * b * h / plan.tp
-    if plan.zero_stage == 3:
-        total += gathered_bytes(model, plan, rank=rank, param_bytes=plan_state_bytes(plan).param)
     return total
 
 

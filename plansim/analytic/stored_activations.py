@@ -101,14 +101,17 @@ def microbatch_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: i
 
 #: Plan fields the bytes one micro-batch stores per layer and chunk do not depend on (the
 #: micro-batches in flight do: :func:`microbatches_in_flight`); every other field is in the
-#: memo key of :func:`_rank_activations`, so a field added later counts until listed here.
+#: memo key of :func:`_rank_activations` (and of ``memory.transient_bytes``' part before
+#: ZeRO-3), so a field added later counts until listed here.
 NOT_IN_ACTIVATIONS = (
     "dp", "global_batch_size", "zero_stage", "schedule", "overlap_p2p_comm",
     "overlap_grad_reduce", "overlap_param_gather", "gradient_accumulation_fusion",
     "grad_reduce_in_bf16", "scatter_gather_p2p", "dp_sync", "ps_servers",
     "offload_optimizer", "offload_param", "zero3_param_fetch", "use_torch_fsdp2", "dp_shard",
 )  # fmt: skip
-_activation_key = fields_getter(
+#: The memo key fields of a rank's activation pricing (every plan field outside
+#: NOT_IN_ACTIVATIONS), for this module and ``memory.transient_bytes``.
+activation_key = fields_getter(
     tuple(f for f in ParallelPlan.__dataclass_fields__ if f not in NOT_IN_ACTIVATIONS)
 )
 
@@ -121,7 +124,7 @@ def _rank_activations(
     cache (one model), keyed by the rank and the fields outside NOT_IN_ACTIVATIONS."""
     if memo is None:
         return _price_rank_activations(model, plan, rank=rank)
-    key = ("rank_activations", rank, *_activation_key(plan))
+    key = ("rank_activations", rank, *activation_key(plan))
     return memoised(memo, key, lambda: _price_rank_activations(model, plan, rank=rank))
 
 

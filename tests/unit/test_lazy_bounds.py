@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from plansim.analytic import cost, stored_activations
+from plansim.analytic import cost, memory, stored_activations
 from plansim.analytic.cost import stage_compute_s
 from plansim.analytic.stored_activations import microbatch_activation_bytes, stage_activation_bytes
 from plansim.catalog import resolve_model
@@ -133,10 +133,18 @@ def _activations(plan: ParallelPlan) -> object:
     return per_rank, per_stage
 
 
+def _working_set(plan: ParallelPlan) -> object:
+    return [memory._working_bytes(MODEL, plan, rank=r) for r in range(plan.pp)]
+
+
 @pytest.mark.parametrize(
     ("excluded", "price"),
-    [(cost._NOT_IN_COMPUTE, _stage_compute), (stored_activations.NOT_IN_ACTIVATIONS, _activations)],
-    ids=["stage compute", "activations per micro-batch"],
+    [
+        (cost._NOT_IN_COMPUTE, _stage_compute),
+        (stored_activations.NOT_IN_ACTIVATIONS, _activations),
+        (stored_activations.NOT_IN_ACTIVATIONS, _working_set),
+    ],
+    ids=["stage compute", "activations per micro-batch", "transient working set"],
 )
 def test_memo_keys_leave_out_only_fields_the_quantity_ignores(
     excluded: tuple[str, ...], price: object
