@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from plansim.errors import PlansimError
 from plansim.io.profiles import load_profile
 from plansim.io.runs import RunRow
-from plansim.planner.evaluate import OUT_OF_MEMORY, Rejected, closest_miss
+from plansim.planner.evaluate import OUT_OF_MEMORY, Rejected
 from plansim.planner.run_checks import (
     PER_LAYER,
     LayerCheck,
@@ -85,12 +85,10 @@ class Prediction:
     peak_memory_error_pct: float | None = None
 
 
-def _closest_to_fitting(
-    rejected: tuple[Rejected, ...], profile: HardwareProfile
-) -> Rejected | None:
-    """The out-of-memory rejection with the smallest need, when that need is within
-    ``MEMORY_MODEL_SLACK`` of the GPU's memory (None otherwise, or without one)."""
-    closest = closest_miss(rejected)
+def _closest_to_fitting(closest: Rejected | None, profile: HardwareProfile) -> Rejected | None:
+    """``closest`` (the search's out-of-memory rejection with the smallest need) when that
+    need is within ``MEMORY_MODEL_SLACK`` of the GPU's memory (None otherwise, or without
+    one)."""
     limit = (1 + MEMORY_MODEL_SLACK) * profile.hbm_capacity_bytes
     return closest if closest is not None and closest.need_bytes <= limit else None
 
@@ -189,7 +187,7 @@ def _predict(row: RunRow, simulate_top: int, notes: list[str]) -> Prediction:
     except PlansimError as exc:  # a malformed or inconsistent row: skip it, keep the others
         return Prediction(status="skipped", note=f"row not usable: {exc}")
     status = "ok"
-    closest = None if result.ranked else _closest_to_fitting(result.rejected, profile)
+    closest = None if result.ranked else _closest_to_fitting(result.closest_miss, profile)
     if closest is not None:
         # The run did fit, so plansim's memory model is pessimistic for it: predict the
         # layouts that come closest to fitting (module docstring).

@@ -9,13 +9,14 @@ functions of their arguments, so results do not depend on where they run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from plansim.analytic.cost import build_pipeline_work, stage_compute_s
 from plansim.analytic.memo import Memo
 from plansim.planner.bounds import compute_lower_bound_s, step_time_lower_bound_s
 from plansim.planner.enumerate import Layout, enumerate_plan_groups, restrict_to_layout
 from plansim.planner.evaluate import Evaluation, Rejected, check_plan, evaluate
+from plansim.planner.rejections import RejectedRows, plan_from_values, plan_values
 from plansim.planner.space import SearchSpace
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
@@ -27,7 +28,7 @@ class Candidate:
     """A feasible plan before simulation.
 
     Attributes:
-        plan: the plan.
+        plan_values: the plan's field values (:attr:`plan` builds it).
         label: ``plan.label()`` (tie-breaker of every ordering).
         bound_s: guaranteed lower bound on its simulated step time, seconds: the full one
             (``plansim.planner.bounds.step_time_lower_bound_s``) when ``refined``, else
@@ -37,11 +38,17 @@ class Candidate:
             (the ``simulate_top`` mode), else 0.
     """
 
-    plan: ParallelPlan
+    plan_values: tuple[object, ...]
     label: str
     bound_s: float
     estimate_s: float = 0.0
     refined: bool = True
+
+    @property
+    def plan(self) -> ParallelPlan:
+        """The plan (built from ``plan_values``, ``rejections.plan_values``: a candidate
+        travels between processes as plain values; most are never simulated)."""
+        return plan_from_values(self.plan_values)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,7 +57,7 @@ class LayoutCosting:
 
     num_candidates: int
     feasible: tuple[Candidate, ...]
-    rejected: tuple[Rejected, ...]
+    rejected: RejectedRows
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,7 +110,7 @@ class SearchContext:
 
         model, profile = self.model, self.profile
         feasible: list[Candidate] = []
-        rejected: list[Rejected] = []
+        rejected = RejectedRows()
         count = 0
         for group in enumerate_plan_groups(
             num_gpus=num_gpus,
@@ -114,12 +121,17 @@ class SearchContext:
             count += len(group)
             why = check_plan(model, group[0], profile, memo=self.memo)  # same for the group
             if why is not None:
-                rejected += [why] + [replace(why, plan=plan) for plan in group[1:]]
+                rejected.add(why, group)
                 continue
             if not (refine or with_estimate):  # the overlap flags cost no compute
                 bound = self._compute_bound_s(group[0])
                 feasible += [
-                    Candidate(plan=plan, label=plan.label(), bound_s=bound, refined=False)
+                    Candidate(
+                        plan_values=plan_values(plan),
+                        label=plan.label(),
+                        bound_s=bound,
+                        refined=False,
+                    )
                     for plan in group
                 ]
                 continue
@@ -127,7 +139,7 @@ class SearchContext:
                 work = build_pipeline_work(model, plan, profile, memo=self.memo, links=False)
                 feasible.append(
                     Candidate(
-                        plan=plan,
+                        plan_values=plan_values(plan),
                         label=plan.label(),
                         bound_s=step_time_lower_bound_s(
                             work, schedule=plan.schedule, memo=self.memo
@@ -137,9 +149,7 @@ class SearchContext:
                         else 0.0,
                     )
                 )
-        return LayoutCosting(
-            num_candidates=count, feasible=tuple(feasible), rejected=tuple(rejected)
-        )
+        return LayoutCosting(num_candidates=count, feasible=tuple(feasible), rejected=rejected)
 
     def _compute_bound_s(self, plan: ParallelPlan) -> float:
         stages = stage_compute_s(self.model, plan, self.profile, memo=self.memo)

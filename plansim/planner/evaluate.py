@@ -6,7 +6,6 @@ not exceptions; a feasible plan becomes an :class:`Evaluation`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from plansim.analytic.cost import build_pipeline_work
@@ -40,13 +39,6 @@ class Rejected:
     category: str
     reason: str
     need_bytes: float = 0.0
-
-
-def closest_miss(rejected: Iterable[Rejected]) -> Rejected | None:
-    """The out-of-memory rejection whose plan needs the least memory (ties: the first), or
-    None without one: the plan closest to fitting."""
-    short = [r for r in rejected if r.category == OUT_OF_MEMORY]
-    return min(short, key=lambda r: r.need_bytes) if short else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

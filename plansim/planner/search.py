@@ -26,16 +26,17 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from plansim.errors import SpecError, require_positive_int
 from plansim.planner.context import Candidate, SearchContext, Simulated
 from plansim.planner.enumerate import layouts
-from plansim.planner.evaluate import OUT_OF_MEMORY, Evaluation, Rejected, closest_miss
+from plansim.planner.evaluate import OUT_OF_MEMORY, Evaluation, Rejected
 from plansim.planner.parallel import Workers
 from plansim.planner.progress import Progress
+from plansim.planner.rejections import RejectedRows, Rejections
 from plansim.planner.space import SearchSpace
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
@@ -69,7 +70,11 @@ class SearchResult:
             estimate below the ``simulate_top`` set).
         num_simulated: plans simulated as events.
         top_k: the K the search was exact for (0 in ``simulate_top`` mode).
-        rejected: every rejection, in enumeration then simulation order.
+        rejected: every rejection, in enumeration then simulation order (a
+            :class:`~plansim.planner.rejections.Rejections`: each Rejected is built when
+            read).
+        closest_miss: the out-of-memory rejection whose plan needs the least memory (ties:
+            the first), or None.
         batch_indivisible_dps: dp sizes of (tp, cp, pp, dp) layouts the GPUs allow but the
             global batch does not split over (global_batch_size % dp != 0); no candidate is
             enumerated for them, so they are not among the rejections.
@@ -83,7 +88,8 @@ class SearchResult:
     num_not_simulated: int
     num_simulated: int = 0
     top_k: int = 0
-    rejected: tuple[Rejected, ...] = field(default=(), repr=False)
+    rejected: Sequence[Rejected] = field(default=(), repr=False)
+    closest_miss: Rejected | None = None
     batch_indivisible_dps: tuple[int, ...] = ()
 
 
@@ -210,13 +216,11 @@ def search(
     if progress is not None:
         progress.close()
     evaluations = [out for _, out in sims if isinstance(out, Evaluation)]
-    rejected += [out for _, out in sims if isinstance(out, Rejected)]
+    rejections = Rejections(rejected, [out for _, out in sims if isinstance(out, Rejected)])
     evaluations.sort(key=lambda e: (e.step_time_s, e.peak_memory_bytes, e.plan.label()))
-    counts = Counter(r.category for r in rejected)
-    examples: dict[str, str] = {}
-    for r in rejected:
-        examples.setdefault(r.category, r.reason)
-    closest = closest_miss(rejected)
+    counts = rejections.counts()
+    examples = rejections.examples()
+    closest = rejections.closest_miss()
     if closest is not None:  # the plan closest to fitting says the most
         examples[OUT_OF_MEMORY] = closest.reason
     return SearchResult(
@@ -228,7 +232,8 @@ def search(
         num_not_simulated=len(feasible) - len(sims),
         num_simulated=len(sims),
         top_k=0 if simulate_top is not None else top_k,
-        rejected=tuple(rejected),
+        rejected=rejections,
+        closest_miss=closest,
         batch_indivisible_dps=tuple(
             sorted({lay.dp for lay in layouts(num_gpus, space) if global_batch_size % lay.dp})
         ),
@@ -244,7 +249,7 @@ def _cost_all(
     with_estimate: bool,
     refine: bool,
     progress: Progress | None,
-) -> tuple[int, list[Candidate], list[Rejected]]:
+) -> tuple[int, list[Candidate], list[RejectedRows]]:
     """Check and bound every candidate, one task per (tp, cp, pp, dp) layout, in order
     (``refine``: full bounds, else compute-only ones)."""
     todo = list(layouts(num_gpus, space))
@@ -259,12 +264,12 @@ def _cost_all(
         progress.start("cost layouts", len(todo))
     num_candidates = 0
     feasible: list[Candidate] = []
-    rejected: list[Rejected] = []
+    rejected: list[RejectedRows] = []
     calls = [((layout,), kwargs) for layout in todo]
     for costing in workers.map(SearchContext.cost_layout, calls):
         num_candidates += costing.num_candidates
         feasible += costing.feasible
-        rejected += costing.rejected
+        rejected.append(costing.rejected)
         if progress is not None:
             progress.update(1, feasible=len(feasible), best_s=None)
     return num_candidates, feasible, rejected
