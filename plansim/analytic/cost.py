@@ -45,20 +45,19 @@ Pure. Each piece prices a mechanism with the profile's curves:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from plansim.analytic.grad_buckets import grad_buckets
-from plansim.analytic.layer_cost import EdgeTimes, PassTimes, edge_times, layer_pass_times
+from plansim.analytic.layer_cost import EdgeTimes, PassTimes
 from plansim.analytic.link_tags import with_links
 from plansim.analytic.memo import Memo, fields_getter, memoised
 from plansim.analytic.memory import plan_state_bytes
 from plansim.analytic.offload import with_param_fetch
 from plansim.analytic.pipeline_send import pipeline_send
 from plansim.analytic.rank_work import ParamGatherCover, gather_cover, rank_work, segments
-from plansim.analytic.ranks import LayoutGroups, layout_groups
+from plansim.analytic.stage_compute import pass_inputs
 from plansim.analytic.stage_seconds import stage_seconds
 from plansim.analytic.stored_activations import stage_activation_bytes
-from plansim.analytic.sustained import job_compute_profile
 from plansim.analytic.zero3 import (
     Zero3Traffic,
     edge_param_tensors,
@@ -68,7 +67,7 @@ from plansim.analytic.zero3 import (
     unit_traffic,
 )
 from plansim.specs.hardware import HardwareProfile
-from plansim.specs.layer_split import stage_bf16_layers, stage_layer_counts
+from plansim.specs.layer_split import stage_layer_counts
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan, Recompute, Zero3ParamFetch
 from plansim.specs.work import P2P, GradBucket, PipelineWork, RankWork, StageWork
@@ -194,23 +193,6 @@ def _stage_work(
 #: overlap_p2p_comm only sets ``PipelineWork.blocking_p2p``.
 _NOT_IN_WORK = ("schedule", "overlap_p2p_comm")
 _WORK_FIELDS = tuple(f for f in ParallelPlan.__dataclass_fields__ if f not in _NOT_IN_WORK)
-#: Plan fields of the per-layer and edge pass times (``layer_cost``; groups tp and cp
-#: follow from tp, cp and the profile; the gradient dtype sets the bytes of an unfused
-#: gradient accumulation).
-_PASS_FIELDS = (
-    "micro_batch_size", "tp", "cp", "attention", "precision", "recompute",
-    "sequence_parallel", "tp_comm_overlap", "gradient_accumulation_fusion",
-    "grad_reduce_in_bf16",
-)  # fmt: skip
-#: Plan fields the compute-stream seconds of the stages (:func:`stage_compute_s`) do not
-#: depend on: orderings, overlap and the DP / ZeRO / offload traffic and state placement
-#: (every other field counts, so a field added later is in the key until listed here).
-_NOT_IN_COMPUTE = (
-    "global_batch_size", "zero_stage", "schedule", "overlap_p2p_comm", "overlap_grad_reduce",
-    "overlap_param_gather", "scatter_gather_p2p", "dp_sync", "ps_servers",
-    "offload_optimizer", "offload_param", "zero3_param_fetch", "use_torch_fsdp2", "dp_shard",
-)  # fmt: skip
-_COMPUTE_FIELDS = tuple(f for f in ParallelPlan.__dataclass_fields__ if f not in _NOT_IN_COMPUTE)
 #: Plan fields of one layer's ZeRO-3 traffic (``plansim.analytic.zero3``).
 _ZERO3_FIELDS = ("tp", "cp", "dp", "dp_shard", "zero_stage", "zero3_param_fetch", "precision")
 #: Plan fields of one stage's gradient buckets (``grad_buckets``), besides first/last; the
@@ -222,8 +204,6 @@ _BUCKET_FIELDS = (
 
 
 _work_key = fields_getter(_WORK_FIELDS)
-_pass_key = fields_getter(_PASS_FIELDS)
-_compute_key = fields_getter(_COMPUTE_FIELDS)
 _bucket_key = fields_getter(_BUCKET_FIELDS)
 _zero3_key = fields_getter(_ZERO3_FIELDS)
 
@@ -261,74 +241,6 @@ def build_pipeline_work(
     return work if work.blocking_p2p == blocking else replace(work, blocking_p2p=blocking)
 
 
-@dataclass(frozen=True, slots=True)
-class _PassInputs:
-    groups: LayoutGroups
-    layer: PassTimes
-    layer16: PassTimes  # the layer with bf16 GEMMs (``layer`` when no layer is kept in bf16)
-    edges: EdgeTimes
-    bf16_ends: tuple[tuple[int, int], ...]  # per stage (stage_bf16_layers)
-
-
-def _pass_inputs(
-    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, memo: Memo | None
-) -> _PassInputs:
-    """The per-layer and edge pass times of ``plan`` (memoised per distinct pass input)."""
-    groups = layout_groups(plan, gpus_per_node=profile.gpus_per_node)
-    gpus = plan.num_gpus  # sets the GEMM rate the job sustains (plansim.analytic.sustained)
-    job = memoised(memo, ("job", gpus), lambda: job_compute_profile(profile, gpus))
-    pass_key = (gpus, *_pass_key(plan))
-    layer = memoised(memo, ("layer", *pass_key), lambda: layer_pass_times(model, plan, job, groups))
-    edges = memoised(memo, ("edges", *pass_key), lambda: edge_times(model, plan, job, groups))
-    bf16_ends = stage_bf16_layers(model.num_layers, plan)
-    layer16 = layer
-    if any(head or tail for head, tail in bf16_ends):  # the same layer with bf16 GEMMs
-        plan16 = plan.bf16_layer_plan()
-        key16 = (gpus, *_pass_key(plan16))
-        layer16 = memoised(
-            memo, ("layer", *key16), lambda: layer_pass_times(model, plan16, job, groups)
-        )
-    return _PassInputs(groups, layer, layer16, edges, bf16_ends)
-
-
-def stage_compute_s(
-    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *, memo: Memo | None = None
-) -> tuple[tuple[float, float], ...]:
-    """Per pipeline stage (model chunk), stage 0 first: (forward, backward) seconds of one
-    micro-batch that hold the rank's compute stream (kernels and blocking TP collectives,
-    :class:`plansim.analytic.stage_seconds.StageSeconds` totals). The work
-    :func:`build_pipeline_work` builds has these segments and more (ZeRO-3, CP and pipeline
-    transfers), so bounds from these are bounds on it; much cheaper than building it.
-
-    Raises:
-        SpecError: as :func:`build_pipeline_work`.
-    """
-    if memo is None:
-        return _stage_compute_s(model, plan, profile, None)
-    key = ("stage_compute", *_compute_key(plan))
-    return memoised(memo, key, lambda: _stage_compute_s(model, plan, profile, memo))
-
-
-def _stage_compute_s(
-    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, memo: Memo | None
-) -> tuple[tuple[float, float], ...]:
-    inputs = _pass_inputs(model, plan, profile, memo)
-    counts = stage_layer_counts(model.num_layers, plan)
-    last_stage = plan.num_stages - 1
-    kinds: dict[tuple[bool, bool, int, tuple[int, int]], tuple[float, float]] = {}
-    out = []
-    for s, layers in enumerate(counts):
-        key = (s == 0, s == last_stage, layers, inputs.bf16_ends[s])
-        if key not in kinds:
-            sec = stage_seconds(
-                layers, first=key[0], last=key[1], plan=plan, layer=inputs.layer,
-                layer16=inputs.layer16, bf16_ends=key[3], edges=inputs.edges,
-            )  # fmt: skip
-            kinds[key] = (sec.forward_total_s, sec.backward_total_s)
-        out.append(kinds[key])
-    return tuple(out)
-
-
 def _build(
     model: ModelSpec,
     plan: ParallelPlan,
@@ -337,7 +249,7 @@ def _build(
     *,
     links: bool = True,
 ) -> PipelineWork:
-    inputs = _pass_inputs(model, plan, profile, memo)
+    inputs = pass_inputs(model, plan, profile, memo)
     groups, layer, layer16, edges = inputs.groups, inputs.layer, inputs.layer16, inputs.edges
     bf16_ends = inputs.bf16_ends
     bucket_key = _bucket_key(plan)

@@ -46,7 +46,7 @@ random plans. :data:`SAFETY` absorbs float rounding (the engine adds the same du
 another order).
 
 A cheaper, looser bound needs no :class:`PipelineWork`, only each stage's compute-stream
-seconds (``plansim.analytic.cost.stage_compute_s``): the work bound above without the
+seconds (``plansim.analytic.stage_compute.stage_compute_s``): the work bound above without the
 transfers, the rank's step tail and the ZeRO-3 / CP segments
 (:func:`compute_lower_bound_s`). The search gives it to every feasible plan and builds the
 work for the full bound only where the cheap one does not already exceed the K-th best.
@@ -206,7 +206,7 @@ def compute_lower_bound_s(
 
     Args:
         stage_compute: per stage (model chunk), stage 0 first, (forward, backward) seconds
-            of one micro-batch that hold the compute stream (``cost.stage_compute_s``);
+            of one micro-batch that hold the compute stream (``stage_compute.stage_compute_s``);
             stage s runs on rank s mod ``num_ranks``.
         num_ranks: pipeline ranks p; num_microbatches: m.
 

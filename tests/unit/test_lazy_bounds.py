@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from plansim.analytic import cost, memory, stored_activations
-from plansim.analytic.cost import stage_compute_s
+from plansim.analytic import memory, stage_compute, stored_activations
+from plansim.analytic.stage_compute import stage_compute_s
 from plansim.analytic.stored_activations import microbatch_activation_bytes, stage_activation_bytes
 from plansim.catalog import resolve_model
 from plansim.io.profiles import load_profile
@@ -140,7 +140,7 @@ def _working_set(plan: ParallelPlan) -> object:
 @pytest.mark.parametrize(
     ("excluded", "price"),
     [
-        (cost._NOT_IN_COMPUTE, _stage_compute),
+        (stage_compute.NOT_IN_COMPUTE, _stage_compute),
         (stored_activations.NOT_IN_ACTIVATIONS, _activations),
         (stored_activations.NOT_IN_ACTIVATIONS, _working_set),
     ],

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from plansim.analytic.cost import stage_compute_s
+from plansim.analytic.stage_compute import stage_compute_s
 from plansim.catalog import resolve_model
 from plansim.errors import SpecError
 from plansim.io.profiles import load_profile
