@@ -2,9 +2,10 @@
 
 A :class:`SearchContext` holds one model, one hardware profile and a memo (costings of
 per-layer passes, gradient buckets, whole pipeline replicas, action lists) that lives as
-long as the search: no module-level caches. Its two methods are the tasks the planner runs,
-in this process or in worker processes (``plansim.planner.parallel``); both are pure
-functions of their arguments, so results do not depend on where they run.
+long as the search: no module-level caches. Its methods are the tasks the planner runs
+(cost a layout, refine bounds, simulate a plan), in this process or in worker processes
+(``plansim.planner.parallel``); all are pure functions of their arguments, so results do
+not depend on where they run.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class Candidate:
             the full one.
         estimate_s: the heuristic estimate (``search.estimate_step_time_s``) when asked for
             (the ``simulate_top`` mode), else 0.
+        refined: ``bound_s`` is the full bound.
     """
 
     plan_values: tuple[object, ...]
@@ -54,7 +56,8 @@ class Candidate:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LayoutCosting:
-    """Outcome of costing every plan of one layout, in enumeration order."""
+    """Outcome of costing every plan of one layout, in enumeration order (``rejected``: one
+    row per rejected plan, ``plansim.planner.rejections``)."""
 
     num_candidates: int
     feasible: tuple[Candidate, ...]
