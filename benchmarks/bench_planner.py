@@ -53,6 +53,7 @@ def describe(name: str, result: SearchResult, wall_s: float, cpu: float) -> None
     print(f"{name}:")
     print(f"  candidates          {result.num_candidates}")
     print(f"  feasible            {result.num_feasible}")
+    print(f"  fully costed        {result.num_fully_costed}")
     print(f"  simulated           {result.num_simulated}")
     print(f"  wall time           {wall_s:.2f} s")
     print(

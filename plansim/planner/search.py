@@ -69,6 +69,9 @@ class SearchResult:
         num_not_simulated: feasible plans never simulated (bound above the K-th best, or
             estimate below the ``simulate_top`` set).
         num_simulated: plans simulated as events.
+        num_fully_costed: plans whose pipeline work was built for the full lower bound
+            (every feasible plan in exhaustive and ``simulate_top`` modes; in exact mode
+            those whose compute-only bound reached the front of the line).
         top_k: the K the search was exact for (0 in ``simulate_top`` mode).
         rejected: every rejection, in enumeration then simulation order (a
             :class:`~plansim.planner.rejections.Rejections`: each Rejected is built when
@@ -87,6 +90,7 @@ class SearchResult:
     num_feasible: int
     num_not_simulated: int
     num_simulated: int = 0
+    num_fully_costed: int = 0
     top_k: int = 0
     rejected: Sequence[Rejected] = field(default=(), repr=False)
     closest_miss: Rejected | None = None
@@ -209,8 +213,9 @@ def search(
             outcomes = _simulate(workers, chosen, keep_below_s=math.inf)
             sims = list(zip(chosen, outcomes, strict=True))
             _report(progress, len(chosen), feasible=len(feasible), sims=sims)
+            fully_costed = len(feasible)  # the estimates need every plan's work
         else:
-            sims = _branch_and_bound(
+            sims, fully_costed = _branch_and_bound(
                 workers, feasible, top_k=top_k, exhaustive=exhaustive, progress=progress
             )
     if progress is not None:
@@ -231,6 +236,7 @@ def search(
         num_feasible=len(feasible),
         num_not_simulated=len(feasible) - len(sims),
         num_simulated=len(sims),
+        num_fully_costed=fully_costed,
         top_k=0 if simulate_top is not None else top_k,
         rejected=rejections,
         closest_miss=closest,
@@ -290,12 +296,13 @@ def _branch_and_bound(
     top_k: int,
     exhaustive: bool,
     progress: Progress | None,
-) -> list[tuple[Candidate, Outcome]]:
+) -> tuple[list[tuple[Candidate, Outcome]], int]:
     """Simulate in (bound, label) order until the next bound exceeds the K-th best step
-    time (exhaustive: until every plan is simulated); returns what was simulated, in order.
-    Candidates with a compute-only bound are refined when they reach the front (module
-    docstring)."""
+    time (exhaustive: until every plan is simulated); returns what was simulated, in order,
+    and how many candidates then hold a full bound. Candidates with a compute-only bound are
+    refined when they reach the front (module docstring)."""
     line = [(c.bound_s, c.label, i, c) for i, c in enumerate(feasible)]
+    fully_costed = sum(c.refined for c in feasible)
     heapq.heapify(line)
     batch = EXHAUSTIVE_BATCH if exhaustive else PRUNED_BATCH
     times: list[float] = []  # simulated step times, sorted
@@ -310,7 +317,7 @@ def _branch_and_bound(
             if line[0][3].refined:
                 take.append(heapq.heappop(line)[3])
             else:
-                _refine(workers, line, limit=limit)
+                fully_costed += _refine(workers, line, limit=limit)
         if not take:
             break
         outcomes = _simulate(workers, take, keep_below_s=kth if exhaustive else math.inf)
@@ -321,15 +328,15 @@ def _branch_and_bound(
         _report(progress, len(take), feasible=len(feasible), sims=sims)
     if progress is not None and line:
         progress.update(len(line), feasible=len(feasible), best_s=times[0] if times else None)
-    return sims
+    return sims, fully_costed
 
 
 Line = list[tuple[float, str, int, Candidate]]
 
 
-def _refine(workers: Workers, line: Line, *, limit: float) -> None:
+def _refine(workers: Workers, line: Line, *, limit: float) -> int:
     """Replace the compute-only bounds at the front of ``line`` (up to REFINE_BATCH, while
-    <= ``limit``) by full ones, in tasks of REFINE_TASK plans."""
+    <= ``limit``) by full ones, in tasks of REFINE_TASK plans; returns how many."""
     popped: Line = []
     while line and len(popped) < REFINE_BATCH and line[0][0] <= limit:
         if line[0][3].refined:
@@ -342,6 +349,7 @@ def _refine(workers: Workers, line: Line, *, limit: float) -> None:
     bounds = [b for chunk in workers.map(SearchContext.refine_bounds, calls) for b in chunk]
     for (_, label, i, cand), bound in zip(popped, bounds, strict=True):
         heapq.heappush(line, (bound, label, i, replace(cand, bound_s=bound, refined=True)))
+    return len(popped)
 
 
 def _report(

@@ -17,6 +17,7 @@ from plansim.planner.bounds import compute_lower_bound_s, step_time_lower_bound_
 from plansim.planner.context import SearchContext
 from plansim.planner.enumerate import layouts
 from plansim.planner.parallel import Workers
+from plansim.planner.search import search
 from plansim.planner.space import SearchSpace
 from plansim.schedule import build_actions
 from plansim.sim import simulate
@@ -75,7 +76,7 @@ def test_lazy_refinement_simulates_the_plans_eager_bounds_would(
 ) -> None:
     model = resolve_model(name)
     kw = dict(num_gpus=gpus, global_batch_size=gbs, space=SPACE, with_estimate=False)
-    runs = []
+    runs, costed = [], []
     for refine in (True, False):
         with Workers(model, profile, jobs=1) as workers:  # type: ignore[arg-type]
             _, feasible, _ = search_module._cost_all(
@@ -85,13 +86,18 @@ def test_lazy_refinement_simulates_the_plans_eager_bounds_would(
                 **kw,  # type: ignore[arg-type]
             )
             assert all(c.refined is refine for c in feasible)
-            sims = search_module._branch_and_bound(
+            sims, fully_costed = search_module._branch_and_bound(
                 workers, feasible, top_k=k, exhaustive=False, progress=None
             )
         runs.append([(c.label, c.bound_s, out.step_time_s) for c, out in sims])  # type: ignore[union-attr]
+        costed.append(fully_costed)
     eager, lazy = runs
     assert lazy == eager  # same plans, same order, same full bounds and times
     assert len(feasible) > 4 * len(lazy)  # and the search did prune
+    assert costed[0] == len(feasible)  # eager: every plan costed in full
+    assert len(lazy) <= costed[1] < len(feasible) / 2  # lazy: most plans never costed
+    result = search(model, profile, top_k=k, space=SPACE, num_gpus=gpus, global_batch_size=gbs)  # type: ignore[arg-type]
+    assert result.num_fully_costed == costed[1]
 
 
 ZERO3 = {"zero_stage": 3, "overlap_grad_reduce": False}
