@@ -48,7 +48,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from plansim.analytic.grad_buckets import grad_buckets
-from plansim.analytic.layer_cost import EdgeTimes, PassTimes
+from plansim.analytic.layer_cost import PassTimes
 from plansim.analytic.link_tags import with_links
 from plansim.analytic.memo import Memo, fields_getter, memoised
 from plansim.analytic.memory import plan_state_bytes
@@ -56,7 +56,7 @@ from plansim.analytic.offload import with_param_fetch
 from plansim.analytic.pipeline_send import pipeline_send
 from plansim.analytic.rank_work import ParamGatherCover, gather_cover, rank_work, segments
 from plansim.analytic.stage_compute import pass_inputs
-from plansim.analytic.stage_seconds import stage_seconds
+from plansim.analytic.stage_seconds import StageSeconds, stage_seconds
 from plansim.analytic.stored_activations import stage_activation_bytes
 from plansim.analytic.zero3 import (
     Zero3Traffic,
@@ -123,12 +123,9 @@ def _stage_work(
     stage: int,
     *,
     num_layers: int,
-    model: ModelSpec,
     plan: ParallelPlan,
     layer: PassTimes,
-    layer16: PassTimes,
-    bf16_ends: tuple[int, int],
-    edges: EdgeTimes,
+    sec: StageSeconds,
     zero3: tuple[Zero3Traffic, Zero3Traffic],
     p2p: P2P,
     activation_bytes: float,
@@ -136,21 +133,18 @@ def _stage_work(
     overlap_slowdown: float,
 ) -> StageWork:
     """StageWork of pipeline stage ``stage``, a model chunk of ``num_layers`` layers
-    (``plansim.specs.layer_split.stage_layer_counts``) whose first and last ``bf16_ends``
-    layers run in bf16 (``layer16``; ``plansim.specs.layer_split.stage_bf16_layers``)."""
+    (``plansim.specs.layer_split.stage_layer_counts``) whose kernels and TP collectives take
+    ``sec`` (``plansim.analytic.stage_seconds``); ``layer``'s per-layer ZeRO-3 and
+    context-parallel terms come on top."""
     n = num_layers
     first, last = stage == 0, stage == plan.num_stages - 1
-    sec = stage_seconds(
-        n, first=first, last=last, plan=plan, layer=layer, layer16=layer16,
-        bf16_ends=bf16_ends, edges=edges,
-    )  # fmt: skip
     bwd_in, bwd_w, tp_bwd = sec.backward_input_s, sec.backward_weight_s, sec.tp_backward_s
     z3 = _zero3_segments(
         n, plan=plan, layer=layer, unit=zero3[0], edge=zero3[1], slowdown=overlap_slowdown
     )
     cp_fwd = ("cp_comm", "tp", n * layer.cp_forward_s, n * layer.cp_forward_bytes)
     cp_bwd = ("cp_comm", "tp", n * layer.cp_backward_s, n * layer.cp_backward_bytes)
-    r = plan.recomputed_layers(n) if plan.recompute is Recompute.FULL else n  # (stage_seconds)
+    r = sec.recomputed_layers
     cp_rec = ("cp_comm", "tp", r * layer.cp_recompute_s, r * layer.cp_forward_bytes)
     recompute = (
         z3["gather_b"],
@@ -272,15 +266,16 @@ def _build(
     for s, layers in enumerate(stage_layer_counts(model.num_layers, plan)):
         key = (s == 0, s == plan.num_stages - 1, s % plan.pp == 0, layers, bf16_ends[s])
         if key not in stage_kinds:
+            sec = stage_seconds(
+                layers, first=key[0], last=key[1], plan=plan, layer=layer, layer16=layer16,
+                bf16_ends=bf16_ends[s], edges=edges,
+            )  # fmt: skip
             stage_kinds[key] = _stage_work(
                 s,
                 num_layers=layers,
-                model=model,
                 plan=plan,
                 layer=layer,
-                layer16=layer16,
-                bf16_ends=bf16_ends[s],
-                edges=edges,
+                sec=sec,
                 zero3=(
                     z3_layer,
                     unit_traffic(

@@ -89,8 +89,6 @@ def stage_compute_s(
     Raises:
         SpecError: as :func:`plansim.analytic.cost.build_pipeline_work`.
     """
-    if memo is None:
-        return _stage_compute_s(model, plan, profile, None)
     key = ("stage_compute", *_compute_key(plan))
     return memoised(memo, key, lambda: _stage_compute_s(model, plan, profile, memo))
 

@@ -30,6 +30,9 @@ class StageSeconds:
             weight-gradient kernels; the backward's TP collectives.
         recompute_s, tp_recompute_s: the forward re-run by full recompute, and its TP
             collectives (0 without full recompute).
+        recomputed_layers: the chunk's layers whose recompute runs (all of them, or the
+            block method's first ones with full recompute; all with selective, whose
+            per-layer recompute times hold only the recomputed part).
     """
 
     forward_s: float
@@ -39,6 +42,7 @@ class StageSeconds:
     tp_backward_s: float
     recompute_s: float
     tp_recompute_s: float
+    recomputed_layers: int
 
     @property
     def forward_total_s(self) -> float:
@@ -102,4 +106,5 @@ def stage_seconds(
         tp_backward_s=tp_bwd,
         recompute_s=total("recompute_s", r, r16),
         tp_recompute_s=total("tp_recompute_s", r, r16),
+        recomputed_layers=r,
     )

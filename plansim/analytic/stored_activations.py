@@ -122,8 +122,6 @@ def _rank_activations(
     """(:func:`microbatch_activation_bytes`, :func:`stage_activation_bytes` of the rank's vpp
     chunks, chunk 0 first), from one pricing of the rank's layers; ``memo``: a search's
     cache (one model), keyed by the rank and the fields outside NOT_IN_ACTIVATIONS."""
-    if memo is None:
-        return _price_rank_activations(model, plan, rank=rank)
     key = ("rank_activations", rank, *activation_key(plan))
     return memoised(memo, key, lambda: _price_rank_activations(model, plan, rank=rank))
 

@@ -23,6 +23,7 @@ from plansim.planner.space import SearchSpace
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan
+from plansim.specs.work import PipelineWork
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -140,14 +141,12 @@ class SearchContext:
                 ]
                 continue
             for plan in group:
-                work = build_pipeline_work(model, plan, profile, memo=self.memo, links=False)
+                work, bound = self._work_and_bound(plan)
                 feasible.append(
                     Candidate(
                         plan_values=plan_values(plan),
                         label=plan.label(),
-                        bound_s=step_time_lower_bound_s(
-                            work, schedule=plan.schedule, memo=self.memo
-                        ),
+                        bound_s=bound,
                         estimate_s=estimate_step_time_s(work, schedule=plan.schedule)
                         if with_estimate
                         else 0.0,
@@ -161,13 +160,14 @@ class SearchContext:
             stages, num_ranks=plan.pp, num_microbatches=plan.num_microbatches
         )
 
+    def _work_and_bound(self, plan: ParallelPlan) -> tuple[PipelineWork, float]:
+        """The plan's work (untagged, memoised) and its full lower bound."""
+        work = build_pipeline_work(self.model, plan, self.profile, memo=self.memo, links=False)
+        return work, step_time_lower_bound_s(work, schedule=plan.schedule, memo=self.memo)
+
     def refine_bounds(self, plans: tuple[ParallelPlan, ...]) -> tuple[float, ...]:
         """The full lower bound (``step_time_lower_bound_s``) of each checked plan."""
-        out = []
-        for plan in plans:
-            work = build_pipeline_work(self.model, plan, self.profile, memo=self.memo, links=False)
-            out.append(step_time_lower_bound_s(work, schedule=plan.schedule, memo=self.memo))
-        return tuple(out)
+        return tuple(self._work_and_bound(plan)[1] for plan in plans)
 
     def simulate(
         self, plan: ParallelPlan, *, keep_below_s: float

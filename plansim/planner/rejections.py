@@ -31,7 +31,7 @@ def plan_from_values(values: tuple[object, ...]) -> ParallelPlan:
     return ParallelPlan(**dict(zip(PLAN_FIELDS, values, strict=True)))  # type: ignore[arg-type]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RejectedRows:
     """Rejections of one task (a layout's costing), one row each, in rejection order.
 
@@ -73,7 +73,7 @@ class Rejections(Sequence[Rejected]):
     """
 
     def __init__(self, rows: Sequence[RejectedRows], extra: Sequence[Rejected] = ()) -> None:
-        self._parts: tuple[RejectedRows | tuple[Rejected, ...], ...] = (
+        self._parts: tuple[Part, ...] = (
             *(r for r in rows if len(r)),
             tuple(extra),
         )
@@ -95,16 +95,13 @@ class Rejections(Sequence[Rejected]):
             raise IndexError(f"rejection index {index} out of range (0..{self._len - 1})")
         for part in self._parts:
             if index < len(part):
-                return part.rejected(index) if isinstance(part, RejectedRows) else part[index]
+                return _item(part, index)
             index -= len(part)
         raise AssertionError("unreachable: index checked against the length")
 
     def __iter__(self) -> Iterator[Rejected]:
         for part in self._parts:
-            if isinstance(part, RejectedRows):
-                yield from (part.rejected(i) for i in range(len(part)))
-            else:
-                yield from part
+            yield from (_item(part, i) for i in range(len(part)))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence):
@@ -116,8 +113,8 @@ class Rejections(Sequence[Rejected]):
     def __repr__(self) -> str:
         return f"Rejections({self._len} rejected plans)"
 
-    def _fields(self) -> Iterator[tuple[str, str, float, RejectedRows | None, int]]:
-        """(category, reason, need_bytes, rows or None, index) per rejection, in order,
+    def _fields(self) -> Iterator[tuple[str, str, float, Part, int]]:
+        """(category, reason, need_bytes, part, index in it) per rejection, in order,
         without building any plan."""
         for part in self._parts:
             if isinstance(part, RejectedRows):
@@ -125,7 +122,7 @@ class Rejections(Sequence[Rejected]):
                     yield part.categories[i], part.reasons[i], part.need_bytes[i], part, i
             else:
                 for i, r in enumerate(part):
-                    yield r.category, r.reason, r.need_bytes, None, i
+                    yield r.category, r.reason, r.need_bytes, part, i
 
     def counts(self) -> Counter[str]:
         """Rejections per category."""
@@ -140,16 +137,17 @@ class Rejections(Sequence[Rejected]):
 
     def closest_miss(self) -> Rejected | None:
         """The out-of-memory rejection whose plan needs the least memory (ties: the first),
-        or None without one (as ``evaluate.closest_miss`` over the sequence)."""
-        best: tuple[float, RejectedRows | None, int] | None = None
-        extra = self._parts[-1]
-        for category, _, need, rows, i in self._fields():
+        or None without one."""
+        best: tuple[float, Part, int] | None = None
+        for category, _, need, part, i in self._fields():
             if category == OUT_OF_MEMORY and (best is None or need < best[0]):
-                best = (need, rows, i)
-        if best is None:
-            return None
-        _, rows, i = best
-        if rows is None:
-            assert isinstance(extra, tuple)
-            return extra[i]
-        return rows.rejected(i)
+                best = (need, part, i)
+        return None if best is None else _item(best[1], best[2])
+
+
+Part = RejectedRows | tuple[Rejected, ...]
+
+
+def _item(part: Part, i: int) -> Rejected:
+    """Rejection ``i`` of a part: built from its row, or the Rejected itself."""
+    return part.rejected(i) if isinstance(part, RejectedRows) else part[i]
