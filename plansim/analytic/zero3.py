@@ -41,14 +41,29 @@ fetches parameters (``plan.zero3_param_fetch``):
   group copies each of the n chunks separately (``ProcessGroupNCCL::allgather`` /
   ``reduce_scatter`` flatten and unflatten one tensor per rank): n small copy kernels per
   collective, each priced at the profile's ``kernel_launch_s``, together moving the tensor
-  once through memory (read + write its bytes at the streaming bandwidth). Every term is
-  serial:
+  once through memory (read + write its bytes at the streaming bandwidth). Each all-gather
+  also pays DeepSpeed's own host work, which the ``torch.cuda.synchronize()`` before every
+  gather leaves exposed: ``DEEPSPEED_2021_GATHER_HOST_S`` (measured on DeepSpeed 0.3.16,
+  below). Every term is serial:
 
-      per tensor = collective_time_s(bytes) + n * kernel_launch_s + 2 * bytes / streaming
+      per gather = host + collective_time_s(bytes) + n * kernel_launch_s + 2 * bytes / streaming
+      per reduce-scatter = collective_time_s(bytes) + n * kernel_launch_s + 2 * bytes / streaming
 
   which grows linearly with the data-parallel size through both the copies and NCCL's ring
   latency (``plansim.analytic.comm``): the mechanism behind the ZeRO-3 rows of Narayanan
   et al. SC21 Table 2 getting no faster from 768 to 1536 GPUs.
+
+  The host term, measured (DeepSpeed issue #1069, comment of 2021-06-21, profiler trace of
+  DeepSpeed 0.3.16 with PyTorch 1.8 on one p4d node, 8 x A100): "all_gathers for one
+  parameter takes about 0.5ms to finish", each one's Python before the call ("pre_launch")
+  about 130 us and the call itself ("launch") about 250 us, with a
+  ``torch.cuda.synchronize()`` at the next gather. The same author's run of a 5.1B BERT (64
+  layers, hidden 2560, FFN 10240; DeepSpeed issue #1174 and PR #1188, same node and version)
+  took about 470 ms per forward under ZeRO-3 against about 60 ms under ZeRO-2: about 410 ms
+  of gathers. This mode prices those 1024 per-tensor gathers (16 per layer: separate Q, K,
+  V) at 131 ms without the host term and 479 ms with it (``tests/unit/test_zero3.py``). The
+  reduce-scatter's host work (DeepSpeed's gradient hooks and buckets) was not measured and
+  is not priced.
 
   Limit, known: DeepSpeed's ZeRO-3 code from its first version (``stage3.py``, 2021) does
   less than this. Parameters under 100000 elements (``persistence_threshold``: every bias
@@ -87,6 +102,13 @@ from plansim.analytic.ranks import LayoutGroups, dp_cp_size
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan, Zero3ParamFetch
+
+#: Host seconds DeepSpeed's 2021 ZeRO-3 spent on one per-tensor all-gather beyond what the
+#: per-tensor term prices (module docstring): its Python before the call (about 130 us) and the
+#: call (about 250 us), measured by profiler on DeepSpeed 0.3.16 / PyTorch 1.8 / 8 x A100
+#: (DeepSpeed issue #1069, 2021-06-21), less the 8 chunk copies of that 8-rank call, which
+#: the per-chunk term already prices at the GPU profiles' 5 us kernel launch: 380 - 40 us.
+DEEPSPEED_2021_GATHER_HOST_S = 130e-6 + 250e-6 - 8 * 5e-6
 
 
 def layer_param_tensors(model: ModelSpec, plan: ParallelPlan) -> tuple[float, ...]:
@@ -186,7 +208,8 @@ def unit_traffic(
     ``layer-prefetch`` and ``layer-sync``: one collective of the whole unit each way, plus
     its flat-buffer copies at the streaming bandwidth (:func:`flat_copy_bytes`).
     ``per-tensor-sync``: one
-    collective per tensor plus dp * cp chunk copies each (module docstring). Zero with
+    collective per tensor plus dp * cp chunk copies each, and DeepSpeed's host work per
+    gather (``DEEPSPEED_2021_GATHER_HOST_S``; module docstring). Zero with
     ZeRO < 3, no data parallelism or no tensors. With hybrid sharding (``plan.dp_shard``)
     the collectives run over the shard group (``groups.shard``) and each reduced gradient
     shard is then all-reduced over the replicas (``groups.replicate``), as FSDP's
@@ -203,7 +226,9 @@ def unit_traffic(
     for numel in units:
         if per_tensor:  # dp * cp chunk copies out of / into the flat NCCL buffer
             launches_s = span.size * profile.kernel_launch_s
-            gather_copy_s = launches_s + 2.0 * numel * param_bytes / stream
+            gather_copy_s = (
+                DEEPSPEED_2021_GATHER_HOST_S + launches_s + 2.0 * numel * param_bytes / stream
+            )
             scatter_copy_s = launches_s + 2.0 * numel * grad_bytes / stream
         else:
             gather_bytes, scatter_bytes = flat_copy_bytes(
