@@ -7,6 +7,7 @@ import argparse
 import statistics
 import sys
 import traceback
+from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
@@ -16,6 +17,7 @@ from plansim.errors import InputFileError, require_positive_int
 from plansim.io.outputs import check_writable
 from plansim.io.runs import RunRow, read_runs, write_predictions
 from plansim.planner.backtest import OVER_MEMORY, Prediction, predict_row
+from plansim.planner.parallel import default_jobs, map_in_order
 from plansim.planner.run_checks import PER_LAYER, LayerCheck
 from plansim.report.tables import render
 
@@ -42,6 +44,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument(
         "--simulate-top", type=int, default=8, help="candidates simulated per searched row"
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        metavar="N",
+        help="rows predicted at once, each in its own process (default: all cores); the "
+        "output is identical for any N",
     )
     p.add_argument(
         "--group-by",
@@ -142,10 +151,12 @@ def run(args: argparse.Namespace) -> int:
 
     Raises:
         InputFileError: ``--group-by`` names no column of the runs file.
-        SpecError: ``--simulate-top`` is not a positive integer.
+        SpecError: ``--simulate-top`` or ``--jobs`` is not a positive integer.
         OutputFileError: ``--out`` cannot be written (checked before predicting).
     """
     require_positive_int("--simulate-top", args.simulate_top)
+    jobs = default_jobs() if args.jobs is None else args.jobs
+    require_positive_int("--jobs", jobs)
     if args.out:  # before any row is predicted, not after minutes of work
         check_writable(args.out, label="--out")
     header, rows = read_runs(args.runs)
@@ -160,8 +171,8 @@ def run(args: argparse.Namespace) -> int:
     errors: list[float] = []  # signed, predicted vs measured, %
     layer_errors: dict[str, list[float]] = {"forward": [], "backward": []}
     memory_errors: list[float] = []
-    for row in rows:
-        pred = _predict_guarded(row, args.simulate_top)
+    predict = partial(_predict_guarded, simulate_top=args.simulate_top)
+    for row, pred in zip(rows, map_in_order(predict, rows, jobs), strict=True):
         cells = dict(row.cells)
         cells.update(
             status=pred.status,

@@ -2,7 +2,8 @@
 
 :class:`Workers` maps a :class:`plansim.planner.context.SearchContext` method over a list of
 inputs and returns the outputs in input order whatever the number of processes, so a search
-gives identical results for any ``jobs``. With ``jobs > 1`` it uses
+gives identical results for any ``jobs``; :func:`map_in_order` does the same for independent
+jobs (sweep cells, back-test rows). With ``jobs > 1`` it uses
 ``concurrent.futures.ProcessPoolExecutor``; each worker process builds its own context once
 (the pool initializer) and keeps its memo for the whole search.
 """
@@ -20,6 +21,7 @@ from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 
 T = TypeVar("T")
+A = TypeVar("A")
 
 #: The context of a worker process (set once by the pool initializer; never in the parent).
 _WORKER_CONTEXT: list[SearchContext] = []
@@ -29,6 +31,23 @@ def default_jobs() -> int:
     """Cores this process may use (``os.process_cpu_count`` on Python >= 3.13)."""
     count = getattr(os, "process_cpu_count", os.cpu_count)()
     return max(1, count or 1)
+
+
+def map_in_order(task: Callable[[A], T], items: Sequence[A], jobs: int) -> Iterator[T]:
+    """``task(item)`` for each of ``items``, yielded in input order, on ``jobs`` processes (1,
+    or a single item: this process). ``task`` and the items must pickle (a module-level
+    function or a ``functools.partial`` of one). Used for independent jobs: the cells of a
+    sweep, the rows of a back-test.
+
+    Raises:
+        SpecError: jobs is not a positive integer.
+    """
+    require_positive_int("jobs", jobs)
+    if jobs == 1 or len(items) <= 1:
+        yield from map(task, items)
+        return
+    with ProcessPoolExecutor(max_workers=min(jobs, len(items))) as pool:
+        yield from pool.map(task, items)
 
 
 def _init_worker(model: ModelSpec, profile: HardwareProfile) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib.util
 import itertools
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 from plansim.catalog import resolve_model
 from plansim.errors import PlansimError, choice_error
 from plansim.io.profiles import load_profile
+from plansim.planner.parallel import map_in_order
 from plansim.planner.search import search
 from plansim.planner.space import SearchSpace
 from plansim.specs.plan import AttentionKernel, Precision
@@ -144,11 +144,7 @@ Task = Callable[[SweepCell], dict[str, Any]]
 
 
 def _local(task: Task, cells: list[SweepCell], jobs: int) -> Iterator[dict[str, Any]]:
-    if jobs == 1 or len(cells) <= 1:
-        yield from map(task, cells)
-        return
-    with ProcessPoolExecutor(max_workers=min(jobs, len(cells))) as pool:
-        yield from pool.map(task, cells)
+    return map_in_order(task, cells, jobs)
 
 
 def _require(package: str, executor: str) -> None:

@@ -313,7 +313,8 @@ def test_backtest_a_row_that_fails_is_reported_and_the_others_still_run(
 
     monkeypatch.setattr(command, "predict_row", flaky)
     runs = _runs_csv(tmp_path, [BASE, {**BASE, "row_id": "R2"}])
-    assert main(["backtest", str(runs), "--out", str(tmp_path / "pred.csv")]) == 1
+    pred = str(tmp_path / "pred.csv")
+    assert main(["backtest", str(runs), "--out", pred, "--jobs", "1"]) == 1  # patched here
     out = capsys.readouterr().out
     assert "backtest: 2 runs, 0 skipped, 1 failed (a plansim bug: see the rows' notes)" in out
     rows = {r["row_id"]: r for r in csv.DictReader((tmp_path / "pred.csv").open())}
@@ -327,6 +328,7 @@ def test_backtest_a_row_that_fails_is_reported_and_the_others_still_run(
     [
         (["--simulate-top", "0"], "--simulate-top must be a positive integer, got 0"),
         (["--out", "no/such/dir/pred.csv"], "--out: cannot write 'no/such/dir/pred.csv'"),
+        (["--jobs", "0"], "--jobs must be a positive integer, got 0"),
     ],
 )
 def test_backtest_bad_options_fail_before_any_row_is_predicted(
@@ -344,9 +346,35 @@ def test_backtest_bad_options_fail_before_any_row_is_predicted(
     monkeypatch.setattr(command, "predict_row", never)
     monkeypatch.chdir(tmp_path)
     runs = _runs_csv(tmp_path, [BASE])
-    assert main(["backtest", str(runs), *flag]) == 2
+    assert main(["backtest", str(runs), "--jobs", "1", *flag]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_backtest_output_is_the_same_for_any_number_of_processes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rows are predicted in worker processes with --jobs > 1 and reported in file order:
+    the printed table, the summary and the --out file are byte-identical to --jobs 1."""
+    runs = _runs_csv(
+        tmp_path,
+        [
+            {**BASE, "micro_batch_size_seqs": ""},
+            {**BASE, "row_id": "R2", "gpu_type": "v100-sxm2-32gb"},
+            {**BASE, "row_id": "R3", "num_gpus": "16", "dp": "16", "step_time_s": "1.1"},
+        ],
+    )
+    outputs = []
+    for jobs in ("1", "2"):
+        out_csv = tmp_path / f"pred{jobs}.csv"
+        assert main(["backtest", str(runs), "--out", str(out_csv), "--jobs", jobs]) == 0
+        outputs.append((capsys.readouterr().out, out_csv.read_bytes()))
+    assert outputs[0] == outputs[1]
+    assert [r["row_id"] for r in csv.DictReader((tmp_path / "pred2.csv").open())] == [
+        "R1",
+        "R2",
+        "R3",
+    ]
 
 
 def test_simulate_megatron_implementation_flags(capsys: pytest.CaptureFixture[str]) -> None:
