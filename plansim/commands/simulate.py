@@ -22,7 +22,13 @@ from plansim.commands.common import (
 from plansim.errors import SpecError, require_positive_int
 from plansim.io.outputs import check_writable
 from plansim.planner.evaluate import Evaluation, Rejected, evaluate
-from plansim.report.tables import evaluation_dict, memory_table, plan_row, render
+from plansim.report.tables import (
+    evaluation_dict,
+    memory_table,
+    plan_row,
+    render,
+    step_breakdown_table,
+)
 from plansim.report.trace import chrome_trace, write_trace
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import check_plan_divides_model
@@ -300,6 +306,8 @@ def run(args: argparse.Namespace) -> int:
     out.write(
         render(pd.DataFrame([row]).T.reset_index().set_axis(["metric", "value"], axis=1), "table")
     )
+    out.write(f"\nwhere the step goes (mean over the {plan.pp} pipeline ranks):\n")
+    out.write(render(step_breakdown_table(outcome), "table"))
     out.write(f"\nmemory of the worst pipeline rank (stage {outcome.memory.rank}), GiB:\n")
     out.write(render(memory_table(outcome), "table"))
     out.write(

@@ -205,6 +205,37 @@ def memory_table(ev: Evaluation) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def step_breakdown_table(ev: Evaluation) -> pd.DataFrame:
+    """Where one simulated step goes, in the mean over the pipeline ranks: the compute
+    stream's kernels (pipeline work and optimizer), each communication kind's exposed time
+    (the compute stream idle while it runs; ``SimResult.exposed_s_by_kind``), and the rest
+    of the step, in which the compute stream waits on nothing it could run (pipeline
+    bubbles, waits on other ranks). The parts add up to the step time (row ``step``).
+
+    Columns: ``part``, ``seconds``, ``pct_of_step``.
+    """
+    result = ev.result
+    ranks = len(result.compute_busy_s)
+    step = ev.step_time_s
+    parts = [("compute (kernels)", sum(result.compute_busy_s) / ranks)]
+    parts += [
+        (f"exposed {kind}", seconds / ranks)
+        for kind, seconds in sorted(ev.exposed_comm_s_by_kind.items())
+        if seconds > 0
+    ]
+    idle = step - sum(seconds for _, seconds in parts)
+    parts += [("idle (bubbles, waits)", idle), ("step", step)]
+    return pd.DataFrame(
+        {
+            "part": [name for name, _ in parts],
+            "seconds": [round(seconds, 3) for _, seconds in parts],
+            "pct_of_step": [
+                round(100 * seconds / step, 1) if step > 0 else 0.0 for _, seconds in parts
+            ],
+        }
+    )
+
+
 def render(df: pd.DataFrame, fmt: str) -> str:
     """Render a table as aligned text, CSV or JSON records."""
     if fmt == "csv":
