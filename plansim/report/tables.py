@@ -15,8 +15,9 @@ from plansim.units import bytes_to_gib
 
 def plan_row(ev: Evaluation) -> dict[str, Any]:
     """One ranked-table row for an evaluated plan (edge units in the column names); ``sp`` is
-    'no', 'yes', or 'overlap' (with TP communication overlap); a parameter-server plan adds a
-    last column ``dp_sync`` ('ps' or 'ps<K>')."""
+    'no', 'yes', or 'overlap' (with TP communication overlap); ``exposed_comm_pct`` is
+    :func:`exposed_comm_fraction` in percent; a parameter-server plan adds a last column
+    ``dp_sync`` ('ps' or 'ps<K>')."""
     p = ev.plan
     row = {
         "tp": p.tp,
@@ -36,6 +37,7 @@ def plan_row(ev: Evaluation) -> dict[str, Any]:
         "mfu_pct": round(100 * ev.mfu, 1),
         "hfu_pct": round(100 * ev.hfu, 1),
         "bubble_pct": round(100 * ev.bubble_fraction, 1),
+        "exposed_comm_pct": round(100 * exposed_comm_fraction(ev), 1),
         "peak_mem_gib": round(bytes_to_gib(ev.peak_memory_bytes), 1),
     }
     if p.dp_sync is DpSync.PARAMETER_SERVER:  # ring rows keep their columns unchanged
@@ -49,6 +51,15 @@ def plan_row(ev: Evaluation) -> dict[str, Any]:
     if p.cp > 1:  # plans without context parallelism keep their columns unchanged
         row["cp"] = p.cp
     return row
+
+
+def exposed_comm_fraction(ev: Evaluation) -> float:
+    """Share of the step the mean pipeline rank's compute stream waits on communication of
+    any kind (the exposed seconds of :func:`step_breakdown_table` over the step time)."""
+    if ev.step_time_s <= 0:
+        return 0.0
+    ranks = max(1, len(ev.result.compute_busy_s))
+    return sum(ev.exposed_comm_s_by_kind.values()) / ranks / ev.step_time_s
 
 
 def _grad_reduce(p: ParallelPlan) -> str:

@@ -9,7 +9,7 @@ from plansim.catalog import resolve_model
 from plansim.cli import main
 from plansim.io.profiles import load_profile
 from plansim.planner.evaluate import Evaluation, evaluate
-from plansim.report.tables import step_breakdown_table
+from plansim.report.tables import plan_row, step_breakdown_table
 from plansim.specs.plan import ParallelPlan, Recompute, Schedule
 
 
@@ -59,3 +59,15 @@ def test_simulate_prints_the_breakdown(capsys: pytest.CaptureFixture[str]) -> No
     out = capsys.readouterr().out
     assert "where the step goes (mean over the 16 pipeline ranks):" in out
     assert "compute (kernels)" in out and "exposed tp_comm" in out
+
+
+def test_ranked_table_exposed_share_is_the_breakdowns_exposed_rows() -> None:
+    ev = _evaluate(
+        tp=8, pp=16, dp=8, micro_batch_size=1, global_batch_size=128, recompute=Recompute.FULL
+    )
+    table = step_breakdown_table(ev)
+    exposed = table[table["part"].str.startswith("exposed ")]["seconds"].sum()
+    assert plan_row(ev)["exposed_comm_pct"] == pytest.approx(
+        100 * exposed / ev.step_time_s, abs=0.1
+    )
+    assert 0.0 < plan_row(ev)["exposed_comm_pct"] < 100.0
