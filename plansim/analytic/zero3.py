@@ -67,7 +67,10 @@ fetches parameters (``plan.zero3_param_fetch``):
 
   Limit, known: DeepSpeed's ZeRO-3 code from its first version (``stage3.py``, 2021) does
   less than this. Parameters under 100000 elements (``persistence_threshold``: every bias
-  and norm weight of a GPT-3-size layer) stay gathered and are never fetched per layer, and
+  and norm weight of a GPT-3-size layer) stay gathered and are never fetched per layer (yet
+  the 0.3.16 run of issue #1069 did gather them: "most of the all_gather operations are very
+  small, e.g., all_gather 320 elements for each partition", a 2560-wide bias or norm over 8
+  ranks; its configuration is not shown), and
   after a module is fetched the next module's parameters are gathered asynchronously on a
   side stream (``prefetch_next_sub_modules``). Without the small tensors' gathers alone the
   SC21 ZeRO-3 rows come out 28-41% too fast (-22..+5% here), more with the prefetch, so
