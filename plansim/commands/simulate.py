@@ -306,7 +306,8 @@ def run(args: argparse.Namespace) -> int:
     out.write(
         render(pd.DataFrame([row]).T.reset_index().set_axis(["metric", "value"], axis=1), "table")
     )
-    out.write(f"\nwhere the step goes (mean over the {plan.pp} pipeline ranks):\n")
+    ranks = "one pipeline rank" if plan.pp == 1 else f"mean over the {plan.pp} pipeline ranks"
+    out.write(f"\nwhere the step goes ({ranks}):\n")
     out.write(render(step_breakdown_table(outcome), "table"))
     out.write(f"\nmemory of the worst pipeline rank (stage {outcome.memory.rank}), GiB:\n")
     out.write(render(memory_table(outcome), "table"))
