@@ -18,6 +18,7 @@ from plansim.io.outputs import check_writable
 from plansim.io.runs import RunRow, read_runs, write_predictions
 from plansim.planner.backtest import OVER_MEMORY, Prediction, predict_row
 from plansim.planner.parallel import default_jobs, map_in_order
+from plansim.planner.progress import progress_bar
 from plansim.planner.run_checks import PER_LAYER, LayerCheck
 from plansim.report.tables import render
 
@@ -51,6 +52,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="N",
         help="rows predicted at once, each in its own process (default: all cores); the "
         "output is identical for any N",
+    )
+    p.add_argument(
+        "--progress",
+        action="store_true",
+        help="always draw a bar of the rows predicted on stderr (default: only on a terminal, "
+        "after about a second)",
     )
     p.add_argument(
         "--group-by",
@@ -172,7 +179,12 @@ def run(args: argparse.Namespace) -> int:
     layer_errors: dict[str, list[float]] = {"forward": [], "backward": []}
     memory_errors: list[float] = []
     predict = partial(_predict_guarded, simulate_top=args.simulate_top)
+    bar = progress_bar(forced=args.progress)
+    if bar is not None:
+        bar.start("backtest", len(rows))
     for row, pred in zip(rows, map_in_order(predict, rows, jobs), strict=True):
+        if bar is not None:
+            bar.update(1)
         cells = dict(row.cells)
         cells.update(
             status=pred.status,
@@ -220,6 +232,8 @@ def run(args: argparse.Namespace) -> int:
                 ),
             }
         )
+    if bar is not None:
+        bar.close()
     if args.out:
         write_predictions(args.out, header, out_rows)
     if table:  # an empty runs file prints only the summary line

@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         settings,
         executor=args.executor,
         jobs=jobs,
-        on_row=None if bar is None else lambda: bar.update(1, feasible=0, best_s=None),
+        on_row=None if bar is None else lambda: bar.update(1),
     )
     if bar is not None:
         bar.close()

@@ -18,8 +18,11 @@ class Progress(Protocol):
     def start(self, phase: str, total: int) -> None:
         """A phase begins with ``total`` units (layouts to cost, plans to simulate)."""
 
-    def update(self, done: int, *, feasible: int, best_s: float | None) -> None:
-        """``done`` more units; ``feasible`` plans so far; ``best_s`` best simulated step."""
+    def update(
+        self, done: int, *, feasible: int | None = None, best_s: float | None = None
+    ) -> None:
+        """``done`` more units; ``feasible`` plans so far and ``best_s`` the best simulated
+        step, for a search (None for units that are not plans: sweep cells, back-test rows)."""
 
     def close(self) -> None:
         """The search ended."""
@@ -51,12 +54,15 @@ class TqdmProgress:
             dynamic_ncols=True,
         )
 
-    def update(self, done: int, *, feasible: int, best_s: float | None) -> None:
+    def update(
+        self, done: int, *, feasible: int | None = None, best_s: float | None = None
+    ) -> None:
         bar = self._bar
         if bar is None:
             return
-        best = "-" if best_s is None else f"{best_s:.4g} s"
-        bar.set_postfix_str(f"feasible {feasible}, best {best}", refresh=False)  # type: ignore[attr-defined]
+        if feasible is not None:
+            best = "-" if best_s is None else f"{best_s:.4g} s"
+            bar.set_postfix_str(f"feasible {feasible}, best {best}", refresh=False)  # type: ignore[attr-defined]
         bar.update(done)  # type: ignore[attr-defined]
 
     def close(self) -> None:

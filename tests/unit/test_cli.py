@@ -389,3 +389,15 @@ def test_simulate_megatron_implementation_flags(capsys: pytest.CaptureFixture[st
     overlapped = json.loads(capsys.readouterr().out)
     assert overlapped["plan"]["overlap_grad_reduce"] is True
     assert overlapped["step_time_s"] < fused["step_time_s"]
+
+
+def test_backtest_progress_bar_counts_rows_on_stderr_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = _runs_csv(tmp_path, [BASE, {**BASE, "row_id": "R2", "gpu_type": "v100-sxm2-32gb"}])
+    assert main(["backtest", str(runs), "--jobs", "1"]) == 0
+    plain = capsys.readouterr()
+    assert main(["backtest", str(runs), "--jobs", "1", "--progress"]) == 0
+    forced = capsys.readouterr()
+    assert forced.out == plain.out and plain.err == ""
+    assert "backtest:" in forced.err and "/2 " in forced.err  # drawn at once, cleared at the end

@@ -178,7 +178,9 @@ class _Recorder:
     def start(self, phase: str, total: int) -> None:
         self.events.append(("start", (phase, total)))
 
-    def update(self, done: int, *, feasible: int, best_s: float | None) -> None:
+    def update(
+        self, done: int, *, feasible: int | None = None, best_s: float | None = None
+    ) -> None:
         self.events.append(("update", (done, feasible, best_s)))
 
     def close(self) -> None:
