@@ -3,6 +3,8 @@ and idle time, in the mean over the pipeline ranks, adding up to the step."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from plansim.catalog import resolve_model
@@ -71,3 +73,14 @@ def test_ranked_table_exposed_share_is_the_breakdowns_exposed_rows() -> None:
         100 * exposed / ev.step_time_s, abs=0.1
     )
     assert 0.0 < plan_row(ev)["exposed_comm_pct"] < 100.0
+
+
+def test_simulate_json_carries_the_breakdown(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["simulate", "--model", "gpt3-175b", "--gpu", "a100-sxm4-80gb", "--gpus", "1024"]
+    flags = ["--tp", "8", "--pp", "16", "--mbs", "1", "--gbs", "1536", "--format", "json"]
+    assert main([*args, *flags]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    parts = doc["step_breakdown_s"]
+    assert parts["step"] == pytest.approx(doc["step_time_s"], abs=1e-3)
+    rest = [seconds for name, seconds in parts.items() if name != "step"]
+    assert sum(rest) == pytest.approx(parts["step"], abs=1e-3 * len(rest))
