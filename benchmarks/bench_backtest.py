@@ -12,11 +12,11 @@ never for fitting a constant. Run:
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from functools import partial
 from pathlib import Path
 
+from plansim.commands.backtest import ErrorStats, error_stats
 from plansim.io.runs import read_runs
 from plansim.planner.backtest import predict_row
 from plansim.planner.parallel import default_jobs, map_in_order
@@ -30,20 +30,22 @@ FILES = (
 
 
 def summary(path: Path, jobs: int) -> dict[str, object]:
-    """Accuracy figures and wall time of one runs file."""
+    """Accuracy figures (``plansim backtest``'s error statistics) and wall time of one runs
+    file."""
     start = time.perf_counter()
     _, rows = read_runs(path)
     predictions = list(map_in_order(partial(predict_row, simulate_top=8), rows, jobs))
     errors = [p.step_time_error_pct for p in predictions if p.step_time_error_pct is not None]
-    sizes = [abs(e) for e in errors]
+    nan = float("nan")
+    stats = error_stats(errors) if errors else ErrorStats(nan, nan, nan, nan)
     return {
         "file": path.name,
         "runs": len(rows),
         "predicted": len(errors),
-        "mean_abs_pct": statistics.fmean(sizes) if sizes else float("nan"),
-        "median_abs_pct": statistics.median(sizes) if sizes else float("nan"),
-        "max_abs_pct": max(sizes) if sizes else float("nan"),
-        "mean_signed_pct": statistics.fmean(errors) if errors else float("nan"),
+        "mean_abs_pct": stats.mean_abs,
+        "median_abs_pct": stats.median_abs,
+        "max_abs_pct": stats.max_abs,
+        "mean_signed_pct": stats.mean_signed,
         "wall_s": time.perf_counter() - start,
     }
 

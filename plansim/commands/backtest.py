@@ -13,11 +13,12 @@ from typing import NamedTuple
 
 import pandas as pd
 
+from plansim.commands.plan import add_search_args, resolve_jobs
 from plansim.errors import InputFileError, require_positive_int
 from plansim.io.outputs import check_writable
 from plansim.io.runs import RunRow, read_runs, write_predictions
 from plansim.planner.backtest import OVER_MEMORY, Prediction, predict_row
-from plansim.planner.parallel import default_jobs, map_in_order
+from plansim.planner.parallel import map_in_order
 from plansim.planner.progress import progress_bar
 from plansim.planner.run_checks import PER_LAYER, LayerCheck
 from plansim.report.tables import render
@@ -46,19 +47,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--simulate-top", type=int, default=8, help="candidates simulated per searched row"
     )
-    p.add_argument(
-        "--jobs",
-        type=int,
-        metavar="N",
-        help="rows predicted at once, each in its own process (default: all cores); the "
-        "output is identical for any N",
-    )
-    p.add_argument(
-        "--progress",
-        action="store_true",
-        help="always draw a bar of the rows predicted on stderr (default: only on a terminal, "
-        "after about a second)",
-    )
+    add_search_args(p)  # --jobs (rows predicted at once) and --progress, as plan and sweep
     p.add_argument(
         "--group-by",
         default=None,
@@ -78,7 +67,7 @@ def _fmt_kinds(seconds_by_kind: dict[str, float]) -> str:
     return ";".join(f"{kind}={seconds:.4f}" for kind, seconds in sorted(seconds_by_kind.items()))
 
 
-class _ErrorStats(NamedTuple):
+class ErrorStats(NamedTuple):
     """Summary of signed step-time errors (%): mean, median and max of |error|, mean signed."""
 
     mean_abs: float
@@ -87,16 +76,21 @@ class _ErrorStats(NamedTuple):
     mean_signed: float
 
 
-def _error_stats(errors: list[float]) -> _ErrorStats:
+def error_stats(errors: list[float]) -> ErrorStats:
+    """:class:`ErrorStats` of signed errors (%).
+
+    Raises:
+        statistics.StatisticsError: ``errors`` is empty.
+    """
     sizes = [abs(e) for e in errors]
-    return _ErrorStats(
+    return ErrorStats(
         statistics.fmean(sizes), statistics.median(sizes), max(sizes), statistics.fmean(errors)
     )
 
 
 def _summary(errors: list[float], label: str) -> str:
     """'<label> mean |error| 5.8% (median 4.7%, max 21.9%, mean signed -5.4%)'."""
-    stats = _error_stats(errors)
+    stats = error_stats(errors)
     return (
         f"{label}mean |error| {stats.mean_abs:.1f}% (median {stats.median_abs:.1f}%, "
         f"max {stats.max_abs:.1f}%, mean signed {stats.mean_signed:+.1f}%)"
@@ -119,7 +113,7 @@ def _group_table(groups: dict[str, list[float]], column: str) -> str:
     error (%), values in sorted order; a blank cell is ``(blank)``."""
     records = []
     for value, errs in sorted(groups.items()):
-        stats = _error_stats(errs)
+        stats = error_stats(errs)
         records.append(
             {
                 column: value,
@@ -162,8 +156,7 @@ def run(args: argparse.Namespace) -> int:
         OutputFileError: ``--out`` cannot be written (checked before predicting).
     """
     require_positive_int("--simulate-top", args.simulate_top)
-    jobs = default_jobs() if args.jobs is None else args.jobs
-    require_positive_int("--jobs", jobs)
+    jobs = resolve_jobs(args.jobs)
     if args.out:  # before any row is predicted, not after minutes of work
         check_writable(args.out, label="--out")
     header, rows = read_runs(args.runs)
@@ -251,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
     if over:  # predicted although plansim's memory model fits none of their layouts
         skipped_text += f", {over} over plansim's memory limit"
     if errors:
-        stats = _error_stats(errors)
+        stats = error_stats(errors)
         summary = (
             f"mean |error| {stats.mean_abs:.1f}%, "
             f"median {stats.median_abs:.1f}%, max {stats.max_abs:.1f}%, "

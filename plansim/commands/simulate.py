@@ -27,6 +27,7 @@ from plansim.report.tables import (
     memory_table,
     plan_row,
     render,
+    step_breakdown_s,
     step_breakdown_table,
 )
 from plansim.report.trace import chrome_trace, write_trace
@@ -297,8 +298,9 @@ def run(args: argparse.Namespace) -> int:
         doc = {"status": "ok", "model": model.name, "profile": profile.name}
         doc.update(evaluation_dict(outcome))
         doc["gemm_pace_fraction"] = pace
-        breakdown = step_breakdown_table(outcome)
-        doc["step_breakdown_s"] = dict(zip(breakdown["part"], breakdown["seconds"], strict=True))
+        doc["step_breakdown_s"] = {
+            part: round(seconds, 3) for part, seconds in step_breakdown_s(outcome).items()
+        }
         doc["layer_forward_ms"] = 1e3 * layer.forward_s
         doc["layer_backward_ms"] = 1e3 * layer.backward_s
         out.write(json.dumps(doc, indent=2) + "\n")

@@ -143,10 +143,6 @@ def run_sweep(
 Task = Callable[[SweepCell], dict[str, Any]]
 
 
-def _local(task: Task, cells: list[SweepCell], jobs: int) -> Iterator[dict[str, Any]]:
-    return map_in_order(task, cells, jobs)
-
-
 def _require(package: str, executor: str) -> None:
     if importlib.util.find_spec(package) is None:
         raise PlansimError(
@@ -175,7 +171,7 @@ def _ray(task: Task, cells: list[SweepCell], jobs: int) -> Iterator[dict[str, An
 
 
 _EXECUTE: dict[str, Callable[[Task, list[SweepCell], int], Iterator[dict[str, Any]]]] = {
-    "local": _local,
+    "local": map_in_order,
     "dask": _dask,
     "ray": _ray,
 }

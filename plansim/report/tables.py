@@ -55,11 +55,15 @@ def plan_row(ev: Evaluation) -> dict[str, Any]:
 
 def exposed_comm_fraction(ev: Evaluation) -> float:
     """Share of the step the mean pipeline rank's compute stream waits on communication of
-    any kind (the exposed seconds of :func:`step_breakdown_table` over the step time)."""
+    any kind (the exposed parts of :func:`step_breakdown_s` over the step time)."""
     if ev.step_time_s <= 0:
         return 0.0
-    ranks = max(1, len(ev.result.compute_busy_s))
-    return sum(ev.exposed_comm_s_by_kind.values()) / ranks / ev.step_time_s
+    return _mean_exposed_s(ev) / ev.step_time_s
+
+
+def _mean_exposed_s(ev: Evaluation) -> float:
+    """Exposed communication seconds, all kinds, of the mean pipeline rank."""
+    return sum(ev.exposed_comm_s_by_kind.values()) / len(ev.result.compute_busy_s)
 
 
 def _grad_reduce(p: ParallelPlan) -> str:
@@ -216,32 +220,38 @@ def memory_table(ev: Evaluation) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def step_breakdown_table(ev: Evaluation) -> pd.DataFrame:
-    """Where one simulated step goes, in the mean over the pipeline ranks: the compute
-    stream's kernels (pipeline work and optimizer), each communication kind's exposed time
-    (the compute stream idle while it runs; ``SimResult.exposed_s_by_kind``), and the rest
-    of the step, in which the compute stream waits on nothing it could run (pipeline
-    bubbles, waits on other ranks). The parts add up to the step time (row ``step``).
-
-    Columns: ``part``, ``seconds``, ``pct_of_step``.
-    """
-    result = ev.result
-    ranks = len(result.compute_busy_s)
-    step = ev.step_time_s
-    parts = [("compute (kernels)", sum(result.compute_busy_s) / ranks)]
-    parts += [
+def step_breakdown_s(ev: Evaluation) -> dict[str, float]:
+    """Where one simulated step goes, seconds in the mean over the pipeline ranks: the
+    compute stream's kernels (pipeline work and optimizer), each communication kind's exposed
+    time (the compute stream idle while it runs; ``SimResult.exposed_s_by_kind``), and the
+    rest of the step, in which the compute stream waits on nothing it could run (pipeline
+    bubbles, waits on other ranks). The parts add up to the step time (key ``step``)."""
+    busy = ev.result.compute_busy_s
+    ranks = len(busy)
+    parts = {"compute (kernels)": sum(busy) / ranks}
+    parts.update(
         (f"exposed {kind}", seconds / ranks)
         for kind, seconds in sorted(ev.exposed_comm_s_by_kind.items())
         if seconds > 0
-    ]
-    idle = step - sum(seconds for _, seconds in parts)
-    parts += [("idle (bubbles, waits)", idle), ("step", step)]
+    )
+    parts["idle (bubbles, waits)"] = (
+        ev.step_time_s - parts["compute (kernels)"] - _mean_exposed_s(ev)
+    )
+    parts["step"] = ev.step_time_s
+    return parts
+
+
+def step_breakdown_table(ev: Evaluation) -> pd.DataFrame:
+    """:func:`step_breakdown_s` as a table: columns ``part``, ``seconds`` (ms digits) and
+    ``pct_of_step``."""
+    parts = step_breakdown_s(ev)
+    step = ev.step_time_s
     return pd.DataFrame(
         {
-            "part": [name for name, _ in parts],
-            "seconds": [round(seconds, 3) for _, seconds in parts],
+            "part": list(parts),
+            "seconds": [round(seconds, 3) for seconds in parts.values()],
             "pct_of_step": [
-                round(100 * seconds / step, 1) if step > 0 else 0.0 for _, seconds in parts
+                round(100 * seconds / step, 1) if step > 0 else 0.0 for seconds in parts.values()
             ],
         }
     )
