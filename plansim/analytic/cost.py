@@ -17,14 +17,16 @@ Pure. Each piece prices a mechanism with the profile's curves:
   input-gradient backward and in full recompute.
 * DP (over the dp * cp ranks holding the same weights: Megatron-LM reduces gradients over
   the data-parallel group with context parallelism, ``plansim.analytic.ranks``):
-  gradient all-reduce (ZeRO 0), reduce-scatter of gradients + all-gather of 16-bit params
-  (ZeRO 1/2, Megatron distributed optimizer), and ZeRO-3's per-micro-batch parameter
-  all-gathers in forward and backward plus gradient reduce-scatter (ZeRO paper §7), their
-  exposed part after per-layer prefetch or per-tensor synchronous fetching
+  gradient all-reduce (ZeRO 0) or reduce-scatter (ZeRO 1, Megatron distributed optimizer)
+  once per step, then the all-gather of the 16-bit params (ZeRO 1/2); ZeRO-2's
+  reduce-scatter of every micro-batch's gradients (sharded gradients cannot accumulate
+  whole), and ZeRO-3's per-micro-batch parameter all-gathers in forward and backward plus
+  gradient reduce-scatter (ZeRO paper §7), their exposed part after per-layer prefetch
+  (ZeRO-2: with ``plan.overlap_grad_reduce``) or synchronous fetching
   (``plansim.analytic.zero3``).
   Tied embeddings with pp > 1: all-reduce of the embedding gradient between first and last
   stage (Megatron ``_allreduce_word_embedding_grads``, after the DP reduction).
-  With ``plan.overlap_grad_reduce`` (Megatron-LM ``--overlap-grad-reduce``) the ZeRO-0/1/2
+  With ``plan.overlap_grad_reduce`` (Megatron-LM ``--overlap-grad-reduce``) the ZeRO-0/1
   gradient reduction moves from the rank's tail into per-stage buckets
   (``StageWork.grad_buckets``, ``plansim.analytic.grad_buckets``) that the engine starts
   while backward still runs; the ZeRO-1/2 parameter all-gather stays after the optimizer, or
@@ -82,16 +84,22 @@ def _zero3_segments(
     edge: Zero3Traffic,
     slowdown: float,
 ) -> dict[str, tuple[str, str, float, float]]:
-    """ZeRO-3 communication segments of a stage of ``n`` layers, by where they go: before
-    F ("forward"), before the recompute/backward of B and I ("gather_b"), after B
-    ("scatter_b"), after W ("scatter_w"); ``plansim.analytic.zero3`` gives the overlap."""
+    """ZeRO-3 (and ZeRO-2: reduce-scatters only) communication segments of a stage of ``n``
+    layers, by where they go: before F ("forward"), before the recompute/backward of B and I
+    ("gather_b"), after B ("scatter_b"), after W ("scatter_w"); ``plansim.analytic.zero3``
+    gives the overlap: ZeRO-3 by ``plan.zero3_param_fetch``, ZeRO-2 overlapped with the
+    backward as ``layer-prefetch`` with ``plan.overlap_grad_reduce``, else serial."""
     g, r = unit.gather_s, unit.scatter_s
     full = plan.recompute is Recompute.FULL
     fwd_c = layer.forward_s + layer.tp_forward_s + layer.cp_forward_s
     rec_c = layer.recompute_s + layer.tp_recompute_s + layer.cp_recompute_s
     bin_c = layer.backward_input_s + layer.tp_backward_s + layer.cp_backward_s
     bw_c = layer.backward_weight_s
-    if plan.zero3_param_fetch is Zero3ParamFetch.LAYER_PREFETCH:
+    if plan.zero_stage == 2:
+        overlapped = plan.overlap_grad_reduce
+    else:
+        overlapped = plan.zero3_param_fetch is Zero3ParamFetch.LAYER_PREFETCH
+    if overlapped:
         s = slowdown
         forward = edge.gather_s + exposed_gather_s(n, gather_s=g, compute_s=fwd_c, slowdown=s)
         gather_b = edge.gather_s + exposed_gather_s(
@@ -105,7 +113,8 @@ def _zero3_segments(
         scatter_w = edge.scatter_s + exposed_gather_s(n, gather_s=r, compute_s=bw_c, slowdown=s)
         regather = 1
     else:  # layer-sync / per-tensor-sync: every collective serial
-        regather = 2 if full and plan.zero3_param_fetch is Zero3ParamFetch.PER_TENSOR_SYNC else 1
+        per_tensor = plan.zero3_param_fetch is Zero3ParamFetch.PER_TENSOR_SYNC
+        regather = 2 if full and per_tensor and plan.zero_stage == 3 else 1
         forward = edge.gather_s + n * g
         gather_b = edge.gather_s + n * g * regather
         scatter_b = scatter_w = edge.scatter_s + n * r

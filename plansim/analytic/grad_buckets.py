@@ -116,7 +116,7 @@ def grad_buckets(
 
     Megatron-LM DDP: parameters fill buckets in reverse order (the order backward produces
     their gradients) up to ``bucket_size`` = max(40M, 1M x dp) parameters; each bucket's
-    all-reduce (ZeRO-0) or reduce-scatter (ZeRO-1/2, distributed optimizer) starts once all
+    all-reduce (ZeRO-0) or reduce-scatter (ZeRO-1, distributed optimizer) starts once all
     its gradients of the last micro-batch exist. Megatron buckets only pipeline rank 0's
     first model chunk (stage 0): other ranks' reductions are off the critical path, later
     chunks overlap anyway (``DistributedDataParallel``: bucket_size = None when pp rank > 0;
@@ -124,16 +124,17 @@ def grad_buckets(
     is one bucket, ready at the end of its last backward. Approximations: buckets hold
     exactly bucket_size parameters (Megatron closes a bucket at the first whole tensor past
     it) and a bucket is ready at the end of the layer holding its last parameter
-    (:func:`_ready_fraction`). Empty for ZeRO-3 (per micro-batch reduce-scatters) or
-    dp * cp == 1. The collectives span the dp * cp group (:func:`dp_grad_reduce_s`: with
-    hybrid sharding the shard group and its replicas); the bucket size uses dp alone, as
+    (:func:`_ready_fraction`). Empty for ZeRO-2 and ZeRO-3 (per micro-batch
+    reduce-scatters, ``plansim.analytic.zero3``) or dp * cp == 1. The collectives span the
+    dp * cp group (:func:`dp_grad_reduce_s`: with hybrid sharding the shard group and its
+    replicas); the bucket size uses dp alone, as
     Megatron's default does (``get_data_parallel_world_size()`` without context parallelism).
     With ``plan.dp_sync`` parameter-server each bucket is a ``ps_push`` of its gradients
     (``plansim.analytic.param_server.ps_transfer``), also with dp * cp == 1 when the servers
     are dedicated.
     """
     ps = uses_parameter_server(plan)
-    if plan.zero_stage == 3 or (dp_cp_size(plan) == 1 and not ps):
+    if plan.zero_stage >= 2 or (dp_cp_size(plan) == 1 and not ps):
         return ()
     params = stage_parameters(model, plan, stage=stage)
     total = params.total

@@ -6,16 +6,16 @@ model states off the GPU; ``plansim.analytic.memory.model_state_bytes`` removes 
 the GPU, this module says what the host then holds and what the step moves.
 
 **Optimizer step** (ZeRO-Offload, Ren et al. USENIX ATC 2021 §4.1-4.2; one step, in order,
-replacing the GPU's fused Adam): the gradients are reduced as without offload (ZeRO-1/2
-reduce-scatter, ZeRO-3 per micro-batch), then the rank's 16-bit gradient shard is copied
-device -> host over PCIe (``offload_d2h``, 2 bytes per parameter of the local shard), the
-host CPU runs Adam on the fp32 master weights (``cpu_adam``: local parameters / the
-profile's ``host.adam_params_per_s``), and the updated 16-bit parameters are copied back
-host -> device (``offload_h2d``, 2 bytes per parameter), then all-gathered (ZeRO-1/2) as
-without offload. The paper's CPU <-> GPU volume is the same 2M + 2M bytes per step for M
-16-bit parameters (§3). With ``nvme`` (ZeRO-Infinity, Rajbhandari et al. SC21 §5) the fp32
-master weights and Adam m, v (12 bytes per parameter) live on NVMe: CPU Adam reads them
-first (``nvme_read``) and writes them back after (``nvme_write``).
+replacing the GPU's fused Adam): the gradients are reduced as without offload (ZeRO-1
+reduce-scatter once per step, ZeRO-2/3 per micro-batch), then the rank's 16-bit gradient
+shard is copied device -> host over PCIe (``offload_d2h``, 2 bytes per parameter of the
+local shard), the host CPU runs Adam on the fp32 master weights (``cpu_adam``: local
+parameters / the profile's ``host.adam_params_per_s``), and the updated 16-bit parameters
+are copied back host -> device (``offload_h2d``, 2 bytes per parameter), then all-gathered
+(ZeRO-1/2) as without offload. The paper's CPU <-> GPU volume is the same 2M + 2M bytes per
+step for M 16-bit parameters (§3). With ``nvme`` (ZeRO-Infinity, Rajbhandari et al. SC21 §5)
+the fp32 master weights and Adam m, v (12 bytes per parameter) live on NVMe: CPU Adam reads
+them first (``nvme_read``) and writes them back after (``nvme_write``).
 
 **Parameter offload** (stage 3, ZeRO-Infinity §5): the 16-bit parameter shard of a stage
 is copied host -> device (``offload_h2d``; from NVMe first with ``nvme``, ``nvme_read``)

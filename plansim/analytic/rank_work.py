@@ -1,8 +1,10 @@
 """Once-per-step work of one pipeline rank: DP gradient sync, the optimizer step and the
 ZeRO-1/2 parameter all-gather (pure).
 
-The gradient all-reduce (ZeRO 0) or reduce-scatter (ZeRO 1/2) runs after the rank's last
-backward unless ``plan.overlap_grad_reduce`` moves it into the stages' buckets; tied
+The gradient all-reduce (ZeRO 0) or reduce-scatter (ZeRO 1) runs after the rank's last
+backward unless ``plan.overlap_grad_reduce`` moves it into the stages' buckets (ZeRO-2 and
+ZeRO-3 reduce-scatter every micro-batch's gradients inside its backward instead,
+``plansim.analytic.zero3``); tied
 embeddings with pp > 1 add the all-reduce of the embedding gradient between the first and
 last stage (Megatron ``_allreduce_word_embedding_grads``). The optimizer is fused Adam over
 the local shard, HBM-bound (``elementwise.adam_step_bytes``), or the ZeRO-Offload /
@@ -114,7 +116,7 @@ def rank_work(
     dp_cp = dp_cp_size(plan)
     sync: list[tuple[str, str, float, float]] = []
     ps = uses_parameter_server(plan)
-    if plan.zero_stage in (0, 1, 2) and not plan.overlap_grad_reduce and not ps:
+    if plan.zero_stage in (0, 1) and not plan.overlap_grad_reduce and not ps:
         t = dp_grad_reduce_s(plan, profile=profile, groups=groups, message_bytes=grad_bytes)
         sync.append(("dp_comm", "dp", t, grad_bytes))
     counts = count_parameters(model)

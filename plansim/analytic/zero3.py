@@ -1,4 +1,21 @@
-"""ZeRO-3 parameter gathers and gradient reduce-scatters per micro-batch (pure).
+"""ZeRO-3 parameter gathers and ZeRO-2/3 gradient reduce-scatters per micro-batch (pure).
+
+ZeRO stage 2 (Rajbhandari et al., SC20, §5.2, P_os+g) keeps 1/(dp * cp) of the gradients on
+each rank, so a rank cannot hold a micro-batch's full gradients until the end of the step:
+each micro-batch's gradients are reduce-scattered to their owners as backward produces them,
+and the owner adds its shard into its accumulated partition. DeepSpeed does exactly this
+("ZeRO stage >= 2 communicates during non gradient accumulation boundaries as well",
+``DeepSpeedEngine.allreduce_gradients`` in ``deepspeed/runtime/engine.py``: with
+``partition_gradients`` the backward hooks reduce every micro-step's buckets, while stage 1
+reduces only at the accumulation boundary), as does PyTorch FSDP's ``SHARD_GRAD_OP`` outside
+``no_sync``. So with m micro-batches a ZeRO-2 step moves m times ZeRO-1's gradient bytes.
+Priced here as ZeRO-3's reduce-scatter side: one flat reduce-scatter per layer (and one for
+a stage's edge parameters) after its backward, overlapped with the next layer's backward as
+in ``layer-prefetch`` when ``plan.overlap_grad_reduce`` (DeepSpeed ``overlap_comm``), each
+one waited for otherwise; nothing is gathered (the 16-bit parameters are replicated; their
+all-gather after the optimizer, once per step, is ``plansim.analytic.rank_work``'s). Limit:
+DeepSpeed reduces ``reduce_bucket_size`` buckets, not layers (same bytes, another count of
+collectives), and its bucket's transient memory is not added to the memory model.
 
 ZeRO stage 3 (Rajbhandari et al., SC20, §5.3 and §7.2) keeps 1/(dp * cp) of every parameter
 on each rank: before a layer runs, forward or backward (and again for a full-recompute
@@ -206,24 +223,29 @@ def unit_traffic(
     param_bytes: float,
     grad_bytes: float,
 ) -> Zero3Traffic:
-    """ZeRO-3 traffic of one unit made of parameter ``tensors`` (elements per TP rank).
+    """ZeRO-2 / ZeRO-3 traffic of one unit made of parameter ``tensors`` (elements per TP
+    rank), per micro-batch.
 
     ``layer-prefetch`` and ``layer-sync``: one collective of the whole unit each way, plus
     its flat-buffer copies at the streaming bandwidth (:func:`flat_copy_bytes`).
     ``per-tensor-sync``: one
     collective per tensor plus dp * cp chunk copies each, and DeepSpeed's host work per
-    gather (``DEEPSPEED_2021_GATHER_HOST_S``; module docstring). Zero with
-    ZeRO < 3, no data parallelism or no tensors. With hybrid sharding (``plan.dp_shard``)
+    gather (``DEEPSPEED_2021_GATHER_HOST_S``; module docstring). ZeRO-2: the gradient
+    reduce-scatter alone (its 16-bit parameters are replicated, nothing is gathered), one
+    collective of the whole unit whatever ``plan.zero3_param_fetch`` says (DeepSpeed's
+    stage 2 reduces gradient buckets, never single tensors; module docstring). Zero with
+    ZeRO < 2, no data parallelism or no tensors. With hybrid sharding (``plan.dp_shard``)
     the collectives run over the shard group (``groups.shard``) and each reduced gradient
     shard is then all-reduced over the replicas (``groups.replicate``), as FSDP's
     ``HYBRID_SHARD`` does after every reduce-scatter (PyTorch FSDP docs, ``ShardingStrategy``).
     """
-    if plan.zero_stage != 3 or dp_cp_size(plan) == 1 or not tensors:
+    if plan.zero_stage < 2 or dp_cp_size(plan) == 1 or not tensors:
         return NO_TRAFFIC
     span = groups.shard
     total = sum(tensors)
     stream = profile.streaming_bytes_per_s()
-    per_tensor = plan.zero3_param_fetch is Zero3ParamFetch.PER_TENSOR_SYNC
+    grads_only = plan.zero_stage == 2
+    per_tensor = not grads_only and plan.zero3_param_fetch is Zero3ParamFetch.PER_TENSOR_SYNC
     units: tuple[float, ...] = tensors if per_tensor else (total,)
     gather = scatter = 0.0
     for numel in units:
@@ -245,9 +267,9 @@ def unit_traffic(
             profile, message_bytes=numel * grad_bytes, shard=span, replicate=groups.replicate
         )
     return Zero3Traffic(
-        gather_s=gather,
+        gather_s=0.0 if grads_only else gather,
         scatter_s=scatter,
-        gather_bytes=total * param_bytes,
+        gather_bytes=0.0 if grads_only else total * param_bytes,
         scatter_bytes=total * grad_bytes,
     )
 
