@@ -38,7 +38,7 @@ from plansim.analytic.stored_activations import (
     saved_gemm_input_bytes,
     stored_activation_bytes,
 )
-from plansim.analytic.zero3 import gathered_bytes
+from plansim.analytic.zero3 import gathered_bytes, unsharded_grad_bytes
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import pipeline_layer_counts, stage_bf16_layers
 from plansim.specs.model import ModelSpec
@@ -246,7 +246,9 @@ def transient_bytes(
 
     Full recompute re-materialises one layer (Korthikanti §5); the last rank holds fp32
     logits 4*s*b*V/t for the cross-entropy plus the final-norm and output-layer inputs
-    (Korthikanti §4.3); ZeRO-3 its gathered parameters (``zero3.gathered_bytes``). With cp,
+    (Korthikanti §4.3); ZeRO-3 its gathered parameters (``zero3.gathered_bytes``), ZeRO-2
+    the 16-bit gradients of the layers it is reduce-scattering (``zero3.unsharded_grad_bytes``,
+    the same dtype as ``plansim.analytic.cost`` reduces them in). With cp,
     s is the rank's s/cp tokens, and one layer's ring attention holds max(cp, 4) K/V chunks
     (``ring_kv_chunk_bytes``): Transformer Engine's ``AttnFuncWithCPAndKVP2P`` keeps every
     received chunk until the layer's forward ends, and its backward double-buffers (K, V,
@@ -255,8 +257,10 @@ def transient_bytes(
     """
     key = ("transient", rank, *activation_key(plan))
     total = memoised(memo, key, lambda: _working_bytes(model, plan, rank=rank))
+    param_bytes = plan_state_bytes(plan).param
     if plan.zero_stage == 3:
-        total += gathered_bytes(model, plan, rank=rank, param_bytes=plan_state_bytes(plan).param)
+        total += gathered_bytes(model, plan, rank=rank, param_bytes=param_bytes)
+    total += unsharded_grad_bytes(model, plan, grad_bytes=param_bytes)  # ZeRO-2 only
     return total
 
 

@@ -194,6 +194,18 @@ def gathered_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int, param_byt
     return 2 * layer * param_bytes
 
 
+def unsharded_grad_bytes(model: ModelSpec, plan: ParallelPlan, *, grad_bytes: float) -> float:
+    """Bytes of unsharded gradients a ZeRO-2 rank holds at its peak, ``grad_bytes`` per
+    element: the layer whose reduce-scatter is in flight and the next one backward is
+    producing (per-layer reduce-scatters, module docstring). Zero unless ZeRO-2 with
+    dp * cp > 1 (nothing to reduce-scatter otherwise)."""
+    if plan.zero_stage != 2 or dp_cp_size(plan) == 1:
+        return 0.0
+    counts = count_parameters(model)
+    layer = (counts.attention_per_layer + counts.mlp_per_layer) / plan.tp
+    return 2 * layer * grad_bytes
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Zero3Traffic:
     """ZeRO-3 communication of one unit of parameters (a layer, or a stage's edges).

@@ -105,3 +105,18 @@ def test_zero2_reduces_whole_layers_whatever_the_zero3_fetch_says() -> None:
         MODEL, _plan(zero3_param_fetch=Zero3ParamFetch.PER_TENSOR_SYNC), prof
     )
     assert flat.stages == sync.stages
+
+
+def test_the_layers_being_reduced_are_held_unsharded() -> None:
+    # transient: two layers' 16-bit gradients (one in its reduce-scatter, one being produced)
+    from plansim.analytic.memory import rank_memory
+    from plansim.analytic.params import count_parameters
+
+    prof = round_profile()
+    counts = count_parameters(MODEL)
+    layer = counts.attention_per_layer + counts.mlp_per_layer
+    zero1 = rank_memory(MODEL, _plan(zero_stage=1), prof, rank=0)
+    zero2 = rank_memory(MODEL, _plan(), prof, rank=0)
+    assert zero2.transient_bytes - zero1.transient_bytes == pytest.approx(2 * layer * 2.0)
+    alone = rank_memory(MODEL, _plan(dp=1, global_batch_size=8), prof, rank=0)
+    assert alone.transient_bytes == zero1.transient_bytes  # dp 1: nothing to reduce-scatter
