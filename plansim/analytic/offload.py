@@ -33,12 +33,15 @@ each gets ``1/gpus_on_node`` of the node's NVMe bandwidth inside the costed dura
 ``adam_params_per_s`` is already one GPU's share of the CPU.
 
 Modelling limits (stated, not hidden): no overlap inside the step (DeepSpeed overlaps the
-gradient copies of reduced buckets with backward and pipelines CPU Adam with the
-parameter copy in tiles: plansim is pessimistic there); gradients are copied once per step
-(DeepSpeed stage 2/3 copy each micro-batch's reduced gradients, m times with gradient
-accumulation); parameter fetches block the action (no prefetch); pinned swap buffers and
-DeepSpeed's ``max_in_cpu`` parameter cache are not counted. The one-step delayed parameter
-update of ZeRO-Offload (DPU, §4.3) is out of scope.
+gradient copies of reduced buckets with backward and pipelines CPU Adam with the parameter
+copy in tiles: plansim is pessimistic there); gradients are copied once per step, 2 bytes
+per element (DeepSpeed's stage 2 accumulates on the host: with m micro-batches each but the
+first copies the shard's 16-bit gradients host -> device and each but the last device ->
+host, ``async_accumulate_grad_in_cpu_via_gpu`` in ``stage_1_and_2.py``, and the boundary
+copies them as fp32, ``async_inplace_copy_grad_to_fp32_buffer_from_gpu``: 4 m bytes over
+PCIe where this prices 2; stage 3's path not read); parameter fetches block the action (no
+prefetch); pinned swap buffers and DeepSpeed's ``max_in_cpu`` parameter cache are not
+counted. The one-step delayed parameter update of ZeRO-Offload (DPU, §4.3) is out of scope.
 """
 
 from __future__ import annotations
