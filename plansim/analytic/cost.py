@@ -57,7 +57,8 @@ from plansim.analytic.memory import plan_state_bytes
 from plansim.analytic.offload import with_param_fetch
 from plansim.analytic.pipeline_send import pipeline_send
 from plansim.analytic.rank_work import ParamGatherCover, gather_cover, rank_work, segments
-from plansim.analytic.stage_compute import pass_inputs
+from plansim.analytic.ranks import LayoutGroups, dp_cp_size
+from plansim.analytic.stage_compute import COMPUTE_FIELDS, pass_inputs
 from plansim.analytic.stage_seconds import StageSeconds, stage_seconds
 from plansim.analytic.stored_activations import stage_activation_bytes
 from plansim.analytic.zero3 import (
@@ -71,7 +72,7 @@ from plansim.analytic.zero3 import (
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import stage_layer_counts
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan, Recompute, Zero3ParamFetch
+from plansim.specs.plan import ParallelPlan, Recompute, Schedule, Zero3ParamFetch
 from plansim.specs.work import P2P, GradBucket, PipelineWork, RankWork, StageWork
 
 
@@ -207,8 +208,94 @@ _BUCKET_FIELDS = (
 
 
 _work_key = fields_getter(_WORK_FIELDS)
+#: Plan fields of :func:`sharded_action_s`: the stages' pass times (``COMPUTE_FIELDS``) and
+#: what places and overlaps the ZeRO-2/3 segments.
+_sharded_key = fields_getter(
+    (*COMPUTE_FIELDS, "zero_stage", "schedule", "overlap_grad_reduce", "zero3_param_fetch",
+     "dp_shard", "use_torch_fsdp2")
+)  # fmt: skip
 _bucket_key = fields_getter(_BUCKET_FIELDS)
 _zero3_key = fields_getter(_ZERO3_FIELDS)
+
+
+def _sharded_traffic(
+    model: ModelSpec,
+    plan: ParallelPlan,
+    profile: HardwareProfile,
+    groups: LayoutGroups,
+    *,
+    first: bool,
+    last: bool,
+    memo: Memo | None,
+) -> tuple[Zero3Traffic, Zero3Traffic]:
+    """ZeRO-2/3 traffic of one layer (memoised) and of a stage's edge parameters (16-bit
+    gathers and reduce-scatters, ``plansim.analytic.zero3.unit_traffic``)."""
+    per_param = plan_state_bytes(plan)
+    z3_bytes = {"param_bytes": per_param.param, "grad_bytes": per_param.param}
+    layer = memoised(
+        memo,
+        ("zero3", *_zero3_key(plan)),
+        lambda: unit_traffic(
+            layer_param_tensors(model, plan), plan=plan, profile=profile, groups=groups, **z3_bytes
+        ),
+    )
+    edge = memoised(
+        memo,
+        ("zero3_edge", first, last, *_zero3_key(plan)),
+        lambda: unit_traffic(
+            edge_param_tensors(model, plan, first=first, last=last),
+            plan=plan,
+            profile=profile,
+            groups=groups,
+            **z3_bytes,
+        ),
+    )
+    return layer, edge
+
+
+def sharded_action_s(
+    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *, memo: Memo | None = None
+) -> tuple[tuple[float, float], ...]:
+    """Per pipeline stage, stage 0 first: (forward, backward) seconds of the ZeRO-2/3
+    segments one micro-batch's actions hold (``_zero3_segments``): the gathers before F, and
+    before and after the backward (B; with ZB-H1 its I and W together), exactly as
+    :func:`build_pipeline_work` places them, so adding them to
+    ``stage_compute.stage_compute_s`` keeps the planner's cheap bound a bound on the work.
+    All zero below ZeRO-2 or with dp * cp == 1.
+    """
+    if plan.zero_stage < 2 or dp_cp_size(plan) == 1:
+        return ((0.0, 0.0),) * plan.num_stages
+    return memoised(
+        memo,
+        ("sharded_action_s", *_sharded_key(plan)),
+        lambda: _sharded_action_s(model, plan, profile, memo),
+    )
+
+
+def _sharded_action_s(
+    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, memo: Memo | None
+) -> tuple[tuple[float, float], ...]:
+    inputs = pass_inputs(model, plan, profile, memo)
+    after = "scatter_w" if plan.schedule is Schedule.ZB_H1 else "scatter_b"
+    kinds: dict[tuple[bool, bool, int], tuple[float, float]] = {}
+    out = []
+    for s, layers in enumerate(stage_layer_counts(model.num_layers, plan)):
+        key = (s == 0, s == plan.num_stages - 1, layers)
+        if key not in kinds:
+            unit, edge = _sharded_traffic(
+                model, plan, profile, inputs.groups, first=key[0], last=key[1], memo=memo
+            )
+            z3 = _zero3_segments(
+                layers,
+                plan=plan,
+                layer=inputs.layer,
+                unit=unit,
+                edge=edge,
+                slowdown=profile.overlap_compute_slowdown_fraction,
+            )
+            kinds[key] = (z3["forward"][2], z3["gather_b"][2] + z3[after][2])
+        out.append(kinds[key])
+    return tuple(out)
 
 
 def build_pipeline_work(
@@ -256,15 +343,6 @@ def _build(
     groups, layer, layer16, edges = inputs.groups, inputs.layer, inputs.layer16, inputs.edges
     bf16_ends = inputs.bf16_ends
     bucket_key = _bucket_key(plan)
-    per_param = plan_state_bytes(plan)
-    z3_bytes = {"param_bytes": per_param.param, "grad_bytes": per_param.param}
-    z3_layer = memoised(
-        memo,
-        ("zero3", *_zero3_key(plan)),
-        lambda: unit_traffic(
-            layer_param_tensors(model, plan), plan=plan, profile=profile, groups=groups, **z3_bytes
-        ),
-    )
     p2p = pipeline_send(model, plan, profile, groups)
     # A stage's work depends on its index only through first/last, whether it sits on
     # rank 0 (embedding activations) and its layer count (uneven splits); a rank's only
@@ -285,15 +363,8 @@ def _build(
                 plan=plan,
                 layer=layer,
                 sec=sec,
-                zero3=(
-                    z3_layer,
-                    unit_traffic(
-                        edge_param_tensors(model, plan, first=key[0], last=key[1]),
-                        plan=plan,
-                        profile=profile,
-                        groups=groups,
-                        **z3_bytes,
-                    ),
+                zero3=_sharded_traffic(
+                    model, plan, profile, groups, first=key[0], last=key[1], memo=memo
                 ),
                 p2p=p2p,
                 overlap_slowdown=profile.overlap_compute_slowdown_fraction,

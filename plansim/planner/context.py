@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plansim.analytic.cost import build_pipeline_work
+from plansim.analytic.cost import build_pipeline_work, sharded_action_s
 from plansim.analytic.memo import Memo
 from plansim.analytic.stage_compute import stage_compute_s
 from plansim.planner.bounds import compute_lower_bound_s, step_time_lower_bound_s
@@ -128,13 +128,12 @@ class SearchContext:
             if why is not None:
                 rejected.add(why, group)
                 continue
-            if not (refine or with_estimate):  # the overlap flags cost no compute
-                bound = self._compute_bound_s(group[0])
+            if not (refine or with_estimate):  # per plan: ZeRO-2's overlap flag counts
                 feasible += [
                     Candidate(
                         plan_values=plan_values(plan),
                         label=plan.label(),
-                        bound_s=bound,
+                        bound_s=self._compute_bound_s(plan),
                         refined=False,
                     )
                     for plan in group
@@ -156,6 +155,9 @@ class SearchContext:
 
     def _compute_bound_s(self, plan: ParallelPlan) -> float:
         stages = stage_compute_s(self.model, plan, self.profile, memo=self.memo)
+        # ZeRO-2/3 segments the actions hold, so sharded plans are not under-bounded
+        sharded = sharded_action_s(self.model, plan, self.profile, memo=self.memo)
+        stages = tuple((f + zf, b + zb) for (f, b), (zf, zb) in zip(stages, sharded, strict=True))
         return compute_lower_bound_s(
             stages, num_ranks=plan.pp, num_microbatches=plan.num_microbatches
         )

@@ -2,17 +2,17 @@
 
 Exact by default (branch and bound). Every candidate is checked (cheap, analytic: layout
 divisibility, then memory, before any costing); each feasible one gets a guaranteed lower
-bound on its simulated step time from its compute alone (``bounds.compute_lower_bound_s``,
-no pipeline work built). Candidates are then taken in increasing bound order: one whose
-bound is still the compute-only one is costed (its work built, memoised per search) and
-gets the full bound (``bounds.step_time_lower_bound_s``, never below the compute-only one)
-and goes back in line; one with its full bound is simulated as events, in fixed-size
-batches. The search stops when the next bound exceeds the K-th best simulated step time
-(K = ``top_k``). Plans leave the line in the order of their full bounds, as if every plan
-had been fully bounded first, so the plans simulated do not depend on the cheap bound.
-Every plan that could be among the K fastest (ties included) has been simulated, so the
-top K equal those of simulating every feasible plan (``exhaustive=True``), which the tests
-check.
+bound on its simulated step time from its compute and ZeRO-2/3 segments alone
+(``bounds.compute_lower_bound_s``, no pipeline work built). Candidates are then taken in
+increasing bound order: one whose bound is still the compute-only one is costed (its work
+built, memoised per search) and gets the full bound (``bounds.step_time_lower_bound_s``,
+never below the compute-only one) and goes back in line; one with its full bound is
+simulated as events, in fixed-size batches. The search stops when the next bound exceeds the
+K-th best simulated step time (K = ``top_k``). Plans leave the line in the order of their
+full bounds, as if every plan had been fully bounded first, so the plans simulated do not
+depend on the cheap bound. Every plan that could be among the K fastest (ties included) has
+been simulated, so the top K equal those of simulating every feasible plan
+(``exhaustive=True``), which the tests check.
 
 ``simulate_top=N`` keeps the older heuristic mode: simulate the N best analytic estimates
 (:func:`estimate_step_time_s`, not a bound), fast but not guaranteed to find the best plan.

@@ -225,3 +225,29 @@ def test_compute_bound_stays_below_the_full_bound_across_the_plan_features(
             assert 0 < quick <= cand.bound_s, cand.label
             checked += 1
     assert checked > 100
+
+
+def test_the_cheap_bound_of_sharded_plans_counts_their_zero_segments_and_stays_a_bound() -> None:
+    # ZeRO-2/3 plans: the cheap bound adds the ZeRO segments their actions hold
+    # (cost.sharded_action_s), per plan, since ZeRO-2's overlap flag changes them; it must
+    # stay at or below each plan's full bound.
+    model, gpus = resolve_model("llama3-8b"), 8
+    space = SearchSpace(zero_stages=(2, 3), micro_batch_size=(1,), recomputes=(Recompute.NONE,))
+    ctx = SearchContext(model, A100)
+    tighter = checked = 0
+    for layout in layouts(gpus, space):
+        costing = ctx.cost_layout(
+            layout, num_gpus=gpus, global_batch_size=32, space=space, refine=False
+        )
+        for cand in costing.feasible:
+            plan = cand.plan
+            compute_only = compute_lower_bound_s(
+                stage_compute_s(model, plan, A100, memo=ctx.memo),
+                num_ranks=plan.pp,
+                num_microbatches=plan.num_microbatches,
+            )
+            (full,) = ctx.refine_bounds((plan,))
+            assert compute_only <= cand.bound_s <= full, cand.label
+            tighter += cand.bound_s > compute_only * 1.01
+            checked += 1
+    assert checked > 20 and tighter > checked / 2
