@@ -53,80 +53,21 @@ from plansim.analytic.grad_buckets import grad_buckets
 from plansim.analytic.layer_cost import PassTimes
 from plansim.analytic.link_tags import with_links
 from plansim.analytic.memo import Memo, fields_getter, memoised
-from plansim.analytic.memory import plan_state_bytes
 from plansim.analytic.offload import with_param_fetch
 from plansim.analytic.pipeline_send import pipeline_send
 from plansim.analytic.rank_work import ParamGatherCover, gather_cover, rank_work, segments
-from plansim.analytic.ranks import LayoutGroups, dp_cp_size
-from plansim.analytic.stage_compute import COMPUTE_FIELDS, pass_inputs
+from plansim.analytic.stage_compute import pass_inputs
 from plansim.analytic.stage_seconds import StageSeconds, stage_seconds
 from plansim.analytic.stored_activations import stage_activation_bytes
 from plansim.analytic.zero3 import (
     Zero3Traffic,
-    edge_param_tensors,
-    exposed_backward_s,
-    exposed_gather_s,
-    layer_param_tensors,
-    unit_traffic,
 )
+from plansim.analytic.zero_segments import sharded_traffic, with_per_step_traffic, zero_segments
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import stage_layer_counts
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan, Recompute, Schedule, Zero3ParamFetch
+from plansim.specs.plan import ParallelPlan, Zero3ParamFetch
 from plansim.specs.work import P2P, GradBucket, PipelineWork, RankWork, StageWork
-
-
-def _zero3_segments(
-    n: int,
-    *,
-    plan: ParallelPlan,
-    layer: PassTimes,
-    unit: Zero3Traffic,
-    edge: Zero3Traffic,
-    slowdown: float,
-) -> dict[str, tuple[str, str, float, float]]:
-    """ZeRO-3 (and ZeRO-2: reduce-scatters only) communication segments of a stage of ``n``
-    layers, by where they go: before F ("forward"), before the recompute/backward of B and I
-    ("gather_b"), after B ("scatter_b"), after W ("scatter_w"); ``plansim.analytic.zero3``
-    gives the overlap: ZeRO-3 by ``plan.zero3_param_fetch``, ZeRO-2 overlapped with the
-    backward as ``layer-prefetch`` with ``plan.overlap_grad_reduce``, else serial."""
-    g, r = unit.gather_s, unit.scatter_s
-    full = plan.recompute is Recompute.FULL
-    fwd_c = layer.forward_s + layer.tp_forward_s + layer.cp_forward_s
-    rec_c = layer.recompute_s + layer.tp_recompute_s + layer.cp_recompute_s
-    bin_c = layer.backward_input_s + layer.tp_backward_s + layer.cp_backward_s
-    bw_c = layer.backward_weight_s
-    if plan.zero_stage == 2:
-        overlapped = plan.overlap_grad_reduce
-    else:
-        overlapped = plan.zero3_param_fetch is Zero3ParamFetch.LAYER_PREFETCH
-    if overlapped:
-        s = slowdown
-        forward = edge.gather_s + exposed_gather_s(n, gather_s=g, compute_s=fwd_c, slowdown=s)
-        gather_b = edge.gather_s + exposed_gather_s(
-            n, gather_s=g, compute_s=rec_c + bin_c, slowdown=s
-        )
-        full_b = edge.gather_s + edge.scatter_s
-        full_b += exposed_backward_s(
-            n, gather_s=g, scatter_s=r, compute_s=rec_c + bin_c + bw_c, slowdown=s
-        )
-        scatter_b = full_b - gather_b
-        scatter_w = edge.scatter_s + exposed_gather_s(n, gather_s=r, compute_s=bw_c, slowdown=s)
-        regather = 1
-    else:  # layer-sync / per-tensor-sync: every collective serial
-        per_tensor = plan.zero3_param_fetch is Zero3ParamFetch.PER_TENSOR_SYNC
-        regather = 2 if full and per_tensor and plan.zero_stage == 3 else 1
-        forward = edge.gather_s + n * g
-        gather_b = edge.gather_s + n * g * regather
-        scatter_b = scatter_w = edge.scatter_s + n * r
-    gather_bytes = edge.gather_bytes + n * unit.gather_bytes
-    scatter_bytes = edge.scatter_bytes + n * unit.scatter_bytes
-    return {
-        "forward": ("dp_comm", "dp", forward, gather_bytes),
-        "gather_b": ("dp_comm", "dp", gather_b, gather_bytes * regather),
-        "scatter_b": ("dp_comm", "dp", scatter_b, scatter_bytes),
-        "scatter_w": ("dp_comm", "dp", scatter_w, scatter_bytes),
-    }
 
 
 def _stage_work(
@@ -149,7 +90,7 @@ def _stage_work(
     n = num_layers
     first, last = stage == 0, stage == plan.num_stages - 1
     bwd_in, bwd_w, tp_bwd = sec.backward_input_s, sec.backward_weight_s, sec.tp_backward_s
-    z3 = _zero3_segments(
+    z3 = zero_segments(
         n, plan=plan, layer=layer, unit=zero3[0], edge=zero3[1], slowdown=overlap_slowdown
     )
     cp_fwd = ("cp_comm", "tp", n * layer.cp_forward_s, n * layer.cp_forward_bytes)
@@ -197,8 +138,6 @@ def _stage_work(
 #: overlap_p2p_comm only sets ``PipelineWork.blocking_p2p``.
 _NOT_IN_WORK = ("schedule", "overlap_p2p_comm")
 _WORK_FIELDS = tuple(f for f in ParallelPlan.__dataclass_fields__ if f not in _NOT_IN_WORK)
-#: Plan fields of one layer's ZeRO-3 traffic (``plansim.analytic.zero3``).
-_ZERO3_FIELDS = ("tp", "cp", "dp", "dp_shard", "zero_stage", "zero3_param_fetch", "precision")
 #: Plan fields of one stage's gradient buckets (``grad_buckets``), besides first/last; the
 #: gradient dtype sets their bytes. ``tests/unit/test_work_memo.py`` checks these keys.
 _BUCKET_FIELDS = (
@@ -208,94 +147,7 @@ _BUCKET_FIELDS = (
 
 
 _work_key = fields_getter(_WORK_FIELDS)
-#: Plan fields of :func:`sharded_action_s`: the stages' pass times (``COMPUTE_FIELDS``) and
-#: what places and overlaps the ZeRO-2/3 segments.
-_sharded_key = fields_getter(
-    (*COMPUTE_FIELDS, "zero_stage", "schedule", "overlap_grad_reduce", "zero3_param_fetch",
-     "dp_shard", "use_torch_fsdp2")
-)  # fmt: skip
 _bucket_key = fields_getter(_BUCKET_FIELDS)
-_zero3_key = fields_getter(_ZERO3_FIELDS)
-
-
-def _sharded_traffic(
-    model: ModelSpec,
-    plan: ParallelPlan,
-    profile: HardwareProfile,
-    groups: LayoutGroups,
-    *,
-    first: bool,
-    last: bool,
-    memo: Memo | None,
-) -> tuple[Zero3Traffic, Zero3Traffic]:
-    """ZeRO-2/3 traffic of one layer (memoised) and of a stage's edge parameters (16-bit
-    gathers and reduce-scatters, ``plansim.analytic.zero3.unit_traffic``)."""
-    per_param = plan_state_bytes(plan)
-    z3_bytes = {"param_bytes": per_param.param, "grad_bytes": per_param.param}
-    layer = memoised(
-        memo,
-        ("zero3", *_zero3_key(plan)),
-        lambda: unit_traffic(
-            layer_param_tensors(model, plan), plan=plan, profile=profile, groups=groups, **z3_bytes
-        ),
-    )
-    edge = memoised(
-        memo,
-        ("zero3_edge", first, last, *_zero3_key(plan)),
-        lambda: unit_traffic(
-            edge_param_tensors(model, plan, first=first, last=last),
-            plan=plan,
-            profile=profile,
-            groups=groups,
-            **z3_bytes,
-        ),
-    )
-    return layer, edge
-
-
-def sharded_action_s(
-    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *, memo: Memo | None = None
-) -> tuple[tuple[float, float], ...]:
-    """Per pipeline stage, stage 0 first: (forward, backward) seconds of the ZeRO-2/3
-    segments one micro-batch's actions hold (``_zero3_segments``): the gathers before F, and
-    before and after the backward (B; with ZB-H1 its I and W together), exactly as
-    :func:`build_pipeline_work` places them, so adding them to
-    ``stage_compute.stage_compute_s`` keeps the planner's cheap bound a bound on the work.
-    All zero below ZeRO-2 or with dp * cp == 1.
-    """
-    if plan.zero_stage < 2 or dp_cp_size(plan) == 1:
-        return ((0.0, 0.0),) * plan.num_stages
-    return memoised(
-        memo,
-        ("sharded_action_s", *_sharded_key(plan)),
-        lambda: _sharded_action_s(model, plan, profile, memo),
-    )
-
-
-def _sharded_action_s(
-    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, memo: Memo | None
-) -> tuple[tuple[float, float], ...]:
-    inputs = pass_inputs(model, plan, profile, memo)
-    after = "scatter_w" if plan.schedule is Schedule.ZB_H1 else "scatter_b"
-    kinds: dict[tuple[bool, bool, int], tuple[float, float]] = {}
-    out = []
-    for s, layers in enumerate(stage_layer_counts(model.num_layers, plan)):
-        key = (s == 0, s == plan.num_stages - 1, layers)
-        if key not in kinds:
-            unit, edge = _sharded_traffic(
-                model, plan, profile, inputs.groups, first=key[0], last=key[1], memo=memo
-            )
-            z3 = _zero3_segments(
-                layers,
-                plan=plan,
-                layer=inputs.layer,
-                unit=unit,
-                edge=edge,
-                slowdown=profile.overlap_compute_slowdown_fraction,
-            )
-            kinds[key] = (z3["forward"][2], z3["gather_b"][2] + z3[after][2])
-        out.append(kinds[key])
-    return tuple(out)
 
 
 def build_pipeline_work(
@@ -363,7 +215,7 @@ def _build(
                 plan=plan,
                 layer=layer,
                 sec=sec,
-                zero3=_sharded_traffic(
+                zero3=sharded_traffic(
                     model, plan, profile, groups, first=key[0], last=key[1], memo=memo
                 ),
                 p2p=p2p,
@@ -389,6 +241,8 @@ def _build(
                 r, model=model, plan=plan, profile=profile, groups=groups, cover=cover
             )
         ranks.append(rank_kinds[edge])
+    if plan.zero_stage == 3 and plan.zero3_param_fetch is Zero3ParamFetch.PER_STEP:
+        ranks = with_per_step_traffic(ranks, model, plan, profile, inputs.groups, layer, memo)
     work = PipelineWork(
         stages=tuple(stages),
         ranks=tuple(ranks),

@@ -47,6 +47,7 @@ from plansim.specs.plan import (
     OffloadDevice,
     ParallelPlan,
     Precision,
+    Zero3ParamFetch,
 )
 from plansim.units import bytes_to_gib
 
@@ -246,7 +247,8 @@ def transient_bytes(
 
     Full recompute re-materialises one layer (Korthikanti §5); the last rank holds fp32
     logits 4*s*b*V/t for the cross-entropy plus the final-norm and output-layer inputs
-    (Korthikanti §4.3); ZeRO-3 its gathered parameters (``zero3.gathered_bytes``), ZeRO-2
+    (Korthikanti §4.3); ZeRO-3 its gathered parameters (``zero3.gathered_bytes``; with
+    ``per-step`` all its parameters and accumulated gradients, unsharded), ZeRO-2
     the 16-bit gradients of the layers it is reduce-scattering (``zero3.unsharded_grad_bytes``,
     the same dtype as ``plansim.analytic.cost`` reduces them in). With cp,
     s is the rank's s/cp tokens, and one layer's ring attention holds max(cp, 4) K/V chunks
@@ -258,7 +260,12 @@ def transient_bytes(
     key = ("transient", rank, *activation_key(plan))
     total = memoised(memo, key, lambda: _working_bytes(model, plan, rank=rank))
     param_bytes = plan_state_bytes(plan).param
-    if plan.zero_stage == 3:
+    if plan.zero_stage == 3 and plan.zero3_param_fetch is Zero3ParamFetch.PER_STEP:
+        # the rank's parameters and accumulating gradients (FSDP2 keeps them in the reduce
+        # dtype), unsharded for the whole step (``zero3`` module docstring)
+        per_param = plan_state_bytes(plan)
+        total += rank_parameters(model, plan, rank=rank) * (per_param.param + per_param.grad)
+    elif plan.zero_stage == 3:
         total += gathered_bytes(model, plan, rank=rank, param_bytes=param_bytes)
     total += unsharded_grad_bytes(model, plan, grad_bytes=param_bytes)  # ZeRO-2 only
     return total

@@ -50,6 +50,21 @@ fetches parameters (``plan.zero3_param_fetch``):
   forward). Gathered once per backward: FSDP's pre-backward unshard also serves the
   recompute.
 
+* ``per-step`` (FSDP2 under ``torch.distributed.pipelining``: torchtitan with pp > 1). A
+  pipeline stage turns off FSDP2's gradient sync and resharding for every backward but its
+  last (``_PipelineStageBase.backward_maybe_with_nosync``: ``set_requires_gradient_sync``,
+  ``set_reshard_after_backward`` False), and torchtitan shards with ``reshard_after_forward``
+  off when pp > 1 ("For PP, do not reshard after forward to avoid per-microbatch
+  all-gathers", ``parallelize.py``): each layer is gathered once per step, in the first
+  micro-batch's forward (FSDP2's prefetch puts each gather beside the previous layer's
+  forward), and its gradients accumulate unsharded, in the reduce dtype
+  (``FSDPParam.to_accumulated_grad_if_needed`` upcasts them to ``reduce_dtype``), until one
+  reduce-scatter after the stage's last backward. Priced once per step on each pipeline
+  rank: the reduce-scatters after its last action, the gathers (exposed as in
+  ``layer-prefetch`` over one forward) after the optimizer, for the next step
+  (``plansim.analytic.zero_segments``); the memory model holds the rank's unsharded parameters and
+  accumulated gradients all step (``plansim.analytic.memory.transient_bytes``).
+
 * ``per-tensor-sync`` (DeepSpeed ZeRO-3 as of 2021, v0.3.x
   ``deepspeed/runtime/zero/partition_parameters.py``): one collective per parameter tensor
   (``_allgather_param``: ``torch.cuda.synchronize()`` and then ``torch.distributed.all_gather``

@@ -125,8 +125,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         choices=[f.value for f in Zero3ParamFetch],
         default=Zero3ParamFetch.LAYER_PREFETCH.value,
         help="ZeRO-3: one prefetched all-gather per layer overlapped with compute (FSDP; "
-        "default), one synchronous collective per parameter tensor (DeepSpeed 2021), or one "
-        "synchronous collective per layer (FSDP without prefetch, e.g. on a CPU device)",
+        "default), one synchronous collective per parameter tensor (DeepSpeed 2021), one "
+        "synchronous collective per layer (FSDP without prefetch, e.g. on a CPU device), or "
+        "one gather and one reduce-scatter per step, parameters and gradients unsharded "
+        "across the micro-batches (per-step: FSDP2 under torch.distributed.pipelining, "
+        "torchtitan with pp > 1)",
     )
     p.add_argument(
         "--dp-shard",

@@ -46,12 +46,13 @@ random plans. :data:`SAFETY` absorbs float rounding (the engine adds the same du
 another order).
 
 A cheaper, looser bound needs no :class:`PipelineWork`, only each stage's compute-stream
-seconds (``plansim.analytic.stage_compute.stage_compute_s``): the work bound above without the
-transfers, the rank's step tail and the CP segments (:func:`compute_lower_bound_s`). The
-search adds the ZeRO-2/3 segments each action holds (``plansim.analytic.cost.sharded_action_s``,
-per plan: ZeRO-2's overlap flag changes them), exactly as the work places them, so it stays a
-bound. The search gives it to every feasible plan and builds the work for the full bound only
-where the cheap one does not already exceed the K-th best.
+seconds (``plansim.analytic.stage_compute.stage_compute_s``): the work bound above without
+the transfers, the rank's step tail and the CP segments (:func:`compute_lower_bound_s`). The
+search adds the ZeRO-2/3 segments each action holds
+(``plansim.analytic.zero_segments.sharded_action_s``, per plan: ZeRO-2's overlap flag
+changes them), exactly as the work places them, so it stays a bound. The search gives it to
+every feasible plan and builds the work for the full bound only where the cheap one does not
+already exceed the K-th best.
 """
 
 from __future__ import annotations

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plansim.analytic.cost import build_pipeline_work, sharded_action_s
+from plansim.analytic.cost import build_pipeline_work
 from plansim.analytic.memo import Memo
 from plansim.analytic.stage_compute import stage_compute_s
+from plansim.analytic.zero_segments import sharded_action_s
 from plansim.planner.bounds import compute_lower_bound_s, step_time_lower_bound_s
 from plansim.planner.enumerate import Layout, enumerate_plan_groups, restrict_to_layout
 from plansim.planner.evaluate import Evaluation, Rejected, check_plan, evaluate

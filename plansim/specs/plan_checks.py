@@ -118,6 +118,14 @@ def check_offload(plan: ParallelPlan) -> None:
                 f"{plan.zero_stage}); with zero_stage {plan.zero_stage} choose {field} "
                 f"from: {', '.join(allowed)}"
             )
+    offloaded = (plan.offload_optimizer, plan.offload_param) != (OffloadDevice.NONE,) * 2
+    per_step = plan.zero3_param_fetch is Zero3ParamFetch.PER_STEP and plan.zero_stage == 3
+    if per_step and offloaded:
+        raise SpecError(
+            "plan.zero3_param_fetch=per-step (FSDP2 under torch.distributed.pipelining) "
+            "needs offload_optimizer none and offload_param none (DeepSpeed's offload); "
+            f"got {plan.offload_optimizer.value} and {plan.offload_param.value}"
+        )
 
 
 def check_recompute(plan: ParallelPlan) -> None:

@@ -85,11 +85,14 @@ class Zero3ParamFetch(enum.Enum):
     per layer overlapped with compute (PyTorch FSDP, Zhao et al. VLDB 2023; DeepSpeed since
     2022), one synchronous collective per parameter tensor (DeepSpeed ZeRO-3 in 2021), or one
     collective per layer waited for before the layer runs (FSDP without prefetch: e.g.
-    FSDP2 on a CPU device, which has no side streams to run ahead on)."""
+    FSDP2 on a CPU device, which has no side streams to run ahead on), or once per step
+    (FSDP2 under ``torch.distributed.pipelining``, torchtitan with pp > 1: parameters and
+    gradients stay unsharded across the step's micro-batches)."""
 
     LAYER_PREFETCH = "layer-prefetch"
     PER_TENSOR_SYNC = "per-tensor-sync"
     LAYER_SYNC = "layer-sync"
+    PER_STEP = "per-step"
 
 
 class Schedule(enum.Enum):

@@ -229,7 +229,7 @@ def test_compute_bound_stays_below_the_full_bound_across_the_plan_features(
 
 def test_the_cheap_bound_of_sharded_plans_counts_their_zero_segments_and_stays_a_bound() -> None:
     # ZeRO-2/3 plans: the cheap bound adds the ZeRO segments their actions hold
-    # (cost.sharded_action_s), per plan, since ZeRO-2's overlap flag changes them; it must
+    # (zero_segments.sharded_action_s), per plan, since ZeRO-2's overlap flag changes them; it must
     # stay at or below each plan's full bound.
     model, gpus = resolve_model("llama3-8b"), 8
     space = SearchSpace(zero_stages=(2, 3), micro_batch_size=(1,), recomputes=(Recompute.NONE,))
