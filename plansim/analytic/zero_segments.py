@@ -64,7 +64,7 @@ def zero_segments(
     gives the overlap: ZeRO-3 by ``plan.zero3_param_fetch``, ZeRO-2 overlapped with the
     backward as ``layer-prefetch`` with ``plan.overlap_grad_reduce``, else serial."""
     if plan.zero_stage == 3 and plan.zero3_param_fetch is Zero3ParamFetch.PER_STEP:
-        unit = edge = NO_TRAFFIC  # once per step instead (_per_step_traffic)
+        unit = edge = NO_TRAFFIC  # once per step instead (with_per_step_traffic)
     g, r = unit.gather_s, unit.scatter_s
     full = plan.recompute is Recompute.FULL
     fwd_c = layer.forward_s + layer.tp_forward_s + layer.cp_forward_s
@@ -88,7 +88,7 @@ def zero_segments(
         scatter_b = full_b - gather_b
         scatter_w = edge.scatter_s + exposed_gather_s(n, gather_s=r, compute_s=bw_c, slowdown=s)
         regather = 1
-    else:  # layer-sync / per-tensor-sync: every collective serial
+    else:  # layer-sync, per-tensor-sync, ZeRO-2 without overlap: every collective serial
         per_tensor = plan.zero3_param_fetch is Zero3ParamFetch.PER_TENSOR_SYNC
         regather = 2 if full and per_tensor and plan.zero_stage == 3 else 1
         forward = edge.gather_s + n * g
