@@ -30,6 +30,7 @@ from plansim.specs.plan import (
     Precision,
     Recompute,
     Schedule,
+    Zero3ParamFetch,
     offload_devices,
 )
 
@@ -292,11 +293,13 @@ def _zero_modes(
     if (none, none) in space.offloads:
         for zero, dp_sync in _sync_modes(space, dp_cp=dp_cp):
             yield zero, dp_sync, none, none
+    per_step = space.zero3_param_fetch is Zero3ParamFetch.PER_STEP  # FSDP2: no offload
     for zero in space.zero_stages:
         for opt_dev, param_dev in space.offloads:
             opt_ok = opt_dev.value in offload_devices("offload_optimizer", zero)
             param_ok = param_dev.value in offload_devices("offload_param", zero)
-            if opt_ok and param_ok and (opt_dev, param_dev) != (none, none):
+            fsdp2 = per_step and zero == 3
+            if opt_ok and param_ok and (opt_dev, param_dev) != (none, none) and not fsdp2:
                 yield zero, DpSync.RING, opt_dev, param_dev
 
 

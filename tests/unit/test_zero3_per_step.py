@@ -105,3 +105,22 @@ def test_the_back_test_gives_it_to_torchtitan_rows_with_a_pipeline(
     notes: list[str] = []
     assert zero3_fetch(row, 2024, notes) is fetch
     assert bool(notes) == (fetch is PER_STEP)
+
+
+def test_a_search_with_it_leaves_out_deepspeed_offload_for_zero3() -> None:
+    from plansim.planner.enumerate import enumerate_plans
+    from plansim.planner.space import SearchSpace
+
+    space = SearchSpace(
+        zero_stages=(1, 3),
+        zero3_param_fetch=PER_STEP,
+        offloads=(
+            (OffloadDevice.NONE, OffloadDevice.NONE),
+            (OffloadDevice.CPU, OffloadDevice.NONE),
+        ),
+    )
+    plans = list(enumerate_plans(num_gpus=8, global_batch_size=16, space=space, num_layers=24))
+    assert plans  # no SpecError from a per-step plan with offload
+    zero3 = [p for p in plans if p.zero_stage == 3]
+    assert zero3 and all(p.offload_optimizer is OffloadDevice.NONE for p in zero3)
+    assert any(p.offload_optimizer is OffloadDevice.CPU for p in plans if p.zero_stage == 1)
