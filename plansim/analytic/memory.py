@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 
 from plansim.analytic.activations import layer_activations, ring_kv_chunk_bytes
 from plansim.analytic.memo import Memo, memoised
-from plansim.analytic.params import count_parameters
+from plansim.analytic.params import rank_parameters as rank_parameters
 from plansim.analytic.ranks import dp_cp_size, zero_shard_size
 from plansim.analytic.stored_activations import (
     activation_key,
@@ -40,14 +40,13 @@ from plansim.analytic.stored_activations import (
 )
 from plansim.analytic.zero3 import gathered_bytes, unsharded_grad_bytes
 from plansim.specs.hardware import HardwareProfile
-from plansim.specs.layer_split import pipeline_layer_counts, stage_bf16_layers
+from plansim.specs.layer_split import stage_bf16_layers
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import (
     DpSync,
     OffloadDevice,
     ParallelPlan,
     Precision,
-    Zero3ParamFetch,
 )
 from plansim.units import bytes_to_gib
 
@@ -129,30 +128,6 @@ def model_state_bytes(
     if offload_param is not OffloadDevice.NONE:
         weights = 0.0
     return ModelStates(weights_bytes=weights, gradients_bytes=gradients, optimizer_bytes=optimizer)
-
-
-def rank_parameters(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float:
-    """Parameters held by pipeline rank ``rank`` on one TP rank.
-
-    Linear weights, word embedding and output layer are split over tp (Megatron
-    column/row/vocab parallel); norms and learned position embeddings are replicated.
-    Rank 0 holds the embeddings; the last rank the final norm and the output layer (a copy of
-    the word embedding when tied and pp > 1, as Megatron keeps one for the tied gradient).
-    """
-    counts = count_parameters(model)
-    layers = pipeline_layer_counts(model.num_layers, plan)[rank]
-    sharded = layers * (counts.attention_per_layer + counts.mlp_per_layer)
-    replicated = layers * counts.norms_per_layer
-    if rank == 0:
-        sharded += counts.embedding
-        replicated += counts.position_embedding
-    if rank == plan.pp - 1:
-        replicated += counts.final_norm
-        if counts.output_layer:
-            sharded += counts.output_layer
-        elif plan.pp > 1:
-            sharded += counts.embedding
-    return sharded / plan.tp + replicated
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -250,7 +225,7 @@ def transient_bytes(
     (Korthikanti §4.3); ZeRO-3 its gathered parameters (``zero3.gathered_bytes``; with
     ``per-step`` all its parameters and accumulated gradients, unsharded), ZeRO-2
     the 16-bit gradients of the layers it is reduce-scattering (``zero3.unsharded_grad_bytes``,
-    the same dtype as ``plansim.analytic.cost`` reduces them in). With cp,
+    the dtype ``plansim.analytic.zero_segments`` reduces them in). With cp,
     s is the rank's s/cp tokens, and one layer's ring attention holds max(cp, 4) K/V chunks
     (``ring_kv_chunk_bytes``): Transformer Engine's ``AttnFuncWithCPAndKVP2P`` keeps every
     received chunk until the layer's forward ends, and its backward double-buffers (K, V,
@@ -259,15 +234,12 @@ def transient_bytes(
     """
     key = ("transient", rank, *activation_key(plan))
     total = memoised(memo, key, lambda: _working_bytes(model, plan, rank=rank))
-    param_bytes = plan_state_bytes(plan).param
-    if plan.zero_stage == 3 and plan.zero3_param_fetch is Zero3ParamFetch.PER_STEP:
-        # the rank's parameters and accumulating gradients (FSDP2 keeps them in the reduce
-        # dtype), unsharded for the whole step (``zero3`` module docstring)
-        per_param = plan_state_bytes(plan)
-        total += rank_parameters(model, plan, rank=rank) * (per_param.param + per_param.grad)
-    elif plan.zero_stage == 3:
-        total += gathered_bytes(model, plan, rank=rank, param_bytes=param_bytes)
-    total += unsharded_grad_bytes(model, plan, grad_bytes=param_bytes)  # ZeRO-2 only
+    per_param = plan_state_bytes(plan)
+    if plan.zero_stage == 3:
+        total += gathered_bytes(
+            model, plan, rank=rank, param_bytes=per_param.param, grad_bytes=per_param.grad
+        )
+    total += unsharded_grad_bytes(model, plan, grad_bytes=per_param.param)  # ZeRO-2 only
     return total
 
 

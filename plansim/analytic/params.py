@@ -19,7 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from plansim.specs.layer_split import pipeline_layer_counts
 from plansim.specs.model import ModelSpec, PositionEmbedding
+from plansim.specs.plan import ParallelPlan
 
 #: Norm layers per transformer layer (pre-attention and pre-MLP; Narayanan SC21 Eq. 2's 13h
 #: counts 2 LayerNorms x 2h).
@@ -137,3 +139,27 @@ def count_parameters(model: ModelSpec) -> ParamCounts:
         output_layer=0 if model.tied_embeddings else vocab * h,
         num_layers=model.num_layers,
     )
+
+
+def rank_parameters(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float:
+    """Parameters held by pipeline rank ``rank`` on one TP rank.
+
+    Linear weights, word embedding and output layer are split over tp (Megatron
+    column/row/vocab parallel); norms and learned position embeddings are replicated.
+    Rank 0 holds the embeddings; the last rank the final norm and the output layer (a copy of
+    the word embedding when tied and pp > 1, as Megatron keeps one for the tied gradient).
+    """
+    counts = count_parameters(model)
+    layers = pipeline_layer_counts(model.num_layers, plan)[rank]
+    sharded = layers * (counts.attention_per_layer + counts.mlp_per_layer)
+    replicated = layers * counts.norms_per_layer
+    if rank == 0:
+        sharded += counts.embedding
+        replicated += counts.position_embedding
+    if rank == plan.pp - 1:
+        replicated += counts.final_norm
+        if counts.output_layer:
+            sharded += counts.output_layer
+        elif plan.pp > 1:
+            sharded += counts.embedding
+    return sharded / plan.tp + replicated

@@ -132,7 +132,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plansim.analytic.comm import collective_time_s, sharded_reduce_time_s
-from plansim.analytic.params import NORMS_PER_LAYER, count_parameters
+from plansim.analytic.params import NORMS_PER_LAYER, count_parameters, rank_parameters
 from plansim.analytic.ranks import LayoutGroups, dp_cp_size
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
@@ -190,9 +190,14 @@ def edge_param_tensors(
     return tuple(tensors)
 
 
-def gathered_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int, param_bytes: float) -> float:
+def gathered_bytes(
+    model: ModelSpec, plan: ParallelPlan, *, rank: int, param_bytes: float, grad_bytes: float
+) -> float:
     """Bytes of gathered (unsharded) parameters, and gradients before their reduce-scatter, a
     ZeRO-3 pipeline rank holds at its peak, with ``param_bytes`` per 16-bit element.
+
+    ``per-step``: all the rank's parameters and its gradients accumulating in the reduce
+    dtype (``grad_bytes`` per element), unsharded for the whole step (module docstring).
 
     Per layer (``layer-prefetch``, ``layer-sync``): one gathered layer and one prefetched
     layer. One tensor at a time (``per-tensor-sync``): the rank's largest tensor (a layer's
@@ -201,6 +206,8 @@ def gathered_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int, param_byt
     ``estimate_zero3_model_states_mem_needs`` keeps 4 Psi_L bytes on the GPU, Psi_L the
     largest module's parameters: reference memory.md §4.2).
     """
+    if plan.zero3_param_fetch is Zero3ParamFetch.PER_STEP:
+        return rank_parameters(model, plan, rank=rank) * (param_bytes + grad_bytes)
     if plan.zero3_param_fetch is Zero3ParamFetch.PER_TENSOR_SYNC:
         edges = edge_param_tensors(model, plan, first=rank == 0, last=rank == plan.pp - 1)
         return 2 * max(layer_param_tensors(model, plan) + edges) * param_bytes
@@ -287,14 +294,15 @@ def unit_traffic(
                 numel, shards=span.size, param_bytes=param_bytes, grad_bytes=grad_bytes
             )
             gather_copy_s, scatter_copy_s = gather_bytes / stream, scatter_bytes / stream
-        gather += gather_copy_s + collective_time_s(
-            profile, collective="all_gather", message_bytes=numel * param_bytes, span=span
-        )
+        if not grads_only:
+            gather += gather_copy_s + collective_time_s(
+                profile, collective="all_gather", message_bytes=numel * param_bytes, span=span
+            )
         scatter += scatter_copy_s + sharded_reduce_time_s(
             profile, message_bytes=numel * grad_bytes, shard=span, replicate=groups.replicate
         )
     return Zero3Traffic(
-        gather_s=0.0 if grads_only else gather,
+        gather_s=gather,
         scatter_s=scatter,
         gather_bytes=0.0 if grads_only else total * param_bytes,
         scatter_bytes=total * grad_bytes,

@@ -87,15 +87,12 @@ class ParallelPlan:
             needs sequence parallelism): each TP all-gather / reduce-scatter is split into
             tp chunks pipelined with its GEMM, and the backward's input all-gather overlaps
             the input-gradient GEMM (``plansim.analytic.tp_comm``).
-        overlap_grad_reduce: the DP gradient reduction (all-reduce, or ZeRO-1
-            reduce-scatter) of each model chunk starts in buckets while backward still runs
-            (Megatron-LM ``--overlap-grad-reduce``, default off; PyTorch DDP buckets, Li et
-            al. VLDB 2020); off, it all runs after the rank's last backward. ZeRO-2
-            reduce-scatters every micro-batch's gradients layer by layer: with this flag
-            each beside the next layer's backward (DeepSpeed ``overlap_comm``), off each
-            waited for (``plansim.analytic.zero3``). No effect with ZeRO-3, whose
-            reduce-scatters follow ``zero3_param_fetch``, or dp * cp == 1 (except with
-            dedicated parameter servers: each bucket is then a push).
+        overlap_grad_reduce: the ZeRO-0/1 gradient reduction of each model chunk starts in
+            buckets while backward still runs (Megatron-LM ``--overlap-grad-reduce``; PyTorch
+            DDP buckets, Li et al. VLDB 2020), else after the rank's last backward; ZeRO-2's
+            per-micro-batch reduce-scatters run beside the next layer's backward (DeepSpeed
+            ``overlap_comm``), else serially (``plansim.analytic.zero3``). No effect with
+            ZeRO-3 or dp * cp == 1 (except with dedicated parameter servers: a push).
         overlap_param_gather: Megatron-LM ``--overlap-param-gather`` (distributed optimizer,
             with ``overlap_grad_reduce``): the ZeRO-1/2 parameter all-gather after the
             optimizer is issued per gradient bucket and waited for at the next step's

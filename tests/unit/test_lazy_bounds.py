@@ -21,7 +21,8 @@ from plansim.planner.search import search
 from plansim.planner.space import SearchSpace
 from plansim.schedule import build_actions
 from plansim.sim import simulate
-from plansim.specs.hardware import HostSpec
+from plansim.specs.hardware import HardwareProfile, HostSpec
+from plansim.specs.model import ModelSpec
 from plansim.specs.plan import (
     DpSync,
     OffloadDevice,
@@ -206,6 +207,17 @@ RICH_SPACES = (
 )
 
 
+def _compute_only_bound_s(
+    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, ctx: SearchContext
+) -> float:
+    """The bound from the stages' compute-stream seconds alone (no ZeRO segments)."""
+    return compute_lower_bound_s(
+        stage_compute_s(model, plan, profile, memo=ctx.memo),
+        num_ranks=plan.pp,
+        num_microbatches=plan.num_microbatches,
+    )
+
+
 @pytest.mark.parametrize("space", RICH_SPACES, ids=["cp offload ps hsdp", "fp8 bf16-layers"])
 def test_compute_bound_stays_below_the_full_bound_across_the_plan_features(
     space: SearchSpace,
@@ -217,11 +229,7 @@ def test_compute_bound_stays_below_the_full_bound_across_the_plan_features(
         costing = ctx.cost_layout(layout, num_gpus=gpus, global_batch_size=32, space=space)
         for cand in costing.feasible:
             plan = cand.plan
-            quick = compute_lower_bound_s(
-                stage_compute_s(model, plan, HOST_H100, memo=ctx.memo),
-                num_ranks=plan.pp,
-                num_microbatches=plan.num_microbatches,
-            )
+            quick = _compute_only_bound_s(model, plan, HOST_H100, ctx)
             assert 0 < quick <= cand.bound_s, cand.label
             checked += 1
     assert checked > 100
@@ -241,11 +249,7 @@ def test_the_cheap_bound_of_sharded_plans_counts_their_zero_segments_and_stays_a
         )
         for cand in costing.feasible:
             plan = cand.plan
-            compute_only = compute_lower_bound_s(
-                stage_compute_s(model, plan, A100, memo=ctx.memo),
-                num_ranks=plan.pp,
-                num_microbatches=plan.num_microbatches,
-            )
+            compute_only = _compute_only_bound_s(model, plan, A100, ctx)
             (full,) = ctx.refine_bounds((plan,))
             assert compute_only <= cand.bound_s <= full, cand.label
             tighter += cand.bound_s > compute_only * 1.01

@@ -18,21 +18,14 @@ from plansim.planner.run_framework import zero3_fetch
 from plansim.specs.plan import OffloadDevice, ParallelPlan, Zero3ParamFetch
 from tests.unit.synthetic import round_profile
 from tests.unit.test_zero2 import MODEL, _evaluate
+from tests.unit.test_zero2 import _plan as zero2_plan
 
 PER_STEP = Zero3ParamFetch.PER_STEP
 
 
 def _plan(**kw: object) -> ParallelPlan:
-    base: dict[str, object] = {
-        "dp": 2,
-        "tp": 1,
-        "pp": 2,
-        "micro_batch_size": 1,
-        "global_batch_size": 16,  # 8 micro-batches per pipeline
-        "zero_stage": 3,
-        "zero3_param_fetch": PER_STEP,
-    }
-    return ParallelPlan(**{**base, **kw})  # type: ignore[arg-type]
+    """test_zero2's plan (dp 2, pp 2, 8 micro-batches), ZeRO-3 per-step unless overridden."""
+    return zero2_plan(**{"zero_stage": 3, "zero3_param_fetch": PER_STEP, **kw})
 
 
 def test_one_reduce_scatter_and_one_gather_per_rank_and_step() -> None:
