@@ -154,9 +154,12 @@ def with_per_step_traffic(
     """ZeRO-3 ``per-step`` (``plansim.analytic.zero3``): each rank reduce-scatters its stages'
     accumulated gradients once, after its last backward (first in ``grad_sync``), and
     all-gathers their parameters once for the next step, after the optimizer, the gather of
-    each layer beside the previous layer's first forward (FSDP2's implicit prefetch)."""
+    each layer beside the previous layer's first forward (FSDP2's implicit prefetch). On a
+    profile whose host and device are one processor (``host_overhead.serial``: a CPU device)
+    nothing runs ahead of the thread that computes, so every gather is waited for."""
     counts = stage_layer_counts(model.num_layers, plan)
-    fwd_c = layer.forward_s + layer.tp_forward_s + layer.cp_forward_s
+    serial = profile.host_overhead is not None and profile.host_overhead.serial
+    fwd_c = 0.0 if serial else layer.forward_s + layer.tp_forward_s + layer.cp_forward_s
     slowdown = profile.overlap_compute_slowdown_fraction
     out = []
     for r, rank in enumerate(ranks):

@@ -37,7 +37,8 @@ from torch.distributed.tensor.parallel import (
 from plansim.errors import SpecError
 from plansim.specs.layer_split import pipeline_layer_counts
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan, Recompute, Schedule
+from plansim.specs.plan import ParallelPlan, Recompute
+from plansim.validate.executed_fsdp import reshard_after_forward
 from plansim.validate.model import Block, StageModule
 from plansim.validate.op_sac import op_selective_checkpoint
 from plansim.validate.result import ValidateError
@@ -191,24 +192,20 @@ def apply_recompute(stage: StageModule, plan: ParallelPlan) -> None:
             attention.core = checkpoint_wrapper(attention.core)
 
 
-def zero_bubble(plan: ParallelPlan) -> bool:
-    """True for schedules that split the backward into input and weight gradients."""
-    return plan.schedule is Schedule.ZB_H1
-
-
 def apply_zero(stage: StageModule, plan: ParallelPlan, *, dp_mesh: DeviceMesh) -> StageModule:
     """FSDP2 ``fully_shard`` over ``dp_mesh`` (:func:`zero_mesh`) for ZeRO-2/3 (dp > 1).
 
-    ZeRO-3 reshards parameters after forward (``reshard_after_forward=True``), ZeRO-2 keeps
-    them (False). With a zero-bubble schedule ZeRO-3 also uses False: FSDP2 resharding plus
-    split backward gave wrong gradients with dp >= 2 (ARCHITECTURE.md; torchtitan does the
-    same). Each block is a unit, then the stage root.
+    ZeRO-3 without pipelining reshards parameters after forward
+    (``reshard_after_forward=True``); ZeRO-2, and ZeRO-3 with pp > 1 (torchtitan's choice:
+    the pipeline stage gathers once per step and reduces after its last backward), keep them
+    (``plansim.validate.executed_fsdp.reshard_after_forward``). Each block is a unit, then
+    the stage root.
     """
     if plan.zero_stage < 2 or plan.dp == 1:
         return stage
     from torch.distributed.fsdp import fully_shard
 
-    reshard = plan.zero_stage == 3 and not zero_bubble(plan)
+    reshard = reshard_after_forward(plan)
     for block in stage.blocks.values():
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
     fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard)

@@ -32,6 +32,7 @@ from plansim.specs.plan import ParallelPlan, Precision, Zero3ParamFetch
 from plansim.specs.work import PipelineWork, Segment
 from plansim.validate.eager_layer import LayerExtra, eager_layer_extra
 from plansim.validate.executed_dp import executes_flat_all_reduce, with_executed_dp
+from plansim.validate.executed_fsdp import executed_zero_plan, runs_per_step
 from plansim.validate.framework_overhead import (
     Extra,
     fsdp_unit_extra,
@@ -49,8 +50,9 @@ def run_plan(plan: ParallelPlan, profile: HardwareProfile, *, dtype: str) -> Par
     has no side stream there, so each unit's all-gather and reduce-scatter is waited for
     where it is issued (measured with torch.profiler on a dp2 ZeRO-3 gloo run: every
     ``FSDP::all_gather`` and ``FSDP::post_backward_reduce`` spends about one collective's
-    time in the main thread). The runner's ZeRO-0/1 gradient all-reduce runs after the last
-    backward (``overlap_grad_reduce`` off; ``executed_dp``).
+    time in the main thread). Under pipelining (pp > 1) ZeRO-2/3 runs FSDP2 once per step,
+    priced as ZeRO-3 ``per-step`` (``executed_fsdp``). The runner's ZeRO-0/1 gradient
+    all-reduce runs after the last backward (``overlap_grad_reduce`` off; ``executed_dp``).
 
     Raises:
         ValidateError: ``dtype`` is not a precision plansim models, or ``profile`` has no
@@ -68,6 +70,8 @@ def run_plan(plan: ParallelPlan, profile: HardwareProfile, *, dtype: str) -> Par
         )
     serial = profile.host_overhead is not None and profile.host_overhead.serial
     fetch = Zero3ParamFetch.LAYER_SYNC if serial else plan.zero3_param_fetch
+    if runs_per_step(plan):
+        plan, fetch = executed_zero_plan(plan), Zero3ParamFetch.PER_STEP
     return dataclasses.replace(
         plan,
         precision=precision,
@@ -208,7 +212,9 @@ def _resimulated(
     work = dataclasses.replace(build_pipeline_work(model, plan, profile), blocking_p2p=False)
     if extra_all_reduces:
         work = _with_tp_all_reduces(work, model, plan, profile, extra_all_reduces)
-    work = _with_added(work, plan, added, layers=stage_layer_counts(model.num_layers, plan))
+    layers = stage_layer_counts(model.num_layers, plan)
+    work = _with_added(work, plan, added, layers=layers)
+    work = _with_per_step_units(work, plan, added.fsdp, layers=layers)
     work = with_executed_dp(work, model, plan, profile)
     actions = build_actions(
         plan.schedule, num_ranks=plan.pp, num_microbatches=plan.num_microbatches, vpp=plan.vpp
@@ -266,6 +272,34 @@ def _with_added(
             )
         )
     return dataclasses.replace(work, stages=tuple(stages))
+
+
+def _with_per_step_units(
+    work: PipelineWork, plan: ParallelPlan, fsdp: Extra, *, layers: tuple[int, ...]
+) -> PipelineWork:
+    """``work`` with FSDP2's per-unit figures once per step for a ``per-step`` run
+    (``executed_fsdp.runs_per_step``; unchanged otherwise): the forward figure per unit on
+    the rank's gather (the ``dp_comm`` segment of its optimizer work), the backward figure
+    on its reduce-scatter (the first ``dp_comm`` segment of its ``grad_sync``). A rank's
+    units are its stages' layers plus one stage root each. The hooks that run in the other
+    micro-batches, without a collective, are not priced."""
+    if not runs_per_step(plan) or (fsdp.forward_s, fsdp.backward_s) == (0.0, 0.0):
+        return work
+
+    def dp_comm(seg: Segment) -> bool:
+        return seg.kind == "dp_comm"
+
+    ranks = []
+    for r, rank in enumerate(work.ranks):
+        units = sum(layers[s] + 1 for s in range(r, plan.num_stages, plan.pp))
+        ranks.append(
+            dataclasses.replace(
+                rank,
+                grad_sync=_lengthen_first(rank.grad_sync, units * fsdp.backward_s, dp_comm),
+                optimizer=_lengthen_first(rank.optimizer, units * fsdp.forward_s, dp_comm),
+            )
+        )
+    return dataclasses.replace(work, ranks=tuple(ranks))
 
 
 def _with_tp_all_reduces(

@@ -22,6 +22,7 @@ from plansim.schedule.builders import build_actions
 from plansim.sim.timeline import validate_timeline
 from plansim.specs.model import Activation, ModelSpec, Normalization, PositionEmbedding
 from plansim.specs.plan import ParallelPlan, Recompute, Schedule
+from plansim.validate.executed_fsdp import runs_per_step
 from plansim.validate.reference import reference_losses
 from plansim.validate.result import ValidateError
 from plansim.validate.runner import RunConfig, execute, run_plan
@@ -155,6 +156,11 @@ PLANS = {
             dp=4, tp=1, pp=1, micro_batch_size=1, global_batch_size=8, zero_stage=3, dp_shard=2
         ),
     ),
+    # FSDP2 under pipelining: gathered once per step, reduced after the last backward
+    "dp2-pp2-zero3": (
+        GPT,
+        ParallelPlan(dp=2, tp=1, pp=2, micro_batch_size=1, global_batch_size=8, zero_stage=3),
+    ),
     "dp2-pp2-zb-h1-zero3": (
         GPT,
         ParallelPlan(
@@ -252,6 +258,10 @@ def test_plan_trains_like_the_reference(name: str) -> None:
     assert all(0.0 <= f <= 1.0 for f in measured.run_queue_fractions)
     assert len(measured.peak_memory_bytes) == plan.pp
     assert min(measured.peak_memory_bytes) > 0
+    if runs_per_step(plan):  # one REDUCE_GRAD per stage and step, as the twin prices it
+        for df in measured.timelines:
+            reductions = df[df["kind"] == "dp_comm"].groupby("rank").size().to_dict()
+            assert reductions == {r: plan.vpp for r in range(plan.pp)}
     for check in outcome.schedule_check:  # type: ignore[attr-defined]
         assert check["matches"] in (True, None), check
     if plan.schedule is Schedule.INTERLEAVED_1F1B:  # our lists are torch's own class's order
