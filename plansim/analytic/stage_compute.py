@@ -38,6 +38,7 @@ NOT_IN_COMPUTE = (
     "global_batch_size", "zero_stage", "schedule", "overlap_p2p_comm", "overlap_grad_reduce",
     "overlap_param_gather", "scatter_gather_p2p", "dp_sync", "ps_servers",
     "offload_optimizer", "offload_param", "zero3_param_fetch", "use_torch_fsdp2", "dp_shard",
+    "reshard_after_forward",
 )  # fmt: skip
 COMPUTE_FIELDS = tuple(f for f in ParallelPlan.__dataclass_fields__ if f not in NOT_IN_COMPUTE)
 _pass_key = fields_getter(PASS_FIELDS)

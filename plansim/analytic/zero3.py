@@ -50,6 +50,14 @@ fetches parameters (``plan.zero3_param_fetch``):
   forward). Gathered once per backward: FSDP's pre-backward unshard also serves the
   recompute.
 
+  Without resharding after forward (``plan.reshard_after_forward`` False: PyTorch FSDP2
+  ``fully_shard(reshard_after_forward=False)``, FSDP1 ``SHARD_GRAD_OP``, torchtitan
+  ``fsdp_reshard_after_forward = "never"``) a unit gathered for the forward stays gathered
+  until its backward has run, so both modes above drop the backward's gathers (and their
+  bytes): exposed = (n - 1) max(0, r - c) + r in backward with prefetch, n r without; the
+  rank holds all its 16-bit parameters unsharded (:func:`gathered_bytes`). FSDP2 still
+  reshards after backward, so every micro-batch's forward gathers again.
+
 * ``per-step`` (FSDP2 under ``torch.distributed.pipelining``: torchtitan with pp > 1). A
   pipeline stage turns off FSDP2's gradient sync and resharding for every backward but its
   last (``_PipelineStageBase.backward_maybe_with_nosync``: ``set_requires_gradient_sync``,
@@ -198,6 +206,8 @@ def gathered_bytes(
 
     ``per-step``: all the rank's parameters and its gradients accumulating in the reduce
     dtype (``grad_bytes`` per element), unsharded for the whole step (module docstring).
+    Without resharding after forward (``plan.reshard_after_forward`` False): all the rank's
+    parameters, each unit gathered from its forward until its backward ends.
 
     Per layer (``layer-prefetch``, ``layer-sync``): one gathered layer and one prefetched
     layer. One tensor at a time (``per-tensor-sync``): the rank's largest tensor (a layer's
@@ -208,6 +218,8 @@ def gathered_bytes(
     """
     if plan.zero3_param_fetch is Zero3ParamFetch.PER_STEP:
         return rank_parameters(model, plan, rank=rank) * (param_bytes + grad_bytes)
+    if not plan.reshard_after_forward:
+        return rank_parameters(model, plan, rank=rank) * param_bytes
     if plan.zero3_param_fetch is Zero3ParamFetch.PER_TENSOR_SYNC:
         edges = edge_param_tensors(model, plan, first=rank == 0, last=rank == plan.pp - 1)
         return 2 * max(layer_param_tensors(model, plan) + edges) * param_bytes

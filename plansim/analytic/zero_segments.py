@@ -44,7 +44,7 @@ _ZERO3_FIELDS = (
 #: what places and overlaps the ZeRO-2/3 segments.
 _sharded_key = fields_getter(
     (*COMPUTE_FIELDS, "zero_stage", "schedule", "overlap_grad_reduce", "zero3_param_fetch",
-     "dp_shard", "use_torch_fsdp2")
+     "dp_shard", "use_torch_fsdp2", "reshard_after_forward")
 )  # fmt: skip
 _zero3_key = fields_getter(_ZERO3_FIELDS)
 
@@ -66,6 +66,9 @@ def zero_segments(
     if plan.zero_stage == 3 and plan.zero3_param_fetch is Zero3ParamFetch.PER_STEP:
         unit = edge = NO_TRAFFIC  # once per step instead (with_per_step_traffic)
     g, r = unit.gather_s, unit.scatter_s
+    # ZeRO-3 gathers again before backward unless the units stay gathered since forward
+    # (FSDP's reshard_after_forward False); ZeRO-2 gathers nothing per micro-batch
+    g_b, edge_g_b = (g, edge.gather_s) if plan.reshard_after_forward else (0.0, 0.0)
     full = plan.recompute is Recompute.FULL
     fwd_c = layer.forward_s + layer.tp_forward_s + layer.cp_forward_s
     rec_c = layer.recompute_s + layer.tp_recompute_s + layer.cp_recompute_s
@@ -78,21 +81,20 @@ def zero_segments(
     if overlapped:
         s = slowdown
         forward = edge.gather_s + exposed_gather_s(n, gather_s=g, compute_s=fwd_c, slowdown=s)
-        gather_b = edge.gather_s + exposed_gather_s(
-            n, gather_s=g, compute_s=rec_c + bin_c, slowdown=s
-        )
-        full_b = edge.gather_s + edge.scatter_s
+        gather_b = edge_g_b + exposed_gather_s(n, gather_s=g_b, compute_s=rec_c + bin_c, slowdown=s)
+        full_b = edge_g_b + edge.scatter_s
         full_b += exposed_backward_s(
-            n, gather_s=g, scatter_s=r, compute_s=rec_c + bin_c + bw_c, slowdown=s
+            n, gather_s=g_b, scatter_s=r, compute_s=rec_c + bin_c + bw_c, slowdown=s
         )
         scatter_b = full_b - gather_b
         scatter_w = edge.scatter_s + exposed_gather_s(n, gather_s=r, compute_s=bw_c, slowdown=s)
-        regather = 1
+        regather = int(plan.reshard_after_forward)
     else:  # layer-sync, per-tensor-sync, ZeRO-2 without overlap: every collective serial
         per_tensor = plan.zero3_param_fetch is Zero3ParamFetch.PER_TENSOR_SYNC
         regather = 2 if full and per_tensor and plan.zero_stage == 3 else 1
+        regather *= int(plan.reshard_after_forward)
         forward = edge.gather_s + n * g
-        gather_b = edge.gather_s + n * g * regather
+        gather_b = edge_g_b + n * g_b * regather
         scatter_b = scatter_w = edge.scatter_s + n * r
     gather_bytes = edge.gather_bytes + n * unit.gather_bytes
     scatter_bytes = edge.scatter_bytes + n * unit.scatter_bytes

@@ -85,6 +85,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "are the master weights, 16 bytes per parameter instead of DeepSpeed's 18",
     )
     p.add_argument(
+        "--no-reshard-after-forward",
+        dest="reshard_after_forward",
+        action="store_false",
+        help="price the ZeRO-3 plans with each unit kept gathered from its forward to its "
+        "backward (PyTorch FSDP2 reshard_after_forward=False, FSDP1 SHARD_GRAD_OP)",
+    )
+    p.add_argument(
         "--hsdp",
         action="store_true",
         help="also try hybrid sharding: ZeRO states sharded within one node and replicated "
@@ -234,6 +241,7 @@ def run(args: argparse.Namespace) -> int:
         overlap_param_gather=(False, True) if args.overlap_param_gather else (False,),
         grad_reduce_in_bf16=(False, True) if args.grad_reduce_in_bf16 else (False,),
         use_torch_fsdp2=args.use_torch_fsdp2,
+        reshard_after_forward=args.reshard_after_forward,
         hsdp_shard_gpus=profile.gpus_per_node if args.hsdp else None,
         bf16_layers=bf16_layers_from_args(args),
     )

@@ -112,6 +112,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "master weights, 16 bytes per parameter instead of 18 (needs --zero 3)",
     )
     p.add_argument(
+        "--no-reshard-after-forward",
+        dest="reshard_after_forward",
+        action="store_false",
+        help="keep each ZeRO-3 unit gathered from its forward to its backward (PyTorch FSDP2 "
+        "reshard_after_forward=False, FSDP1 SHARD_GRAD_OP): no gather before backward; needs "
+        "--zero 3 with layer-prefetch or layer-sync",
+    )
+    p.add_argument(
         "--no-scatter-gather-tensors-in-pipeline",
         dest="scatter_gather_p2p",
         action="store_false",
@@ -252,6 +260,7 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
         offload_param=OffloadDevice(args.offload_param),
         zero3_param_fetch=Zero3ParamFetch(args.zero3_param_fetch),
         use_torch_fsdp2=args.use_torch_fsdp2,
+        reshard_after_forward=args.reshard_after_forward,
         dp_shard=args.dp_shard,
         decoder_first_pipeline_num_layers=args.decoder_first_pipeline_num_layers,
         decoder_last_pipeline_num_layers=args.decoder_last_pipeline_num_layers,

@@ -33,6 +33,7 @@ from plansim.specs.plan import (
     Zero3ParamFetch,
     offload_devices,
 )
+from plansim.specs.plan_enums import PER_LAYER_FETCH
 
 
 def divisors(n: int) -> list[int]:
@@ -248,6 +249,12 @@ def _knobs(
                             use_torch_fsdp2=space.use_torch_fsdp2
                             and zero == 3
                             and opt_dev is param_dev is OffloadDevice.NONE,
+                            reshard_after_forward=space.reshard_after_forward
+                            or not (
+                                zero == 3
+                                and space.zero3_param_fetch in PER_LAYER_FETCH
+                                and opt_dev is param_dev is OffloadDevice.NONE
+                            ),
                             dp_shard=shard,
                             num_layers_at_start_in_bf16=space.bf16_layers[0],
                             num_layers_at_end_in_bf16=space.bf16_layers[1],

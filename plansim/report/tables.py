@@ -167,6 +167,7 @@ def evaluation_dict(ev: Evaluation) -> dict[str, Any]:
             "gradient_accumulation_fusion": p.gradient_accumulation_fusion,
             **({"grad_reduce_in_bf16": True} if p.grad_reduce_in_bf16 else {}),
             **({"use_torch_fsdp2": True} if p.use_torch_fsdp2 else {}),
+            **({"reshard_after_forward": False} if not p.reshard_after_forward else {}),
             **({"dp_shard": p.dp_shard} if p.dp_shard is not None else {}),
             "scatter_gather_p2p": p.scatter_gather_p2p,
             "num_gpus": p.num_gpus,

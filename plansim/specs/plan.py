@@ -13,6 +13,7 @@ from plansim.specs.plan_checks import (
     check_offload,
     check_overlap_param_gather,
     check_recompute,
+    check_reshard_after_forward,
     check_schedule,
     check_torch_fsdp,
     check_tp_comm_overlap,
@@ -155,6 +156,11 @@ class ParallelPlan:
             parameter / (dp * cp) where DeepSpeed's estimator counts 18 (16-bit and fp32
             copies, ../shared/reference memory.md §4.2). The 16-bit gathered layers are as
             before. Needs zero_stage 3, no DeepSpeed offload and no per-tensor-sync fetch.
+        reshard_after_forward: False keeps each ZeRO-3 unit gathered from its forward to its
+            backward (PyTorch FSDP2 ``fully_shard(reshard_after_forward=False)``, FSDP1
+            ``SHARD_GRAD_OP``): no gather before backward, the rank's 16-bit parameters
+            unsharded through the micro-batch. Needs zero_stage 3 with layer-prefetch or
+            layer-sync (``plansim.analytic.zero3``).
         dp_shard: hybrid sharding: the ZeRO-sharded states are sharded over dp_shard * cp
             ranks and replicated over dp / dp_shard such groups; parameters are gathered and
             gradients reduce-scattered inside a shard group, and each gradient shard is then
@@ -225,6 +231,7 @@ class ParallelPlan:
     offload_param: OffloadDevice = OffloadDevice.NONE
     zero3_param_fetch: Zero3ParamFetch = Zero3ParamFetch.LAYER_PREFETCH
     use_torch_fsdp2: bool = False
+    reshard_after_forward: bool = True
     dp_shard: int | None = None
     decoder_first_pipeline_num_layers: int | None = None
     decoder_last_pipeline_num_layers: int | None = None
@@ -264,6 +271,7 @@ class ParallelPlan:
             "overlap_param_gather",
             "grad_reduce_in_bf16",
             "use_torch_fsdp2",
+            "reshard_after_forward",
         )
         for flag in flags:
             if not isinstance(getattr(self, flag), bool):
@@ -279,6 +287,7 @@ class ParallelPlan:
         check_overlap_param_gather(self)
         check_grad_reduce_in_bf16(self)
         check_torch_fsdp(self)
+        check_reshard_after_forward(self)
         check_hsdp(self)
         check_schedule(self)
         check_uneven_split(self)
@@ -384,6 +393,8 @@ class ParallelPlan:
             parts.append(f"zero3-{self.zero3_param_fetch.value}")
         if self.use_torch_fsdp2:
             parts.append("torch-fsdp")
+        if not self.reshard_after_forward:
+            parts.append("no-reshard")
         if self.dp_shard is not None:  # HSDP, or a partial distributed optimizer
             parts.append(f"{'hsdp' if self.zero_stage == 3 else 'shard'}{self.dp_shard}")
         if self.decoder_first_pipeline_num_layers is not None:

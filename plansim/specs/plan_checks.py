@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from plansim.errors import SpecError, choice_error, require_positive_int
 from plansim.specs.plan_enums import (
+    PER_LAYER_FETCH,
     AttentionKernel,
     DpSync,
     OffloadDevice,
@@ -199,6 +200,19 @@ def check_torch_fsdp(plan: ParallelPlan) -> None:
         )
     if problems:
         raise SpecError(f"plan.use_torch_fsdp2 needs {'; '.join(problems)}")
+
+
+def check_reshard_after_forward(plan: ParallelPlan) -> None:
+    """Keeping units gathered between forward and backward (``reshard_after_forward`` False)
+    is PyTorch FSDP's knob: ZeRO-3 gathering per layer (layer-prefetch or layer-sync)."""
+    per_layer = plan.zero3_param_fetch in PER_LAYER_FETCH
+    if plan.reshard_after_forward or (plan.zero_stage == 3 and per_layer):
+        return
+    raise SpecError(
+        "plan.reshard_after_forward=False needs zero_stage 3 with zero3_param_fetch "
+        f"layer-prefetch or layer-sync (got zero_stage {plan.zero_stage}, zero3_param_fetch "
+        f"{plan.zero3_param_fetch.value})"
+    )
 
 
 def check_hsdp(plan: ParallelPlan) -> None:

@@ -95,6 +95,11 @@ class Zero3ParamFetch(enum.Enum):
     PER_STEP = "per-step"
 
 
+#: The fetch modes that gather one layer (one FSDP unit) at a time per micro-batch, where
+#: FSDP's ``reshard_after_forward`` applies.
+PER_LAYER_FETCH = (Zero3ParamFetch.LAYER_PREFETCH, Zero3ParamFetch.LAYER_SYNC)
+
+
 class Schedule(enum.Enum):
     """Pipeline schedule; action lists are built by ``plansim.schedule.builders``.
 

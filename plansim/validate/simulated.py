@@ -51,7 +51,8 @@ def run_plan(plan: ParallelPlan, profile: HardwareProfile, *, dtype: str) -> Par
     where it is issued (measured with torch.profiler on a dp2 ZeRO-3 gloo run: every
     ``FSDP::all_gather`` and ``FSDP::post_backward_reduce`` spends about one collective's
     time in the main thread). Under pipelining (pp > 1) ZeRO-2/3 runs FSDP2 once per step,
-    priced as ZeRO-3 ``per-step`` (``executed_fsdp``). The runner's ZeRO-0/1 gradient
+    priced as ZeRO-3 ``per-step``; without, ZeRO-2 is FSDP2 without resharding after
+    forward (``executed_fsdp``). The runner's ZeRO-0/1 gradient
     all-reduce runs after the last backward (``overlap_grad_reduce`` off; ``executed_dp``).
 
     Raises:
@@ -70,8 +71,9 @@ def run_plan(plan: ParallelPlan, profile: HardwareProfile, *, dtype: str) -> Par
         )
     serial = profile.host_overhead is not None and profile.host_overhead.serial
     fetch = Zero3ParamFetch.LAYER_SYNC if serial else plan.zero3_param_fetch
-    if runs_per_step(plan):
-        plan, fetch = executed_zero_plan(plan), Zero3ParamFetch.PER_STEP
+    if plan.zero_stage == 2 or runs_per_step(plan):
+        plan = executed_zero_plan(plan)
+        fetch = plan.zero3_param_fetch if runs_per_step(plan) else fetch
     return dataclasses.replace(
         plan,
         precision=precision,

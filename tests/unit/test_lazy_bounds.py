@@ -126,6 +126,7 @@ PAIRS: dict[str, tuple[dict[str, object], dict[str, object]]] = {
     ),
     "zero3_param_fetch": (ZERO3, {"zero3_param_fetch": Zero3ParamFetch.PER_TENSOR_SYNC}),
     "use_torch_fsdp2": (ZERO3, {"use_torch_fsdp2": True}),
+    "reshard_after_forward": (ZERO3, {"reshard_after_forward": False}),
     "dp_shard": ({}, {"dp_shard": 2}),
 }
 

@@ -1,0 +1,118 @@
+"""ZeRO-3 without resharding after forward (``plan.reshard_after_forward`` False: PyTorch FSDP2
+``reshard_after_forward=False``, FSDP1 ``SHARD_GRAD_OP``). Worked on the round-number profile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from plansim.analytic.cost import build_pipeline_work
+from plansim.analytic.memory import plan_state_bytes, rank_memory, rank_parameters
+from plansim.cli import main
+from plansim.errors import SpecError
+from plansim.planner.enumerate import SearchSpace, enumerate_plans
+from plansim.specs.plan import ParallelPlan, Zero3ParamFetch
+from plansim.validate.simulated import run_plan, simulate_plan
+from tests.unit.synthetic import round_profile
+from tests.unit.test_validate_framework_overhead import _profile
+from tests.unit.test_zero2 import MODEL, _evaluate
+from tests.unit.test_zero2 import _plan as zero2_plan
+
+
+def _plan(**kw: object) -> ParallelPlan:
+    """test_zero2's plan (dp 2, pp 2, 8 micro-batches) as ZeRO-3 kept gathered since forward."""
+    return zero2_plan(**{"zero_stage": 3, "reshard_after_forward": False, **kw})
+
+
+def _dp_comm(segments: tuple) -> list:  # type: ignore[type-arg]
+    return [seg for seg in segments if seg.kind == "dp_comm"]
+
+
+@pytest.mark.parametrize("fetch", [Zero3ParamFetch.LAYER_PREFETCH, Zero3ParamFetch.LAYER_SYNC])
+def test_the_backward_gathers_nothing_and_still_reduce_scatters(fetch: Zero3ParamFetch) -> None:
+    prof = round_profile()
+    kept = build_pipeline_work(MODEL, _plan(zero3_param_fetch=fetch), prof)
+    resharded = build_pipeline_work(
+        MODEL, _plan(zero3_param_fetch=fetch, reshard_after_forward=True), prof
+    )
+    for k, r in zip(kept.stages, resharded.stages, strict=True):
+        assert _dp_comm(k.forward) == _dp_comm(r.forward)  # the forward gathers as before
+        k_bytes = sum(seg.num_bytes for seg in _dp_comm(k.backward))
+        r_bytes = sum(seg.num_bytes for seg in _dp_comm(r.backward))
+        gathered = sum(seg.num_bytes for seg in _dp_comm(r.forward))
+        assert r_bytes - k_bytes == pytest.approx(gathered, rel=1e-12) and gathered > 0
+        k_s = sum(seg.duration_s for seg in _dp_comm(k.backward))
+        assert 0 < k_s < sum(seg.duration_s for seg in _dp_comm(r.backward))
+    plans = (
+        _plan(zero3_param_fetch=fetch),
+        _plan(zero3_param_fetch=fetch, reshard_after_forward=True),
+    )
+    faster, slower = (_evaluate(p).step_time_s for p in plans)
+    assert faster < slower
+
+
+def test_the_rank_holds_all_its_parameters_gathered() -> None:
+    prof = round_profile()
+    kept = rank_memory(MODEL, _plan(), prof, rank=0)
+    resharded = rank_memory(MODEL, _plan(reshard_after_forward=True), prof, rank=0)
+    held = rank_parameters(MODEL, _plan(), rank=0) * plan_state_bytes(_plan()).param
+    layer_pair = (
+        resharded.transient_bytes
+        - rank_memory(
+            MODEL, _plan(zero_stage=1, reshard_after_forward=True), prof, rank=0
+        ).transient_bytes
+    )
+    assert kept.transient_bytes - resharded.transient_bytes == pytest.approx(
+        held - layer_pair, rel=1e-12
+    )
+    assert held > 4 * layer_pair
+
+
+@pytest.mark.parametrize(
+    "kw, got",
+    [
+        ({"zero_stage": 2}, "got zero_stage 2, zero3_param_fetch layer-prefetch"),
+        (
+            {"zero3_param_fetch": Zero3ParamFetch.PER_TENSOR_SYNC},
+            "got zero_stage 3, zero3_param_fetch per-tensor-sync",
+        ),
+    ],
+)
+def test_it_needs_zero3_with_a_per_layer_fetch(kw: dict, got: str) -> None:  # type: ignore[type-arg]
+    with pytest.raises(SpecError) as err:
+        _plan(**kw)
+    assert "plan.reshard_after_forward=False needs zero_stage 3" in str(err.value)
+    assert got in str(err.value)
+    with pytest.raises(SpecError, match=r"plan\.reshard_after_forward='no' is not allowed"):
+        _plan(reshard_after_forward="no")
+
+
+def test_simulate_flag_and_label(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "no-reshard" in _plan().label()
+    assert "no-reshard" not in _plan(reshard_after_forward=True).label()
+    args = ["simulate", "--model", "megatron-1.7b", "--gpu", "a100-sxm4-80gb", "--gpus", "16"]
+    args += ["--tp", "1", "--pp", "2", "--mbs", "1", "--gbs", "16", "--zero", "3"]
+    assert main([*args, "--no-reshard-after-forward", "--format", "json"]) == 0
+    assert '"reshard_after_forward": false' in capsys.readouterr().out
+    assert main([*args[:-2], "--zero", "2", "--no-reshard-after-forward"]) == 2
+    assert "plan.reshard_after_forward=False needs zero_stage 3" in capsys.readouterr().err
+
+
+def test_the_planner_applies_it_to_zero3_plans_only() -> None:
+    space = SearchSpace(reshard_after_forward=False)
+    plans = list(enumerate_plans(num_gpus=8, global_batch_size=16, space=space))
+    zero3 = [p for p in plans if p.zero_stage == 3]
+    assert zero3 and all(not p.reshard_after_forward for p in zero3)
+    assert all(p.reshard_after_forward for p in plans if p.zero_stage != 3)
+
+
+def test_the_validator_prices_its_zero2_run_as_zero3_kept_gathered() -> None:
+    # FSDP2 shards a ZeRO-2 run's parameters at rest and keeps them gathered from each
+    # micro-batch's forward to its backward: one gather and one reduce-scatter per micro-batch
+    plan = dataclasses.replace(zero2_plan(), pp=1, global_batch_size=8)
+    executed = run_plan(plan, _profile(), dtype="bf16")
+    assert (executed.zero_stage, executed.reshard_after_forward) == (3, False)
+    rows = simulate_plan(MODEL, plan, _profile(), dtype="bf16").result.timeline
+    assert (rows["kind"] == "dp_comm").sum() == 2 * plan.num_microbatches
