@@ -7,15 +7,34 @@ the GPU, this module says what the host then holds and what the step moves.
 
 **Optimizer step** (ZeRO-Offload, Ren et al. USENIX ATC 2021 §4.1-4.2; one step, in order,
 replacing the GPU's fused Adam): the gradients are reduced as without offload (ZeRO-1
-reduce-scatter once per step, ZeRO-2/3 per micro-batch), then the rank's 16-bit gradient
-shard is copied device -> host over PCIe (``offload_d2h``, 2 bytes per parameter of the
-local shard), the host CPU runs Adam on the fp32 master weights (``cpu_adam``: local
-parameters / the profile's ``host.adam_params_per_s``), and the updated 16-bit parameters
-are copied back host -> device (``offload_h2d``, 2 bytes per parameter), then all-gathered
-(ZeRO-1/2) as without offload. The paper's CPU <-> GPU volume is the same 2M + 2M bytes per
-step for M 16-bit parameters (§3). With ``nvme`` (ZeRO-Infinity, Rajbhandari et al. SC21 §5)
-the fp32 master weights and Adam m, v (12 bytes per parameter) live on NVMe: CPU Adam reads
-them first (``nvme_read``) and writes them back after (``nvme_write``).
+reduce-scatter once per step, ZeRO-2/3 per micro-batch), then the rank's reduced gradient
+shard is cast to fp32 on the GPU and copied device -> host over PCIe (``offload_d2h``,
+:data:`BOUNDARY_GRAD_BYTES` = 4 bytes per parameter of the local shard: DeepSpeed's
+``async_inplace_copy_grad_to_fp32_buffer_from_gpu``, ``src_tensor.float()`` then the copy,
+in ``stage_1_and_2.py``; stage 3's ``_offload_grad_partition_at_boundary``,
+``grad_buffer.to(dtype=master_weights_and_grads_dtype)`` then the copy), the host CPU runs
+Adam on the fp32 master weights (``cpu_adam``: local parameters / the profile's
+``host.adam_params_per_s``), and the updated 16-bit parameters are copied back host ->
+device (``offload_h2d``, 2 bytes per parameter), then all-gathered (ZeRO-1/2) as without
+offload. (The paper's CPU <-> GPU volume is 2M + 2M bytes per step for M 16-bit parameters,
+§3; the released code moves the gradients in fp32.) With ``nvme`` (ZeRO-Infinity,
+Rajbhandari et al. SC21 §5) the fp32 master weights and Adam m, v (12 bytes per parameter)
+live on NVMe: CPU Adam reads them first (``nvme_read``) and writes them back after
+(``nvme_write``).
+
+**Gradient accumulation through the host** (:func:`with_host_grad_accumulation`): with the
+optimizer offloaded, DeepSpeed keeps the accumulating gradient shard in host memory, not on
+the GPU. Stage 3 (``partition_grads`` in ``stage3.py``; its gradient partitions are a pinned
+host buffer when the optimizer is offloaded, ``self.device`` = cpu) copies every
+micro-batch's reduced shard into it (micro-batch 0) or brings the buffer to the GPU, adds,
+and copies it back ("adding directly to cpu is very slow"), and in both cases keeps a GPU
+copy for the boundary: one 16-bit copy each way per micro-batch. Stage 2
+(``async_accumulate_grad_in_cpu_via_gpu`` in ``stage_1_and_2.py``, with gradient
+accumulation) brings the host buffer to the GPU and adds for every micro-batch but the first,
+and copies the sum to the host for every micro-batch but the last: m - 1 copies each way per
+step, priced as (m - 1) / m of a copy each way after each micro-batch's reduce-scatter. Stage
+1 reduces once per step and accumulates on the GPU. The 16-bit host buffer is one of the
+pinned buffers :func:`host_bytes_per_gpu` leaves out.
 
 **Parameter offload** (stage 3, ZeRO-Infinity §5): the 16-bit parameter shard of a stage
 is copied host -> device (``offload_h2d``; from NVMe first with ``nvme``, ``nvme_read``)
@@ -34,14 +53,12 @@ each gets ``1/gpus_on_node`` of the node's NVMe bandwidth inside the costed dura
 
 Modelling limits (stated, not hidden): no overlap inside the step (DeepSpeed overlaps the
 gradient copies of reduced buckets with backward and pipelines CPU Adam with the parameter
-copy in tiles: plansim is pessimistic there); gradients are copied once per step, 2 bytes
-per element (DeepSpeed's stage 2 accumulates on the host: with m micro-batches each but the
-first copies the shard's 16-bit gradients host -> device and each but the last device ->
-host, ``async_accumulate_grad_in_cpu_via_gpu`` in ``stage_1_and_2.py``, and the boundary
-copies them as fp32, ``async_inplace_copy_grad_to_fp32_buffer_from_gpu``: 4 m bytes over
-PCIe where this prices 2; stage 3's path not read); parameter fetches block the action (no
-prefetch); pinned swap buffers and DeepSpeed's ``max_in_cpu`` parameter cache are not
-counted. The one-step delayed parameter update of ZeRO-Offload (DPU, §4.3) is out of scope.
+copy in tiles: plansim is pessimistic there); stage 2's m - 1 accumulation round trips are
+spread evenly over the m micro-batches (the first micro-batch has no host -> device copy,
+the last no device -> host one); stage 2 copies whole parameters that straddle its shard
+(priced as the shard); parameter fetches block the action (no prefetch); pinned swap
+buffers and DeepSpeed's ``max_in_cpu`` parameter cache are not counted. The one-step
+delayed parameter update of ZeRO-Offload (DPU, §4.3) is out of scope.
 """
 
 from __future__ import annotations
@@ -54,7 +71,7 @@ from plansim.analytic.ranks import dp_cp_size
 from plansim.errors import SpecError
 from plansim.specs.hardware import HardwareProfile, HostSpec
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import OffloadDevice, ParallelPlan
+from plansim.specs.plan import OffloadDevice, ParallelPlan, Schedule
 from plansim.specs.work import Segment, StageWork
 from plansim.units import bytes_to_gib
 
@@ -65,6 +82,9 @@ HOST_OPTIMIZER_BYTES_PER_PARAM = 16.0
 #: Of those, what ZeRO-Infinity keeps on NVMe (fp32 master, m, v); the fp32 gradients the
 #: step reads stay in host memory.
 NVME_OPTIMIZER_BYTES_PER_PARAM = 12.0
+#: Bytes per parameter of the gradient shard copied to the host at the accumulation boundary:
+#: fp32 (module docstring).
+BOUNDARY_GRAD_BYTES = 4.0
 #: Timeline kinds of the offload segments, in the order a step runs them.
 OFFLOAD_KINDS = ("offload_d2h", "nvme_read", "cpu_adam", "nvme_write", "offload_h2d")
 #: The stream offload segments run on (beside compute; see the module docstring).
@@ -127,7 +147,9 @@ def host_bytes_per_gpu(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> fl
     ``offload_optimizer=cpu`` (:data:`HOST_OPTIMIZER_BYTES_PER_PARAM`), 4 with ``nvme``
     (fp32 gradients; the rest is on NVMe), plus the 16-bit parameter (2) with
     ``offload_param=cpu``. Steady state: DeepSpeed's start-up copies and pinned buffers
-    (the estimators' 1.5 buffer factor) are not counted.
+    (the estimators' 1.5 buffer factor; among them the 16-bit gradient accumulation buffer
+    of :func:`accumulates_on_host`, 2 bytes per parameter) are not counted, as in DeepSpeed's
+    own estimators.
     """
     local = rank_parameters(model, plan, rank=rank) / dp_cp_size(plan)
     per_param = 0.0
@@ -225,7 +247,7 @@ def host_step_segments(
     host = require_host(plan, profile)
     half = plan_state_bytes(plan).param * local_params  # 16-bit shard
     nvme = plan.offload_optimizer is OffloadDevice.NVME
-    segs = [_copy("offload_d2h", half, profile)]
+    segs = [_copy("offload_d2h", BOUNDARY_GRAD_BYTES * local_params, profile)]
     if nvme:
         segs.append(
             _nvme("nvme_read", NVME_OPTIMIZER_BYTES_PER_PARAM * local_params, plan, profile)
@@ -271,6 +293,54 @@ def with_offload(
     if plan.offload_param is OffloadDevice.NVME:
         return (*step, back, _nvme("nvme_write", half, plan, profile), *rest)
     return (*step, back, *rest)
+
+
+def accumulates_on_host(plan: ParallelPlan) -> bool:
+    """True when the accumulating gradient shard lives in host memory: the optimizer
+    offloaded with ZeRO-3, or with ZeRO-2 and more than one micro-batch (module docstring)."""
+    if plan.offload_optimizer is OffloadDevice.NONE:
+        return False
+    return plan.zero_stage == 3 or (plan.zero_stage == 2 and plan.num_microbatches > 1)
+
+
+def host_accumulation_bytes_per_param(plan: ParallelPlan) -> float:
+    """Bytes per parameter of the gradient shard copied each way (device -> host and
+    host -> device) per micro-batch to accumulate on the host: one 16-bit copy for ZeRO-3,
+    (m - 1) / m of one for ZeRO-2 (the module docstring's average), 0 otherwise."""
+    if not accumulates_on_host(plan):
+        return 0.0
+    copy = plan_state_bytes(plan).param
+    if plan.zero_stage == 3:
+        return copy
+    m = plan.num_microbatches
+    return copy * (m - 1) / m
+
+
+def with_host_grad_accumulation(
+    stages: list[StageWork], *, model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
+) -> list[StageWork]:
+    """``stages`` with each micro-batch's host accumulation of the stage's gradient shard
+    (``offload_d2h`` then ``offload_h2d``, :func:`host_accumulation_bytes_per_param` x the
+    shard) after its reduce-scatter: at the end of the backward, or of the weight-gradient
+    pass with a split backward. The same list when nothing accumulates on the host. Stages
+    that were one object stay one.
+    """
+    per_param = host_accumulation_bytes_per_param(plan)
+    if per_param == 0.0:
+        return stages
+    split = plan.schedule is Schedule.ZB_H1
+    done: dict[int, StageWork] = {}
+    out = []
+    for s, st in enumerate(stages):
+        if id(st) not in done:
+            shard = stage_parameters(model, plan, stage=s) / dp_cp_size(plan) * per_param
+            copies = (_copy("offload_d2h", shard, profile), _copy("offload_h2d", shard, profile))
+            if split:
+                done[id(st)] = replace(st, backward_weight=st.backward_weight + copies)
+            else:
+                done[id(st)] = replace(st, backward=st.backward + copies)
+        out.append(done[id(st)])
+    return out
 
 
 def param_fetch_segments(

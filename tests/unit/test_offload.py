@@ -150,14 +150,15 @@ def test_offloaded_step_is_on_the_timeline_with_its_kinds_and_pcie() -> None:
     p = plan(dp=2, global_batch_size=2, zero_stage=2, offload_optimizer=CPU)
     work = build_pipeline_work(MODEL, p, prof)
     local = PSI / 2
-    copy_s = 2 * local / PCIE_BYTES_PER_S  # 16-bit shard, one PCIe direction
+    grad_s = 4 * local / PCIE_BYTES_PER_S  # the fp32 gradient shard, one PCIe direction
+    copy_s = 2 * local / PCIE_BYTES_PER_S  # the 16-bit parameter shard back
     adam_s = local / ADAM_PARAMS_PER_S
     opt = work.ranks[0].optimizer
     assert [s.kind for s in opt] == ["offload_d2h", "cpu_adam", "offload_h2d", "dp_comm"]
     assert [s.link for s in opt[:3]] == ["pcie", "", "pcie"]
     assert {s.stream for s in opt[:3]} == {"dp"}
-    assert [s.duration_s for s in opt[:3]] == pytest.approx([copy_s, adam_s, copy_s])
-    assert opt[0].num_bytes == opt[2].num_bytes == 2 * local
+    assert [s.duration_s for s in opt[:3]] == pytest.approx([grad_s, adam_s, copy_s])
+    assert (opt[0].num_bytes, opt[2].num_bytes) == (4 * local, 2 * local)
 
     actions = build_actions(p.schedule, num_ranks=1, num_microbatches=p.num_microbatches)
     timeline = simulate(actions, work).timeline
@@ -165,7 +166,7 @@ def test_offloaded_step_is_on_the_timeline_with_its_kinds_and_pcie() -> None:
     assert list(rows["kind"]) == ["offload_d2h", "cpu_adam", "offload_h2d"]
     assert list(rows["stream"]) == ["dp"] * 3
     spans = list(rows["end_s"] - rows["start_s"])
-    assert spans == pytest.approx([copy_s, adam_s, copy_s])
+    assert spans == pytest.approx([grad_s, adam_s, copy_s])
     grad_sync_end = timeline[timeline["kind"] == "dp_comm"]["end_s"].min()
     assert rows["start_s"].iloc[0] == pytest.approx(grad_sync_end)  # after the reduce-scatter
     assert rows["start_s"].iloc[1] == pytest.approx(rows["end_s"].iloc[0])
@@ -176,9 +177,9 @@ def test_offloaded_step_is_on_the_timeline_with_its_kinds_and_pcie() -> None:
     assert isinstance(ev_off, Evaluation) and isinstance(ev_gpu, Evaluation)
     gpu_adam_s = ev_gpu.result.busy_s_by_kind["optimizer"]
     assert ev_off.step_time_s - ev_gpu.step_time_s == pytest.approx(
-        2 * copy_s + adam_s - gpu_adam_s
+        grad_s + copy_s + adam_s - gpu_adam_s
     )
-    for kind, seconds in (("offload_d2h", copy_s), ("cpu_adam", adam_s)):
+    for kind, seconds in (("offload_d2h", grad_s), ("cpu_adam", adam_s)):
         assert ev_off.exposed_comm_s_by_kind[kind] == pytest.approx(seconds)
     assert "optimizer" not in ev_off.result.busy_s_by_kind
 
@@ -212,7 +213,7 @@ def test_param_offload_alone_keeps_gpu_adam_and_copies_the_shard_back() -> None:
 def _two_rank_work(*, nodes: tuple[int, int]) -> PipelineWork:
     """Two pipeline ranks with free compute whose steps start together at t = 0."""
     p = plan(zero_stage=2, offload_optimizer=CPU)
-    step = host_step_segments(p, host_profile(), local_params=1e9)  # 2 GB copies: 80 ms
+    step = host_step_segments(p, host_profile(), local_params=1e9)  # 4 GB: 160 ms, 2 GB: 80
     free = P2P(duration_s=0.0, num_bytes=0.0)
     stage = StageWork(
         forward=(),
@@ -233,7 +234,7 @@ def _two_rank_work(*, nodes: tuple[int, int]) -> PipelineWork:
 def test_two_concurrent_pcie_copies_on_one_node_share_it(
     nodes: tuple[int, int], factor: float
 ) -> None:
-    copy_s, adam_s = 2e9 / PCIE_BYTES_PER_S, 1.0  # 80 ms, 1 s
+    grad_s, copy_s, adam_s = 4e9 / PCIE_BYTES_PER_S, 2e9 / PCIE_BYTES_PER_S, 1.0
     actions = build_actions(Schedule.ONE_F_ONE_B, num_ranks=2, num_microbatches=1)
     timeline = simulate(actions, _two_rank_work(nodes=nodes)).timeline
     for rank in (0, 1):
@@ -241,7 +242,7 @@ def test_two_concurrent_pcie_copies_on_one_node_share_it(
         starts = dict(zip(mine["kind"], mine["start_s"], strict=True))
         spans = dict(zip(mine["kind"], mine["end_s"] - mine["start_s"], strict=True))
         assert starts["offload_d2h"] == 0.0
-        assert spans["offload_d2h"] == pytest.approx(factor * copy_s)
+        assert spans["offload_d2h"] == pytest.approx(factor * grad_s)
         assert spans["cpu_adam"] == pytest.approx(adam_s)  # not a transfer: never stretched
         assert spans["offload_h2d"] == pytest.approx(factor * copy_s)
 
