@@ -116,3 +116,18 @@ def test_the_validator_prices_its_zero2_run_as_zero3_kept_gathered() -> None:
     assert (executed.zero_stage, executed.reshard_after_forward) == (3, False)
     rows = simulate_plan(MODEL, plan, _profile(), dtype="bf16").result.timeline
     assert (rows["kind"] == "dp_comm").sum() == 2 * plan.num_microbatches
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},  # kept gathered since forward
+        {"reshard_after_forward": True, "zero3_param_fetch": Zero3ParamFetch.PER_STEP},
+    ],
+)
+def test_engine_peak_memory_equals_analytic(kw: dict) -> None:  # type: ignore[type-arg]
+    plan = _plan(**kw)
+    ev = _evaluate(plan)
+    for rank in range(plan.pp):
+        total = rank_memory(MODEL, plan, round_profile(), rank=rank).total_bytes
+        assert ev.result.peak_memory_bytes[rank] == pytest.approx(total, rel=1e-12)
