@@ -88,8 +88,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--no-reshard-after-forward",
         dest="reshard_after_forward",
         action="store_false",
-        help="price the ZeRO-3 plans with each unit kept gathered from its forward to its "
-        "backward (PyTorch FSDP2 reshard_after_forward=False, FSDP1 SHARD_GRAD_OP)",
+        help="also try the ZeRO-3 plans with each layer kept gathered from its forward to "
+        "its backward (PyTorch FSDP2 reshard_after_forward=False, FSDP1 SHARD_GRAD_OP)",
     )
     p.add_argument(
         "--hsdp",
@@ -241,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
         overlap_param_gather=(False, True) if args.overlap_param_gather else (False,),
         grad_reduce_in_bf16=(False, True) if args.grad_reduce_in_bf16 else (False,),
         use_torch_fsdp2=args.use_torch_fsdp2,
-        reshard_after_forward=args.reshard_after_forward,
+        reshard_after_forward=(True,) if args.reshard_after_forward else (True, False),
         hsdp_shard_gpus=profile.gpus_per_node if args.hsdp else None,
         bf16_layers=bf16_layers_from_args(args),
     )

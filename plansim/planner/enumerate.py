@@ -217,7 +217,8 @@ def _knobs(
                 continue  # FlashAttention stores no s x s scores: selective ~ none, but slower
             for sp, tp_overlap in _sp_modes(space, tp=tp):
                 comm = _comm_modes(schedules, space, dp_cp=dp_cp, zero=zero)
-                for (schedule, modes), bf16_grads in [(c, b) for c in comm for b in bf16_modes]:
+                reshards = _reshard_modes(space, zero=zero, offload=(opt_dev, param_dev))
+                for (schedule, modes), bf16_grads, reshard in product(comm, bf16_modes, reshards):
                     yield tuple(
                         ParallelPlan(
                             dp=dp,
@@ -249,12 +250,7 @@ def _knobs(
                             use_torch_fsdp2=space.use_torch_fsdp2
                             and zero == 3
                             and opt_dev is param_dev is OffloadDevice.NONE,
-                            reshard_after_forward=space.reshard_after_forward
-                            or not (
-                                zero == 3
-                                and space.zero3_param_fetch in PER_LAYER_FETCH
-                                and opt_dev is param_dev is OffloadDevice.NONE
-                            ),
+                            reshard_after_forward=reshard,
                             dp_shard=shard,
                             num_layers_at_start_in_bf16=space.bf16_layers[0],
                             num_layers_at_end_in_bf16=space.bf16_layers[1],
@@ -308,6 +304,17 @@ def _zero_modes(
             fsdp2 = per_step and zero == 3
             if opt_ok and param_ok and (opt_dev, param_dev) != (none, none) and not fsdp2:
                 yield zero, DpSync.RING, opt_dev, param_dev
+
+
+def _reshard_modes(
+    space: SearchSpace, *, zero: int, offload: tuple[OffloadDevice, OffloadDevice]
+) -> tuple[bool, ...]:
+    """``space.reshard_after_forward`` for ZeRO-3 plans that gather per layer without
+    DeepSpeed's offload (PyTorch FSDP's knob, ``ParallelPlan.reshard_after_forward``), else
+    resharding only."""
+    none = (OffloadDevice.NONE, OffloadDevice.NONE)
+    fsdp_like = zero == 3 and space.zero3_param_fetch in PER_LAYER_FETCH and offload == none
+    return space.reshard_after_forward if fsdp_like else (True,)
 
 
 def _bf16_grad_modes(space: SearchSpace) -> tuple[bool, ...]:

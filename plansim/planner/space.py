@@ -45,11 +45,12 @@ class SearchSpace:
             (Megatron-LM ``--overlap-param-gather``); default off only.
         tp_comm_overlap: values tried for sequence-parallel plans (Megatron-LM
             ``--tp-comm-overlap``); default off only, as Megatron-LM's default.
+        reshard_after_forward: values tried for ZeRO-3 plans that gather per layer without
+            offload (PyTorch FSDP's ``reshard_after_forward``); default resharding only.
         grad_reduce_in_bf16: values tried when the precision keeps an fp32 main-gradient
             buffer (bf16, fp8, fp4; Megatron-LM ``--grad-reduce-in-bf16``); default off only.
         precision, attention, gradient_accumulation_fusion, scatter_gather_p2p,
-            zero3_param_fetch, use_torch_fsdp2 and reshard_after_forward (ZeRO-3 plans
-            only; the latter with a per-layer fetch and no offload), bf16_layers ((start,
+            zero3_param_fetch, use_torch_fsdp2 (ZeRO-3 plans only), bf16_layers ((start,
             end) layers kept in bf16 under fp8 / fp4): fixed for the whole search
             (implementation facts of the framework, not layout choices).
         uneven_pipeline: when the layers do not split evenly over pp * vpp stages, offer
@@ -111,7 +112,7 @@ class SearchSpace:
     )
     zero3_param_fetch: Zero3ParamFetch = Zero3ParamFetch.LAYER_PREFETCH
     use_torch_fsdp2: bool = False
-    reshard_after_forward: bool = True
+    reshard_after_forward: tuple[bool, ...] = (True,)
     hsdp_shard_gpus: int | None = None
     hsdp_only: bool = False
     bf16_layers: tuple[int, int] = (0, 0)

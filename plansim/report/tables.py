@@ -50,6 +50,8 @@ def plan_row(ev: Evaluation) -> dict[str, Any]:
         row["zero_shard"] = f"hsdp{p.dp_shard}"
     if p.cp > 1:  # plans without context parallelism keep their columns unchanged
         row["cp"] = p.cp
+    if not p.reshard_after_forward:  # resharding plans keep their columns unchanged
+        row["zero3_reshard"] = "backward"
     return row
 
 
@@ -111,7 +113,9 @@ def ranked_table(evaluations: Sequence[Evaluation]) -> pd.DataFrame:
     'ring' on ring rows, when some plan uses a parameter server; ``pipeline_split``, 'even'
     on evenly split rows, when some plan splits its layers unevenly; ``zero_shard``, 'full'
     on fully sharded rows, when some plan uses hybrid sharding, e.g. 'hsdp8'; ``cp``, after
-    ``tp``, when some plan uses context parallelism)."""
+    ``tp``, when some plan uses context parallelism; ``zero3_reshard``, when ZeRO-3
+    parameters are released: 'forward' (FSDP's default), 'backward' for plans that keep them
+    gathered until the backward, '' for plans without ZeRO-3)."""
     rows = [{"rank": i + 1, **plan_row(ev)} for i, ev in enumerate(evaluations)]
     df = pd.DataFrame(rows)
     if "dp_sync" in df:
@@ -122,6 +126,12 @@ def ranked_table(evaluations: Sequence[Evaluation]) -> pd.DataFrame:
         df["pipeline_split"] = df["pipeline_split"].fillna("even")
     if "zero_shard" in df:
         df["zero_shard"] = df["zero_shard"].fillna("full")
+    if "zero3_reshard" in df:
+        zero3 = df["zero"] == 3
+        df["zero3_reshard"] = df["zero3_reshard"].where(
+            ~zero3 | df["zero3_reshard"].notna(), "forward"
+        )
+        df["zero3_reshard"] = df["zero3_reshard"].fillna("")
     if "cp" in df:  # next to tp, as Megatron's rank order tp -> cp -> dp -> pp
         cp = df.pop("cp").fillna(1).astype(int)
         df.insert(df.columns.get_loc("tp") + 1, "cp", cp)

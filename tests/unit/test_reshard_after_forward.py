@@ -13,6 +13,7 @@ from plansim.analytic.memory import plan_state_bytes, rank_memory, rank_paramete
 from plansim.cli import main
 from plansim.errors import SpecError
 from plansim.planner.enumerate import SearchSpace, enumerate_plans
+from plansim.report.tables import ranked_table
 from plansim.specs.plan import ParallelPlan, Zero3ParamFetch
 from plansim.validate.simulated import run_plan, simulate_plan
 from tests.unit.synthetic import round_profile
@@ -100,12 +101,19 @@ def test_simulate_flag_and_label(capsys: pytest.CaptureFixture[str]) -> None:
     assert "plan.reshard_after_forward=False needs zero_stage 3" in capsys.readouterr().err
 
 
-def test_the_planner_applies_it_to_zero3_plans_only() -> None:
-    space = SearchSpace(reshard_after_forward=False)
-    plans = list(enumerate_plans(num_gpus=8, global_batch_size=16, space=space))
-    zero3 = [p for p in plans if p.zero_stage == 3]
-    assert zero3 and all(not p.reshard_after_forward for p in zero3)
-    assert all(p.reshard_after_forward for p in plans if p.zero_stage != 3)
+def test_the_planner_also_tries_it_for_zero3_plans_only() -> None:
+    def plans(values: tuple[bool, ...]) -> list[ParallelPlan]:
+        space = SearchSpace(reshard_after_forward=values)
+        return list(enumerate_plans(num_gpus=8, global_batch_size=16, space=space))
+
+    both, default = plans((True, False)), plans((True,))
+    kept = [p for p in both if not p.reshard_after_forward]
+    assert kept and all(p.zero_stage == 3 for p in kept)
+    assert sorted(p.label() for p in both if p.reshard_after_forward) == sorted(
+        p.label() for p in default
+    )
+    assert len(kept) == sum(p.zero_stage == 3 for p in default)
+    assert all(p.reshard_after_forward for p in default)
 
 
 def test_the_validator_prices_its_zero2_run_as_zero3_kept_gathered() -> None:
@@ -131,3 +139,9 @@ def test_engine_peak_memory_equals_analytic(kw: dict) -> None:  # type: ignore[t
     for rank in range(plan.pp):
         total = rank_memory(MODEL, plan, round_profile(), rank=rank).total_bytes
         assert ev.result.peak_memory_bytes[rank] == pytest.approx(total, rel=1e-12)
+
+
+def test_the_ranked_table_says_when_zero3_parameters_are_released() -> None:
+    evs = [_evaluate(p) for p in (_plan(), _plan(reshard_after_forward=True), zero2_plan())]
+    assert list(ranked_table(evs)["zero3_reshard"]) == ["backward", "forward", ""]
+    assert "zero3_reshard" not in ranked_table(evs[1:])
