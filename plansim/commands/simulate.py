@@ -131,7 +131,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--zero3-param-fetch",
         choices=[f.value for f in Zero3ParamFetch],
-        default=Zero3ParamFetch.LAYER_PREFETCH.value,
+        default=None,
         help="ZeRO-3: one prefetched all-gather per layer overlapped with compute (FSDP; "
         "default), one synchronous collective per parameter tensor (DeepSpeed 2021), one "
         "synchronous collective per layer (FSDP without prefetch, e.g. on a CPU device), or "
@@ -231,6 +231,12 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
             f"tp({args.tp}) * pp({args.pp}) * dp({args.dp}) * cp({args.cp}) = "
             f"{model_parallel * args.dp} != --gpus({args.gpus})"
         )
+    fetch = args.zero3_param_fetch or Zero3ParamFetch.LAYER_PREFETCH.value
+    if args.zero3_param_fetch is not None and args.zero != 3:
+        raise SpecError(
+            f"--zero3-param-fetch {args.zero3_param_fetch} needs --zero 3 (got --zero "
+            f"{args.zero}): it says how ZeRO-3 gathers parameters"
+        )
     bf16_start, bf16_end = bf16_layers_from_args(args)
     return ParallelPlan(
         dp=dp,
@@ -258,7 +264,7 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
         scatter_gather_p2p=args.scatter_gather_p2p,
         offload_optimizer=OffloadDevice(args.offload_optimizer),
         offload_param=OffloadDevice(args.offload_param),
-        zero3_param_fetch=Zero3ParamFetch(args.zero3_param_fetch),
+        zero3_param_fetch=Zero3ParamFetch(fetch),
         use_torch_fsdp2=args.use_torch_fsdp2,
         reshard_after_forward=args.reshard_after_forward,
         dp_shard=args.dp_shard,

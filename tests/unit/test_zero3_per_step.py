@@ -12,6 +12,7 @@ import pytest
 
 from plansim.analytic.cost import build_pipeline_work
 from plansim.analytic.memory import plan_state_bytes, rank_memory, rank_parameters
+from plansim.cli import main
 from plansim.errors import SpecError
 from plansim.io.runs import RunRow
 from plansim.planner.run_framework import zero3_fetch
@@ -117,3 +118,12 @@ def test_a_search_with_it_leaves_out_deepspeed_offload_for_zero3() -> None:
     zero3 = [p for p in plans if p.zero_stage == 3]
     assert zero3 and all(p.offload_optimizer is OffloadDevice.NONE for p in zero3)
     assert any(p.offload_optimizer is OffloadDevice.CPU for p in plans if p.zero_stage == 1)
+
+
+def test_simulate_refuses_a_fetch_mode_without_zero3(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["simulate", "--model", "megatron-1.7b", "--gpu", "a100-sxm4-80gb", "--gpus", "16"]
+    args += ["--tp", "1", "--pp", "2", "--mbs", "1", "--gbs", "16"]
+    assert main([*args, "--zero", "2", "--zero3-param-fetch", "per-step"]) == 2
+    assert "--zero3-param-fetch per-step needs --zero 3 (got --zero 2)" in capsys.readouterr().err
+    assert main([*args, "--zero", "3", "--zero3-param-fetch", "per-step"]) == 0
+    assert "zero3-per-step" in capsys.readouterr().out
