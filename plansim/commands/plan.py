@@ -21,6 +21,7 @@ from plansim.commands.common import (
     int_list_arg,
     resolve,
 )
+from plansim.commands.empty_search import empty_search_lines
 from plansim.errors import SpecError, require_positive_int
 from plansim.io.outputs import check_writable
 from plansim.planner.parallel import default_jobs
@@ -30,7 +31,7 @@ from plansim.planner.space import SearchSpace
 from plansim.report.tables import evaluation_dict, ranked_table, render
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import AttentionKernel, Precision, Recompute, Schedule
+from plansim.specs.plan import AttentionKernel, DpSync, Precision, Recompute, Schedule
 from plansim.units import bytes_to_gib
 
 
@@ -245,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
         hsdp_shard_gpus=profile.gpus_per_node if args.hsdp else None,
         bf16_layers=bf16_layers_from_args(args),
     )
-    space = constrained_space(space, args)
+    unconstrained, space = space, constrained_space(space, args)
     if Recompute.SELECTIVE_OP in space.recomputes and args.attention != AttentionKernel.FLASH.value:
         flag = (
             "--recompute-selective-op"
@@ -314,6 +315,20 @@ def run(args: argparse.Namespace) -> int:
     )
     out.write(render(table, "table") if len(table) else "no feasible plan\n")
     out.write(_summary(result, global_batch_size=args.gbs))
+    if result.num_candidates == 0:
+        # --cp set the base space: without it, every context-parallel size where ring
+        # attention applies (--dp-sync too: without it, ring)
+        every_cp = None if args.attention == AttentionKernel.FLASH.value else (1,)
+        every_cp = space.cp if args.cp == "1" else every_cp
+        lines = empty_search_lines(
+            args,
+            space,
+            replace(unconstrained, cp=every_cp, dp_syncs=(DpSync.RING,)),
+            num_gpus=args.gpus,
+            global_batch_size=args.gbs,
+            num_layers=model.num_layers,
+        )
+        out.write("".join(line + "\n" for line in lines))
     return 0
 
 
