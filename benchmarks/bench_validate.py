@@ -64,6 +64,7 @@ PLANS: dict[str, dict[str, object]] = {
     "pp2-gpipe": {"tp": 1, "pp": 2, "dp": 1, "schedule": Schedule.GPIPE},
     "pp2-interleaved": {"tp": 1, "pp": 2, "dp": 1, "vpp": 2, "schedule": Schedule.INTERLEAVED_1F1B},
     "dp2-zero1": {"tp": 1, "pp": 1, "dp": 2, "zero_stage": 1},
+    "dp2-zero2": {"tp": 1, "pp": 1, "dp": 2, "zero_stage": 2},
     "dp2-zero3": {"tp": 1, "pp": 1, "dp": 2, "zero_stage": 3},
     "dp2-zero3-full": {"tp": 1, "pp": 1, "dp": 2, "zero_stage": 3, "recompute": Recompute.FULL},
     "dp2-zero3-selective-op": {
