@@ -24,8 +24,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from plansim.errors import PlansimError
-from plansim.io.profiles import load_profile
+from plansim.errors import PlansimError, UnknownNameError
+from plansim.io.profile_names import match_profile_name
+from plansim.io.profiles import list_profiles, load_profile
 from plansim.io.runs import RunRow
 from plansim.planner.evaluate import OUT_OF_MEMORY, Rejected
 from plansim.planner.run_checks import (
@@ -139,6 +140,25 @@ def predict_row(row: RunRow, *, simulate_top: int = 8) -> Prediction:
     return min(timed, key=lambda p: p.predicted_step_time_s or 0.0) if timed else predictions[0]
 
 
+def _row_profile(row: RunRow, notes: list[str]) -> HardwareProfile:
+    """The profile of the row's ``gpu_type``: a profile file, or the shipped profile its text
+    names (``plansim.io.profile_names``: "A100 SXM4 80GB" is ``a100-sxm4-80gb``; a note
+    says so when the text is not the name itself)."""
+    gpu = row.text("gpu_type") or ""
+    try:
+        if gpu.endswith((".yaml", ".yml")):
+            return load_profile(gpu)
+        name = match_profile_name(gpu, list_profiles())
+        if name != gpu:
+            notes.append(f"gpu_type {gpu!r} read as {name}")
+        return load_profile(name)
+    except UnknownNameError as exc:
+        why = f" ({exc.kind.split('(', 1)[1]}" if "(" in exc.kind else ""
+        raise Skip(f"unknown hardware profile {gpu!r}{why}") from None
+    except PlansimError:
+        raise Skip(f"unknown hardware profile {gpu!r}") from None
+
+
 def _predict(row: RunRow, simulate_top: int, notes: list[str]) -> Prediction:
     """predict_row for one row as it stands, ``notes`` so far (appended to)."""
     try:
@@ -149,11 +169,7 @@ def _predict(row: RunRow, simulate_top: int, notes: list[str]) -> Prediction:
             raise Skip(f"step_time_s {measured!r} is not a positive number of seconds")
         check_measurements(row)
         model = row_model(row, notes)
-        try:
-            gpu = row.text("gpu_type") or ""
-            profile = load_profile(gpu if gpu.endswith((".yaml", ".yml")) else gpu.lower())
-        except PlansimError:
-            raise Skip(f"unknown hardware profile {row.text('gpu_type')!r}") from None
+        profile = _row_profile(row, notes)
         space = row_space(row, notes)
         if is_hybrid_shard(row):  # HSDP: shard groups of one node (plansim.planner.hsdp)
             space = replace(space, hsdp_shard_gpus=profile.gpus_per_node, hsdp_only=True)
