@@ -52,6 +52,7 @@ says which.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from plansim.io.runs import RunRow
 from plansim.planner.run_framework import (
@@ -172,7 +173,7 @@ def row_space(row: RunRow, notes: list[str]) -> SearchSpace:
     interleave_from = min_interleaved_pp(row, year)
     if vpps is None and interleave_from > 2:
         notes.append(f"interleaving only with pp >= {interleave_from} (Megatron-LM before 2024)")
-    return SearchSpace(
+    space = SearchSpace(
         vpps=vpps,
         min_interleaved_pp=interleave_from,
         schedules=schedules,
@@ -199,6 +200,13 @@ def row_space(row: RunRow, notes: list[str]) -> SearchSpace:
         # recompute (Korthikanti et al. 2022's release); a stated "full" is every layer.
         partial_recompute=recompute is None and modern,
     )
+    if space.use_torch_fsdp2 and space.zero_stages == (2,):  # the schema: shard-grad-op = 2
+        notes.append(
+            "PyTorch FSDP shard-grad-op (zero_stage 2): ZeRO-3 with each layer kept gathered "
+            "from its forward to its backward"
+        )
+        return replace(space, zero_stages=(3,), reshard_after_forward=(False,))
+    return space
 
 
 def _micro_batch_sizes(

@@ -12,7 +12,9 @@ from plansim.analytic.cost import build_pipeline_work
 from plansim.analytic.memory import plan_state_bytes, rank_memory, rank_parameters
 from plansim.cli import main
 from plansim.errors import SpecError
+from plansim.io.runs import RunRow
 from plansim.planner.enumerate import SearchSpace, enumerate_plans
+from plansim.planner.run_space import row_space
 from plansim.report.tables import ranked_table
 from plansim.specs.plan import ParallelPlan, Zero3ParamFetch
 from plansim.validate.simulated import run_plan, simulate_plan
@@ -145,3 +147,21 @@ def test_the_ranked_table_says_when_zero3_parameters_are_released() -> None:
     evs = [_evaluate(p) for p in (_plan(), _plan(reshard_after_forward=True), zero2_plan())]
     assert list(ranked_table(evs)["zero3_reshard"]) == ["backward", "forward", ""]
     assert "zero3_reshard" not in ranked_table(evs[1:])
+
+
+@pytest.mark.parametrize(
+    ("framework", "zero", "stages", "reshards"),
+    [
+        ("PyTorch FSDP (2023)", "2", (3,), (False,)),  # shard-grad-op, as the schema says
+        ("PyTorch FSDP (2023)", "3", (3,), (True,)),
+        ("DeepSpeed (2023)", "2", (2,), (True,)),  # DeepSpeed's own stage 2
+    ],
+)
+def test_the_back_test_prices_fsdp_shard_grad_op_as_zero3_kept_gathered(
+    framework: str, zero: str, stages: tuple[int, ...], reshards: tuple[bool, ...]
+) -> None:
+    cells = {"row_id": "F1", "framework": framework, "zero_stage": zero, "precision": "bf16"}
+    notes: list[str] = []
+    space = row_space(RunRow(path="runs.csv", line=2, cells=cells), notes)
+    assert (space.zero_stages, space.reshard_after_forward) == (stages, reshards)
+    assert any("shard-grad-op" in n for n in notes) == (reshards == (False,))
