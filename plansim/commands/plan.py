@@ -31,7 +31,14 @@ from plansim.planner.space import SearchSpace
 from plansim.report.tables import evaluation_dict, ranked_table, render
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import AttentionKernel, DpSync, Precision, Recompute, Schedule
+from plansim.specs.plan import (
+    AttentionKernel,
+    DpSync,
+    Precision,
+    Recompute,
+    Schedule,
+    Zero3ParamFetch,
+)
 from plansim.units import bytes_to_gib
 
 
@@ -84,6 +91,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         action="store_true",
         help="price the ZeRO-3 plans as PyTorch FSDP (Megatron flag): fp32 sharded parameters "
         "are the master weights, 16 bytes per parameter instead of DeepSpeed's 18",
+    )
+    p.add_argument(
+        "--zero3-param-fetch",
+        choices=[f.value for f in Zero3ParamFetch],
+        default=Zero3ParamFetch.LAYER_PREFETCH.value,
+        help="how the ZeRO-3 plans gather parameters (as plansim simulate): per layer with "
+        "prefetch (default), per tensor synchronously (DeepSpeed 2021), per layer without "
+        "prefetch, or per-step (FSDP2 under torch.distributed.pipelining, torchtitan: once "
+        "per step for plans with pp > 1; pp = 1 plans gather per layer)",
     )
     p.add_argument(
         "--no-reshard-after-forward",
@@ -241,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
         tp_comm_overlap=(False, True) if args.tp_comm_overlap else (False,),
         overlap_param_gather=(False, True) if args.overlap_param_gather else (False,),
         grad_reduce_in_bf16=(False, True) if args.grad_reduce_in_bf16 else (False,),
+        zero3_param_fetch=Zero3ParamFetch(args.zero3_param_fetch),
         use_torch_fsdp2=args.use_torch_fsdp2,
         reshard_after_forward=(True,) if args.reshard_after_forward else (True, False),
         hsdp_shard_gpus=profile.gpus_per_node if args.hsdp else None,

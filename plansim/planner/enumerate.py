@@ -196,6 +196,7 @@ def _knobs(
     dp_cp = dp * layout.cp  # ranks that reduce gradients and shard ZeRO states together
     schedules = _schedules(pp, vpp, gbs // (mbs * dp), space)
     bf16_modes = _bf16_grad_modes(space)  # gradient memory differs: not one group
+    fetch = _fetch(space, pp=pp)
     for zero, dp_sync, opt_dev, param_dev in _zero_modes(space, dp_cp=dp_cp):
         servers = space.ps_servers if dp_sync is DpSync.PARAMETER_SERVER else 0
         shards = dp_shard_options(
@@ -205,7 +206,7 @@ def _knobs(
             dp=dp,
             zero_stage=zero,
             offload=(opt_dev, param_dev),
-            fetch=space.zero3_param_fetch,
+            fetch=fetch,
             only=space.hsdp_only,
         )
         for (recompute, block), shard in product(_recompute_modes(space, chunk=chunk), shards):
@@ -217,7 +218,9 @@ def _knobs(
                 continue  # FlashAttention stores no s x s scores: selective ~ none, but slower
             for sp, tp_overlap in _sp_modes(space, tp=tp):
                 comm = _comm_modes(schedules, space, dp_cp=dp_cp, zero=zero)
-                reshards = _reshard_modes(space, zero=zero, offload=(opt_dev, param_dev))
+                reshards = _reshard_modes(
+                    space, zero=zero, offload=(opt_dev, param_dev), fetch=fetch
+                )
                 for (schedule, modes), bf16_grads, reshard in product(comm, bf16_modes, reshards):
                     yield tuple(
                         ParallelPlan(
@@ -246,7 +249,7 @@ def _knobs(
                             ps_servers=servers,
                             offload_optimizer=opt_dev,
                             offload_param=param_dev,
-                            zero3_param_fetch=space.zero3_param_fetch,
+                            zero3_param_fetch=fetch,
                             use_torch_fsdp2=space.use_torch_fsdp2
                             and zero == 3
                             and opt_dev is param_dev is OffloadDevice.NONE,
@@ -291,12 +294,14 @@ def _zero_modes(
     without offload, then every ZeRO stage of the space with each offload pair of
     ``space.offloads`` the stage allows (``plansim.specs.plan.offload_devices``), ring DP
     only, and also with dp * cp == 1 (ZeRO-Offload on one data-parallel rank is the paper's
-    single-GPU case: Ren et al. USENIX ATC 2021)."""
+    single-GPU case: Ren et al. USENIX ATC 2021); no offload for ZeRO-3 in a ``per-step``
+    search (FSDP2 under ``torch.distributed.pipelining`` has no DeepSpeed offload)."""
     none = OffloadDevice.NONE
     if (none, none) in space.offloads:
         for zero, dp_sync in _sync_modes(space, dp_cp=dp_cp):
             yield zero, dp_sync, none, none
-    per_step = space.zero3_param_fetch is Zero3ParamFetch.PER_STEP  # FSDP2: no offload
+    # a search for FSDP2 under pipelining (torchtitan) has no DeepSpeed offload, pp 1 too
+    per_step = space.zero3_param_fetch is Zero3ParamFetch.PER_STEP
     for zero in space.zero_stages:
         for opt_dev, param_dev in space.offloads:
             opt_ok = opt_dev.value in offload_devices("offload_optimizer", zero)
@@ -306,14 +311,27 @@ def _zero_modes(
                 yield zero, DpSync.RING, opt_dev, param_dev
 
 
+def _fetch(space: SearchSpace, *, pp: int) -> Zero3ParamFetch:
+    """``space.zero3_param_fetch`` for plans of ``pp`` pipeline ranks: ``per-step`` (FSDP2
+    under ``torch.distributed.pipelining``) only with a pipeline; without one FSDP2 gathers
+    layer by layer every micro-batch (``layer-prefetch``)."""
+    if space.zero3_param_fetch is Zero3ParamFetch.PER_STEP and pp == 1:
+        return Zero3ParamFetch.LAYER_PREFETCH
+    return space.zero3_param_fetch
+
+
 def _reshard_modes(
-    space: SearchSpace, *, zero: int, offload: tuple[OffloadDevice, OffloadDevice]
+    space: SearchSpace,
+    *,
+    zero: int,
+    offload: tuple[OffloadDevice, OffloadDevice],
+    fetch: Zero3ParamFetch,
 ) -> tuple[bool, ...]:
-    """``space.reshard_after_forward`` for ZeRO-3 plans that gather per layer without
-    DeepSpeed's offload (PyTorch FSDP's knob, ``ParallelPlan.reshard_after_forward``), else
-    resharding only."""
+    """``space.reshard_after_forward`` for ZeRO-3 plans that gather per layer (``fetch``)
+    without DeepSpeed's offload (PyTorch FSDP's knob, ``ParallelPlan.reshard_after_forward``),
+    else resharding only."""
     none = (OffloadDevice.NONE, OffloadDevice.NONE)
-    fsdp_like = zero == 3 and space.zero3_param_fetch in PER_LAYER_FETCH and offload == none
+    fsdp_like = zero == 3 and fetch in PER_LAYER_FETCH and offload == none
     return space.reshard_after_forward if fsdp_like else (True,)
 
 

@@ -264,14 +264,20 @@ def deepspeed_pp(row: RunRow, zero: int | None, notes: list[str]) -> tuple[int, 
 
 def zero3_fetch(row: RunRow, year: int | None, notes: list[str]) -> Zero3ParamFetch:
     """DeepSpeed runs dated before DEEPSPEED_PREFETCH_YEAR fetch ZeRO-3 parameters one tensor
-    at a time, synchronously (``plansim.analytic.zero3``); torchtitan runs with a stated
-    pp > 1 gather once per step (FSDP2 under ``torch.distributed.pipelining``, sharded with
-    ``reshard_after_forward`` off: ``per-step``); everything else prefetches layers."""
+    at a time, synchronously (``plansim.analytic.zero3``); torchtitan runs whose pp is
+    stated above 1 or searched gather once per step (FSDP2 under
+    ``torch.distributed.pipelining``, sharded with ``reshard_after_forward`` off:
+    ``per-step``, which the search applies to pp > 1 plans only); everything else prefetches
+    layers."""
     deepspeed = "deepspeed" in framework_text(row)
     if deepspeed and year is not None and year < DEEPSPEED_PREFETCH_YEAR:
         notes.append(f"ZeRO-3 per-tensor synchronous gathers (DeepSpeed, run dated {year})")
         return Zero3ParamFetch.PER_TENSOR_SYNC
-    if is_torchtitan(row) and (row.integer("pp") or 1) > 1:
-        notes.append("ZeRO-3 gathered and reduce-scattered once per step (torchtitan with pp)")
+    stated_pp = row.integer("pp")
+    if is_torchtitan(row) and (stated_pp is None or stated_pp > 1):
+        notes.append(
+            "ZeRO-3 gathered and reduce-scattered once per step with pp > 1 (torchtitan: FSDP2 "
+            "under torch.distributed.pipelining)"
+        )
         return Zero3ParamFetch.PER_STEP
     return Zero3ParamFetch.LAYER_PREFETCH

@@ -52,6 +52,8 @@ class SearchSpace:
         precision, attention, gradient_accumulation_fusion, scatter_gather_p2p,
             zero3_param_fetch, use_torch_fsdp2 (ZeRO-3 plans only), bf16_layers ((start,
             end) layers kept in bf16 under fp8 / fp4): fixed for the whole search
+            (``per-step`` for the plans with pp > 1: without a pipeline FSDP2 gathers layer
+            by layer)
             (implementation facts of the framework, not layout choices).
         uneven_pipeline: when the layers do not split evenly over pp * vpp stages, offer
             the uneven split of ``plansim.specs.layer_split.uneven_split_fields`` (Megatron-LM

@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from plansim.planner.evaluate import Evaluation
-from plansim.specs.plan import DpSync, OffloadDevice, ParallelPlan
+from plansim.specs.plan import DpSync, OffloadDevice, ParallelPlan, Zero3ParamFetch
 from plansim.units import bytes_to_gib
 
 
@@ -52,6 +52,8 @@ def plan_row(ev: Evaluation) -> dict[str, Any]:
         row["cp"] = p.cp
     if not p.reshard_after_forward:  # resharding plans keep their columns unchanged
         row["zero3_reshard"] = "backward"
+    if p.zero_stage == 3 and p.zero3_param_fetch is not Zero3ParamFetch.LAYER_PREFETCH:
+        row["zero3_fetch"] = p.zero3_param_fetch.value  # prefetching plans: unchanged
     return row
 
 
@@ -115,7 +117,9 @@ def ranked_table(evaluations: Sequence[Evaluation]) -> pd.DataFrame:
     on fully sharded rows, when some plan uses hybrid sharding, e.g. 'hsdp8'; ``cp``, after
     ``tp``, when some plan uses context parallelism; ``zero3_reshard``, when ZeRO-3
     parameters are released: 'forward' (FSDP's default), 'backward' for plans that keep them
-    gathered until the backward, '' for plans without ZeRO-3)."""
+    gathered until the backward, '' for plans without ZeRO-3; ``zero3_fetch``, when some
+    ZeRO-3 plan does not prefetch per layer: its fetch mode, 'layer-prefetch' for the
+    others, '' for plans without ZeRO-3)."""
     rows = [{"rank": i + 1, **plan_row(ev)} for i, ev in enumerate(evaluations)]
     df = pd.DataFrame(rows)
     if "dp_sync" in df:
@@ -126,12 +130,13 @@ def ranked_table(evaluations: Sequence[Evaluation]) -> pd.DataFrame:
         df["pipeline_split"] = df["pipeline_split"].fillna("even")
     if "zero_shard" in df:
         df["zero_shard"] = df["zero_shard"].fillna("full")
-    if "zero3_reshard" in df:
-        zero3 = df["zero"] == 3
-        df["zero3_reshard"] = df["zero3_reshard"].where(
-            ~zero3 | df["zero3_reshard"].notna(), "forward"
-        )
-        df["zero3_reshard"] = df["zero3_reshard"].fillna("")
+    for column, default in (
+        ("zero3_reshard", "forward"),
+        ("zero3_fetch", Zero3ParamFetch.LAYER_PREFETCH.value),
+    ):
+        if column in df:  # the default on ZeRO-3 rows, blank on the others
+            filled = df[column].where(df[column].notna() | (df["zero"] != 3), default)
+            df[column] = filled.fillna("")
     if "cp" in df:  # next to tp, as Megatron's rank order tp -> cp -> dp -> pp
         cp = df.pop("cp").fillna(1).astype(int)
         df.insert(df.columns.get_loc("tp") + 1, "cp", cp)

@@ -88,7 +88,7 @@ def test_deepspeed_offload_is_refused_with_it() -> None:
     [
         ("torchtitan (2024)", "8", PER_STEP),
         ("torchtitan (2024)", "1", Zero3ParamFetch.LAYER_PREFETCH),
-        ("torchtitan (2024)", "", Zero3ParamFetch.LAYER_PREFETCH),
+        ("torchtitan (2024)", "", PER_STEP),  # pp searched: the search keeps pp 1 per layer
         ("PyTorch FSDP (2023)", "8", Zero3ParamFetch.LAYER_PREFETCH),
     ],
 )
@@ -127,3 +127,20 @@ def test_simulate_refuses_a_fetch_mode_without_zero3(capsys: pytest.CaptureFixtu
     assert "--zero3-param-fetch per-step needs --zero 3 (got --zero 2)" in capsys.readouterr().err
     assert main([*args, "--zero", "3", "--zero3-param-fetch", "per-step"]) == 0
     assert "zero3-per-step" in capsys.readouterr().out
+
+
+def test_a_per_step_search_gathers_per_layer_without_a_pipeline(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from plansim.planner.enumerate import enumerate_plans
+    from plansim.planner.space import SearchSpace
+
+    space = SearchSpace(zero_stages=(3,), zero3_param_fetch=PER_STEP)
+    plans = list(enumerate_plans(num_gpus=8, global_batch_size=16, space=space, num_layers=24))
+    fetch = {p.pp > 1: p.zero3_param_fetch for p in plans}
+    assert fetch == {False: Zero3ParamFetch.LAYER_PREFETCH, True: PER_STEP}
+    args = ["plan", "--model", "megatron-1.7b", "--gpu", "a100-sxm4-80gb", "--gpus", "8"]
+    args += ["--gbs", "16", "--zero", "3", "--pp", "1,2", "--top", "40"]
+    assert main([*args, "--zero3-param-fetch", "per-step"]) == 0
+    out = capsys.readouterr().out
+    assert "zero3_fetch" in out and "per-step" in out and "layer-prefetch" in out
