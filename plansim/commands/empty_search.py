@@ -29,7 +29,7 @@ class Constraint:
     attribute: str
 
 
-#: The constraint flags of ``plansim plan`` (``commands.plan.add_constraint_args``, --cp,
+#: The constraint flags of ``plansim plan`` (``commands.plan_space.add_constraint_args``, --cp,
 #: --dp-sync), in the order they are reported.
 CONSTRAINTS = (
     Constraint("tp", "tp", "tp"),

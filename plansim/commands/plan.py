@@ -5,23 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
-from plansim.analytic.offload import offload_choices
 from plansim.analytic.sustained import sustained_pace_fraction
 from plansim.commands.common import (
     add_bf16_layer_args,
     add_dp_sync_args,
     add_model_args,
-    bf16_layers_from_args,
-    choice_list_arg,
-    dp_syncs_from_args,
-    int_list_arg,
     resolve,
 )
 from plansim.commands.empty_search import empty_search_lines
+from plansim.commands.plan_space import add_constraint_args, search_spaces
 from plansim.errors import SpecError, require_positive_int
 from plansim.io.outputs import check_writable
 from plansim.planner.parallel import default_jobs
@@ -33,10 +27,6 @@ from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import (
     AttentionKernel,
-    DpSync,
-    Precision,
-    Recompute,
-    Schedule,
     Zero3ParamFetch,
 )
 from plansim.units import bytes_to_gib
@@ -161,66 +151,6 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-#: Search constraints: flag -> (SearchSpace field, what it fixes).
-_INT_CONSTRAINTS = {
-    "tp": ("tp", "tensor-parallel sizes"),
-    "pp": ("pp", "pipeline-parallel sizes"),
-    "dp": ("dp", "data-parallel sizes"),
-    "vpp": ("vpps", "virtual pipeline sizes (1: no interleaving)"),
-    "mbs": ("micro_batch_size", "micro-batch sizes"),
-}
-
-
-def add_constraint_args(p: argparse.ArgumentParser) -> None:
-    """--tp, --pp, --dp, --vpp, --mbs, --zero, --recompute, --schedule: restrict the search
-    to the listed values (comma-separated; default: every value)."""
-    for flag, (_, what) in _INT_CONSTRAINTS.items():
-        p.add_argument(
-            f"--{flag}", metavar="LIST", help=f"only these {what}, comma-separated (default: all)"
-        )
-    p.add_argument("--zero", metavar="LIST", help="only these ZeRO stages (0-3), comma-separated")
-    p.add_argument(
-        "--recompute",
-        metavar="LIST",
-        help="only these recompute modes (none, selective, full, selective-op), comma-separated",
-    )
-    p.add_argument(
-        "--schedule",
-        metavar="LIST",
-        help="only these pipeline schedules (gpipe, 1f1b, interleaved-1f1b, zb-h1), "
-        "comma-separated",
-    )
-
-
-def constrained_space(space: SearchSpace, args: argparse.Namespace) -> SearchSpace:
-    """``space`` restricted by the constraint flags that were given (and with torchtitan's
-    per-op selective recompute added under ``--recompute-selective-op``).
-
-    Raises:
-        SpecError: a flag's list has a value outside its allowed ones.
-    """
-    changes: dict[str, Any] = {}
-    for flag, (field_name, _) in _INT_CONSTRAINTS.items():
-        text = getattr(args, flag)
-        if text is not None:
-            changes[field_name] = int_list_arg(f"--{flag}", text)
-    if args.zero is not None:
-        stages = choice_list_arg("--zero", args.zero, ("0", "1", "2", "3"))
-        changes["zero_stages"] = tuple(sorted(int(z) for z in stages))
-    recomputes = space.recomputes
-    if args.recompute is not None:
-        modes = choice_list_arg("--recompute", args.recompute, tuple(r.value for r in Recompute))
-        recomputes = tuple(Recompute(m) for m in modes)
-    if args.recompute_selective_op and Recompute.SELECTIVE_OP not in recomputes:
-        recomputes += (Recompute.SELECTIVE_OP,)  # the flag adds it to the list or the default
-    if recomputes != space.recomputes:
-        changes["recomputes"] = recomputes
-    if args.schedule is not None:
-        names = choice_list_arg("--schedule", args.schedule, tuple(s.value for s in Schedule))
-        changes["schedules"] = tuple(Schedule(n) for n in names)
-    return replace(space, **changes)
-
-
 def resolve_jobs(jobs: int | None) -> int:
     """--jobs, or every core this process may use when not given."""
     if jobs is None:
@@ -240,51 +170,7 @@ def run(args: argparse.Namespace) -> int:
     jobs = resolve_jobs(args.jobs)
     plot = check_writable(args.plot, label="--plot") if args.plot else None
     model, profile = resolve(args)
-    cps = int_list_arg("--cp", args.cp)
-    if max(cps) > 1 and args.attention != AttentionKernel.FLASH.value:
-        raise SpecError(
-            f"--cp {args.cp} needs --attention {AttentionKernel.FLASH.value} (got "
-            f"{args.attention}): context parallelism exchanges key/value blocks between the "
-            f"ranks of a fused ring-attention kernel"
-        )
-    space = SearchSpace(
-        cp=cps,
-        precision=Precision(args.precision),
-        attention=AttentionKernel(args.attention),
-        dp_syncs=dp_syncs_from_args(args),
-        ps_servers=args.ps_servers,
-        offloads=offload_choices(profile),
-        tp_comm_overlap=(False, True) if args.tp_comm_overlap else (False,),
-        overlap_param_gather=(False, True) if args.overlap_param_gather else (False,),
-        grad_reduce_in_bf16=(False, True) if args.grad_reduce_in_bf16 else (False,),
-        zero3_param_fetch=Zero3ParamFetch(args.zero3_param_fetch),
-        use_torch_fsdp2=args.use_torch_fsdp2,
-        reshard_after_forward=(True,) if args.reshard_after_forward else (True, False),
-        hsdp_shard_gpus=profile.gpus_per_node if args.hsdp else None,
-        bf16_layers=bf16_layers_from_args(args),
-    )
-    unconstrained, space = space, constrained_space(space, args)
-    if Recompute.SELECTIVE_OP in space.recomputes and args.attention != AttentionKernel.FLASH.value:
-        flag = (
-            "--recompute-selective-op"
-            if args.recompute_selective_op
-            else "--recompute selective-op"
-        )
-        raise SpecError(
-            f"{flag} needs --attention {AttentionKernel.FLASH.value} "
-            f"(got {args.attention}): torchtitan's per-op policy saves the fused attention "
-            f"kernel's output"
-        )
-    if sum(space.bf16_layers) > model.num_layers:
-        start, end = space.bf16_layers
-        raise SpecError(
-            f"--num-layers-at-start-in-bf16({start}) + --num-layers-at-end-in-bf16({end}) > "
-            f"{model.name}'s {model.num_layers} layers"
-        )
-    if any(space.bf16_layers) and space.precision not in (Precision.FP8, Precision.FP4):
-        raise SpecError(
-            f"--first-last-layers-bf16 needs --precision fp8 or fp4 (got {args.precision})"
-        )
+    unconstrained, space = search_spaces(args, model, profile)
     result = search(
         model,
         profile,
@@ -301,28 +187,54 @@ def run(args: argparse.Namespace) -> int:
         _write_pareto(plot, result, args=args, model=model, profile=profile)
     out = sys.stdout
     if args.format == "json":
-        doc = {
-            "model": model.name,
-            "profile": profile.name,
-            "num_gpus": args.gpus,
-            "global_batch_size": args.gbs,
-            "gemm_pace_fraction": sustained_pace_fraction(profile, args.gpus),
-            "plans": [evaluation_dict(ev) for ev in result.ranked[: args.top]],
-            "num_candidates": result.num_candidates,
-            "num_feasible": result.num_feasible,
-            "num_simulated": result.num_simulated,
-            "num_not_simulated": result.num_not_simulated,
-            "rejections": result.rejection_counts,
-            "rejection_examples": result.rejection_examples,
-            "batch_indivisible_dps": list(result.batch_indivisible_dps),
-        }
-        out.write(json.dumps(doc, indent=2) + "\n")
+        out.write(json.dumps(_json_doc(args, model, profile, result), indent=2) + "\n")
         return 0
     table = ranked_table(result.ranked[: args.top])
     if args.format == "csv":
         out.write(render(table, "csv"))
         return 0
-    out.write(
+    out.write(_heading(args, model, profile, space))
+    out.write(render(table, "table") if len(table) else "no feasible plan\n")
+    out.write(_summary(result, global_batch_size=args.gbs))
+    if result.num_candidates == 0:
+        lines = empty_search_lines(
+            args,
+            space,
+            unconstrained,
+            num_gpus=args.gpus,
+            global_batch_size=args.gbs,
+            num_layers=model.num_layers,
+        )
+        out.write("".join(line + "\n" for line in lines))
+    return 0
+
+
+def _json_doc(
+    args: argparse.Namespace, model: ModelSpec, profile: HardwareProfile, result: SearchResult
+) -> dict[str, object]:
+    """The ``--format json`` document: the job, the top plans, the search's counts."""
+    return {
+        "model": model.name,
+        "profile": profile.name,
+        "num_gpus": args.gpus,
+        "global_batch_size": args.gbs,
+        "gemm_pace_fraction": sustained_pace_fraction(profile, args.gpus),
+        "plans": [evaluation_dict(ev) for ev in result.ranked[: args.top]],
+        "num_candidates": result.num_candidates,
+        "num_feasible": result.num_feasible,
+        "num_simulated": result.num_simulated,
+        "num_not_simulated": result.num_not_simulated,
+        "rejections": result.rejection_counts,
+        "rejection_examples": result.rejection_examples,
+        "batch_indivisible_dps": list(result.batch_indivisible_dps),
+    }
+
+
+def _heading(
+    args: argparse.Namespace, model: ModelSpec, profile: HardwareProfile, space: SearchSpace
+) -> str:
+    """The table's first line: the job, its precision, the GPU's memory and GEMM pace."""
+    return (
         f"{model.name} on {args.gpus} x {profile.name}, global batch {args.gbs} x "
         f"{model.seq_length} tokens, {args.precision}{_bf16_clause(space.bf16_layers)}"
         f"{'' if args.attention == 'flash' else f', {args.attention} attention'}; HBM "
@@ -330,23 +242,6 @@ def run(args: argparse.Namespace) -> int:
         f"{bytes_to_gib(profile.memory_reserve_bytes):.1f} of it reserved"
         f"{_pace_clause(profile, args.gpus)}\n\n"
     )
-    out.write(render(table, "table") if len(table) else "no feasible plan\n")
-    out.write(_summary(result, global_batch_size=args.gbs))
-    if result.num_candidates == 0:
-        # --cp set the base space: without it, every context-parallel size where ring
-        # attention applies (--dp-sync too: without it, ring)
-        every_cp = None if args.attention == AttentionKernel.FLASH.value else (1,)
-        every_cp = space.cp if args.cp == "1" else every_cp
-        lines = empty_search_lines(
-            args,
-            space,
-            replace(unconstrained, cp=every_cp, dp_syncs=(DpSync.RING,)),
-            num_gpus=args.gpus,
-            global_batch_size=args.gbs,
-            num_layers=model.num_layers,
-        )
-        out.write("".join(line + "\n" for line in lines))
-    return 0
 
 
 def _bf16_clause(bf16_layers: tuple[int, int]) -> str:

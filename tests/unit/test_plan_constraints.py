@@ -11,7 +11,7 @@ import io
 import pytest
 
 from plansim.cli import main
-from plansim.commands.plan import add_constraint_args, constrained_space
+from plansim.commands.plan_space import add_constraint_args, constrained_space
 from plansim.planner.space import SearchSpace
 from plansim.specs.plan import Recompute
 

@@ -1,0 +1,158 @@
+"""The search space of ``plansim plan`` from its flags: the knobs it tries and the constraint
+flags that restrict them (``--tp``, ``--pp``, ``--dp``, ``--vpp``, ``--mbs``, ``--zero``,
+``--recompute``, ``--schedule``)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from typing import Any
+
+from plansim.analytic.offload import offload_choices
+from plansim.commands.common import (
+    bf16_layers_from_args,
+    choice_list_arg,
+    dp_syncs_from_args,
+    int_list_arg,
+)
+from plansim.errors import SpecError
+from plansim.planner.space import SearchSpace
+from plansim.specs.hardware import HardwareProfile
+from plansim.specs.model import ModelSpec
+from plansim.specs.plan import (
+    AttentionKernel,
+    DpSync,
+    Precision,
+    Recompute,
+    Schedule,
+    Zero3ParamFetch,
+)
+
+#: Search constraints: flag -> (SearchSpace field, what it fixes).
+_INT_CONSTRAINTS = {
+    "tp": ("tp", "tensor-parallel sizes"),
+    "pp": ("pp", "pipeline-parallel sizes"),
+    "dp": ("dp", "data-parallel sizes"),
+    "vpp": ("vpps", "virtual pipeline sizes (1: no interleaving)"),
+    "mbs": ("micro_batch_size", "micro-batch sizes"),
+}
+
+
+def add_constraint_args(p: argparse.ArgumentParser) -> None:
+    """--tp, --pp, --dp, --vpp, --mbs, --zero, --recompute, --schedule: restrict the search
+    to the listed values (comma-separated; default: every value)."""
+    for flag, (_, what) in _INT_CONSTRAINTS.items():
+        p.add_argument(
+            f"--{flag}", metavar="LIST", help=f"only these {what}, comma-separated (default: all)"
+        )
+    p.add_argument("--zero", metavar="LIST", help="only these ZeRO stages (0-3), comma-separated")
+    p.add_argument(
+        "--recompute",
+        metavar="LIST",
+        help="only these recompute modes (none, selective, full, selective-op), comma-separated",
+    )
+    p.add_argument(
+        "--schedule",
+        metavar="LIST",
+        help="only these pipeline schedules (gpipe, 1f1b, interleaved-1f1b, zb-h1), "
+        "comma-separated",
+    )
+
+
+def constrained_space(space: SearchSpace, args: argparse.Namespace) -> SearchSpace:
+    """``space`` restricted by the constraint flags that were given (and with torchtitan's
+    per-op selective recompute added under ``--recompute-selective-op``).
+
+    Raises:
+        SpecError: a flag's list has a value outside its allowed ones.
+    """
+    changes: dict[str, Any] = {}
+    for flag, (field_name, _) in _INT_CONSTRAINTS.items():
+        text = getattr(args, flag)
+        if text is not None:
+            changes[field_name] = int_list_arg(f"--{flag}", text)
+    if args.zero is not None:
+        stages = choice_list_arg("--zero", args.zero, ("0", "1", "2", "3"))
+        changes["zero_stages"] = tuple(sorted(int(z) for z in stages))
+    recomputes = space.recomputes
+    if args.recompute is not None:
+        modes = choice_list_arg("--recompute", args.recompute, tuple(r.value for r in Recompute))
+        recomputes = tuple(Recompute(m) for m in modes)
+    if args.recompute_selective_op and Recompute.SELECTIVE_OP not in recomputes:
+        recomputes += (Recompute.SELECTIVE_OP,)  # the flag adds it to the list or the default
+    if recomputes != space.recomputes:
+        changes["recomputes"] = recomputes
+    if args.schedule is not None:
+        names = choice_list_arg("--schedule", args.schedule, tuple(s.value for s in Schedule))
+        changes["schedules"] = tuple(Schedule(n) for n in names)
+    return replace(space, **changes)
+
+
+def search_spaces(
+    args: argparse.Namespace, model: ModelSpec, profile: HardwareProfile
+) -> tuple[SearchSpace, SearchSpace]:
+    """(the search without its constraint flags, the search with them) for ``plansim plan``'s
+    ``args``: the first says, when the second enumerates nothing, what each constraint left
+    out (``plansim.commands.empty_search``); it has every context-parallel size where ring
+    attention applies unless ``--cp`` was left at 1, and ring DP sync.
+
+    Raises:
+        SpecError: a flag's value is outside its allowed ones, or flags contradict each other
+            (``--cp`` above 1 without flash attention, :func:`_check_flags`).
+    """
+    cps = int_list_arg("--cp", args.cp)
+    if max(cps) > 1 and args.attention != AttentionKernel.FLASH.value:
+        raise SpecError(
+            f"--cp {args.cp} needs --attention {AttentionKernel.FLASH.value} (got "
+            f"{args.attention}): context parallelism exchanges key/value blocks between the "
+            f"ranks of a fused ring-attention kernel"
+        )
+    base = SearchSpace(
+        cp=cps,
+        precision=Precision(args.precision),
+        attention=AttentionKernel(args.attention),
+        dp_syncs=dp_syncs_from_args(args),
+        ps_servers=args.ps_servers,
+        offloads=offload_choices(profile),
+        tp_comm_overlap=(False, True) if args.tp_comm_overlap else (False,),
+        overlap_param_gather=(False, True) if args.overlap_param_gather else (False,),
+        grad_reduce_in_bf16=(False, True) if args.grad_reduce_in_bf16 else (False,),
+        zero3_param_fetch=Zero3ParamFetch(args.zero3_param_fetch),
+        use_torch_fsdp2=args.use_torch_fsdp2,
+        reshard_after_forward=(True,) if args.reshard_after_forward else (True, False),
+        hsdp_shard_gpus=profile.gpus_per_node if args.hsdp else None,
+        bf16_layers=bf16_layers_from_args(args),
+    )
+    space = constrained_space(base, args)
+    _check_flags(args, model, space)
+    every_cp = None if args.attention == AttentionKernel.FLASH.value else (1,)
+    unconstrained = replace(
+        base, cp=base.cp if args.cp == "1" else every_cp, dp_syncs=(DpSync.RING,)
+    )
+    return unconstrained, space
+
+
+def _check_flags(args: argparse.Namespace, model: ModelSpec, space: SearchSpace) -> None:
+    """Raise SpecError for per-op selective recompute without flash attention, and for bf16
+    edge layers beyond the model's layers or without fp8 / fp4."""
+    if Recompute.SELECTIVE_OP in space.recomputes and args.attention != AttentionKernel.FLASH.value:
+        flag = (
+            "--recompute-selective-op"
+            if args.recompute_selective_op
+            else "--recompute selective-op"
+        )
+        raise SpecError(
+            f"{flag} needs --attention {AttentionKernel.FLASH.value} "
+            f"(got {args.attention}): torchtitan's per-op policy saves the fused attention "
+            f"kernel's output"
+        )
+    if sum(space.bf16_layers) > model.num_layers:
+        start, end = space.bf16_layers
+        raise SpecError(
+            f"--num-layers-at-start-in-bf16({start}) + --num-layers-at-end-in-bf16({end}) > "
+            f"{model.name}'s {model.num_layers} layers"
+        )
+    if any(space.bf16_layers) and space.precision not in (Precision.FP8, Precision.FP4):
+        raise SpecError(
+            f"--first-last-layers-bf16 needs --precision fp8 or fp4 (got {args.precision})"
+        )
