@@ -3,11 +3,10 @@
 Published runs name GPUs in many ways ("A100-SXM4-80GB", "A100 SXM4 80GB", "H100 SXM5",
 "GB200 NVL72", "NVIDIA B200"). :func:`match_profile_name` lower-cases the text, splits it
 into tokens at spaces, dashes, underscores and slashes, drops brand words ("nvidia", "amd",
-"instinct"),
-and takes the one profile name whose tokens cover all of them, a word token also covering a
-longer token it begins ("h100 sxm" -> ``h100-sxm5-80gb``: "sxm" covers "sxm5"). Text that
-fits several profiles ("a100": 40 and 80 GB) or none ("h100 pcie": no PCIe profile is
-shipped; "h100 80gb hbm2e": the PCIe card's memory) is not guessed: the error says which.
+"instinct") and takes the one profile name whose tokens cover all of them, a word token also
+covering a longer token it begins ("h100 sxm" -> ``h100-sxm5-80gb``: "sxm" covers "sxm5").
+Text that fits several profiles ("a100": 40 and 80 GB) or none ("h100 pcie": no PCIe profile
+is shipped; "h100 80gb hbm2e": the PCIe card's memory) is not guessed: the error says which.
 """
 
 from __future__ import annotations
@@ -18,8 +17,6 @@ from collections.abc import Iterable
 from plansim.errors import UnknownNameError
 
 _SPLIT = re.compile(r"[\s_/\-]+")
-
-
 #: Words that name the vendor or the product line, not the part.
 _VENDORS = frozenset({"nvidia", "amd", "instinct"})
 
