@@ -7,34 +7,28 @@ the GPU, this module says what the host then holds and what the step moves.
 
 **Optimizer step** (ZeRO-Offload, Ren et al. USENIX ATC 2021 §4.1-4.2; one step, in order,
 replacing the GPU's fused Adam): the gradients are reduced as without offload (ZeRO-1
-reduce-scatter once per step, ZeRO-2/3 per micro-batch), then the rank's reduced gradient
-shard is cast to fp32 on the GPU and copied device -> host over PCIe (``offload_d2h``,
-:data:`BOUNDARY_GRAD_BYTES` = 4 bytes per parameter of the local shard: DeepSpeed's
-``async_inplace_copy_grad_to_fp32_buffer_from_gpu``, ``src_tensor.float()`` then the copy,
-in ``stage_1_and_2.py``; stage 3's ``_offload_grad_partition_at_boundary``,
-``grad_buffer.to(dtype=master_weights_and_grads_dtype)`` then the copy), the host CPU runs
+reduce-scatter once per step, ZeRO-2/3 per micro-batch); the rank's reduced gradient shard is
+cast to fp32 on the GPU and copied device -> host (``offload_d2h``,
+:data:`BOUNDARY_GRAD_BYTES` = 4 bytes per parameter: DeepSpeed's
+``async_inplace_copy_grad_to_fp32_buffer_from_gpu`` in ``stage_1_and_2.py``, stage 3's
+``_offload_grad_partition_at_boundary``; the paper's volume, §3, counts 2); the host CPU runs
 Adam on the fp32 master weights (``cpu_adam``: local parameters / the profile's
-``host.adam_params_per_s``), and the updated 16-bit parameters are copied back host ->
-device (``offload_h2d``, 2 bytes per parameter), then all-gathered (ZeRO-1/2) as without
-offload. (The paper's CPU <-> GPU volume is 2M + 2M bytes per step for M 16-bit parameters,
-§3; the released code moves the gradients in fp32.) With ``nvme`` (ZeRO-Infinity,
-Rajbhandari et al. SC21 §5) the fp32 master weights and Adam m, v (12 bytes per parameter)
-live on NVMe: CPU Adam reads them first (``nvme_read``) and writes them back after
-(``nvme_write``).
+``host.adam_params_per_s``); the updated 16-bit parameters come back host -> device
+(``offload_h2d``, 2 bytes per parameter) and are all-gathered (ZeRO-1/2) as without offload.
+With ``nvme`` (ZeRO-Infinity, Rajbhandari et al. SC21 §5) the fp32 master weights and Adam m,
+v (12 bytes per parameter) live on NVMe: CPU Adam reads them first (``nvme_read``) and
+writes them back after (``nvme_write``).
 
 **Gradient accumulation through the host** (:func:`with_host_grad_accumulation`): with the
-optimizer offloaded, DeepSpeed keeps the accumulating gradient shard in host memory, not on
-the GPU. Stage 3 (``partition_grads`` in ``stage3.py``; its gradient partitions are a pinned
-host buffer when the optimizer is offloaded, ``self.device`` = cpu) copies every
-micro-batch's reduced shard into it (micro-batch 0) or brings the buffer to the GPU, adds,
-and copies it back ("adding directly to cpu is very slow"), and in both cases keeps a GPU
-copy for the boundary: one 16-bit copy each way per micro-batch. Stage 2
-(``async_accumulate_grad_in_cpu_via_gpu`` in ``stage_1_and_2.py``, with gradient
-accumulation) brings the host buffer to the GPU and adds for every micro-batch but the first,
-and copies the sum to the host for every micro-batch but the last: m - 1 copies each way per
-step, priced as (m - 1) / m of a copy each way after each micro-batch's reduce-scatter. Stage
-1 reduces once per step and accumulates on the GPU. The 16-bit host buffer is one of the
-pinned buffers :func:`host_bytes_per_gpu` leaves out.
+optimizer offloaded, DeepSpeed accumulates the gradient shard in host memory. Stage 3
+(``partition_grads`` in ``stage3.py``: its gradient partitions are a pinned host buffer,
+``self.device`` = cpu) copies each micro-batch's reduced shard there, or brings the buffer to
+the GPU, adds and copies it back ("adding directly to cpu is very slow"), keeping a GPU copy:
+one 16-bit copy each way per micro-batch. Stage 2 (``async_accumulate_grad_in_cpu_via_gpu``
+in ``stage_1_and_2.py``) brings the buffer to the GPU for every micro-batch but the first and
+copies the sum back for every one but the last: m - 1 copies each way per step, priced as
+(m - 1) / m of one after each micro-batch's reduce-scatter. Stage 1 accumulates on the GPU.
+The 16-bit host buffer is one of the pinned buffers :func:`host_bytes_per_gpu` leaves out.
 
 **Parameter offload** (stage 3, ZeRO-Infinity §5): the 16-bit parameter shard of a stage
 is copied host -> device (``offload_h2d``; from NVMe first with ``nvme``, ``nvme_read``)
@@ -63,6 +57,7 @@ delayed parameter update of ZeRO-Offload (DPU, §4.3) is out of scope.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from plansim.analytic.grad_buckets import stage_parameters as stage_param_counts
@@ -329,18 +324,15 @@ def with_host_grad_accumulation(
     if per_param == 0.0:
         return stages
     split = plan.schedule is Schedule.ZB_H1
-    done: dict[int, StageWork] = {}
-    out = []
-    for s, st in enumerate(stages):
-        if id(st) not in done:
-            shard = stage_parameters(model, plan, stage=s) / dp_cp_size(plan) * per_param
-            copies = (_copy("offload_d2h", shard, profile), _copy("offload_h2d", shard, profile))
-            if split:
-                done[id(st)] = replace(st, backward_weight=st.backward_weight + copies)
-            else:
-                done[id(st)] = replace(st, backward=st.backward + copies)
-        out.append(done[id(st)])
-    return out
+
+    def accumulate(s: int, st: StageWork) -> StageWork:
+        shard = stage_parameters(model, plan, stage=s) / dp_cp_size(plan) * per_param
+        copies = (_copy("offload_d2h", shard, profile), _copy("offload_h2d", shard, profile))
+        if split:
+            return replace(st, backward_weight=st.backward_weight + copies)
+        return replace(st, backward=st.backward + copies)
+
+    return _rewrite_stages(stages, accumulate)
 
 
 def param_fetch_segments(
@@ -383,16 +375,28 @@ def with_param_fetch(
     """
     if plan.offload_param is OffloadDevice.NONE:
         return stages
+
+    def fetch_first(s: int, st: StageWork) -> StageWork:
+        fetch = param_fetch_segments(model, plan, profile, stage=s)
+        return replace(
+            st,
+            forward=fetch + st.forward,
+            backward=fetch + st.backward,
+            backward_input=fetch + st.backward_input,
+        )
+
+    return _rewrite_stages(stages, fetch_first)
+
+
+def _rewrite_stages(
+    stages: list[StageWork], rewrite: Callable[[int, StageWork], StageWork]
+) -> list[StageWork]:
+    """``rewrite(s, stage)`` of each stage, called once per distinct stage object (with the
+    index where it first appears), so stages that were one object stay one."""
     done: dict[int, StageWork] = {}
     out = []
     for s, st in enumerate(stages):
         if id(st) not in done:
-            fetch = param_fetch_segments(model, plan, profile, stage=s)
-            done[id(st)] = replace(
-                st,
-                forward=fetch + st.forward,
-                backward=fetch + st.backward,
-                backward_input=fetch + st.backward_input,
-            )
+            done[id(st)] = rewrite(s, st)
         out.append(done[id(st)])
     return out
