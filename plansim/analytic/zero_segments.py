@@ -160,8 +160,9 @@ def with_per_step_traffic(
     profile whose host and device are one processor (``host_overhead.serial``: a CPU device)
     nothing runs ahead of the thread that computes, so every gather is waited for."""
     counts = stage_layer_counts(model.num_layers, plan)
-    serial = profile.host_overhead is not None and profile.host_overhead.serial
-    fwd_c = 0.0 if serial else layer.forward_s + layer.tp_forward_s + layer.cp_forward_s
+    fwd_c = (
+        0.0 if profile.serial_host else layer.forward_s + layer.tp_forward_s + layer.cp_forward_s
+    )
     slowdown = profile.overlap_compute_slowdown_fraction
     out = []
     for r, rank in enumerate(ranks):

@@ -330,6 +330,12 @@ class HardwareProfile:
                 )
 
     @property
+    def serial_host(self) -> bool:
+        """True when host and device are one processor (``host_overhead.serial``: a CPU
+        device), so nothing runs ahead of the thread that computes."""
+        return self.host_overhead is not None and self.host_overhead.serial
+
+    @property
     def usable_memory_bytes(self) -> float:
         """HBM capacity less the reserve: what the model's tensors may use."""
         return self.hbm_capacity_bytes - self.memory_reserve_bytes

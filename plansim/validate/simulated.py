@@ -69,11 +69,10 @@ def run_plan(plan: ParallelPlan, profile: HardwareProfile, *, dtype: str) -> Par
             f"profile {profile.name} has no matmul data for the run's dtype {dtype!r}; "
             f"has: {', '.join(profile.dtypes())}"
         )
-    serial = profile.host_overhead is not None and profile.host_overhead.serial
+    per_step = runs_per_step(plan)
+    plan = executed_zero_plan(plan)
+    serial = profile.serial_host and not per_step
     fetch = Zero3ParamFetch.LAYER_SYNC if serial else plan.zero3_param_fetch
-    if plan.zero_stage == 2 or runs_per_step(plan):
-        plan = executed_zero_plan(plan)
-        fetch = plan.zero3_param_fetch if runs_per_step(plan) else fetch
     return dataclasses.replace(
         plan,
         precision=precision,
