@@ -34,12 +34,20 @@ def _covers(name_tokens: frozenset[str], wanted: frozenset[str]) -> bool:
     )
 
 
+class AmbiguousProfileError(UnknownNameError):
+    """Text that several shipped profile names cover (``candidates``)."""
+
+    def __init__(self, text: str, candidates: list[str], known: Iterable[str]) -> None:
+        super().__init__(f"hardware profile (ambiguous: {', '.join(candidates)})", text, known)
+        self.candidates = candidates
+
+
 def match_profile_name(text: str, known: Iterable[str]) -> str:
     """The name in ``known`` that ``text`` designates (module docstring).
 
     Raises:
-        UnknownNameError: no name, or more than one, holds every token of ``text``; the
-            message lists the candidates when there are several.
+        UnknownNameError: no name holds every token of ``text``.
+        AmbiguousProfileError: more than one does (they are its ``candidates``).
     """
     names = sorted(known)
     wanted = _tokens(text)
@@ -52,5 +60,5 @@ def match_profile_name(text: str, known: Iterable[str]) -> str:
     if len(fits) == 1:
         return fits[0]
     if fits:
-        raise UnknownNameError(f"hardware profile (ambiguous: {', '.join(fits)})", text, names)
+        raise AmbiguousProfileError(text, fits, names)
     raise UnknownNameError("hardware profile", text, names)

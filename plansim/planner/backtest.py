@@ -24,8 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from plansim.errors import PlansimError, UnknownNameError
-from plansim.io.profile_names import match_profile_name
+from plansim.errors import PlansimError
+from plansim.io.profile_names import AmbiguousProfileError, match_profile_name
 from plansim.io.profiles import list_profiles, load_profile
 from plansim.io.runs import RunRow
 from plansim.planner.evaluate import OUT_OF_MEMORY, Rejected
@@ -152,9 +152,10 @@ def _row_profile(row: RunRow, notes: list[str]) -> HardwareProfile:
         if name != gpu:
             notes.append(f"gpu_type {gpu!r} read as {name}")
         return load_profile(name)
-    except UnknownNameError as exc:
-        why = f" ({exc.kind.split('(', 1)[1]}" if "(" in exc.kind else ""
-        raise Skip(f"unknown hardware profile {gpu!r}{why}") from None
+    except AmbiguousProfileError as exc:
+        raise Skip(
+            f"unknown hardware profile {gpu!r} (ambiguous: {', '.join(exc.candidates)})"
+        ) from None
     except PlansimError:
         raise Skip(f"unknown hardware profile {gpu!r}") from None
 
