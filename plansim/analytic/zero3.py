@@ -223,9 +223,7 @@ def gathered_bytes(
     if plan.zero3_param_fetch is Zero3ParamFetch.PER_TENSOR_SYNC:
         edges = edge_param_tensors(model, plan, first=rank == 0, last=rank == plan.pp - 1)
         return 2 * max(layer_param_tensors(model, plan) + edges) * param_bytes
-    counts = count_parameters(model)
-    layer = (counts.attention_per_layer + counts.mlp_per_layer) / plan.tp
-    return 2 * layer * param_bytes
+    return 2 * _layer_weights(model, plan) * param_bytes
 
 
 def unsharded_grad_bytes(model: ModelSpec, plan: ParallelPlan, *, grad_bytes: float) -> float:
@@ -235,9 +233,14 @@ def unsharded_grad_bytes(model: ModelSpec, plan: ParallelPlan, *, grad_bytes: fl
     dp * cp > 1 (nothing to reduce-scatter otherwise)."""
     if plan.zero_stage != 2 or dp_cp_size(plan) == 1:
         return 0.0
+    return 2 * _layer_weights(model, plan) * grad_bytes
+
+
+def _layer_weights(model: ModelSpec, plan: ParallelPlan) -> float:
+    """Attention and MLP parameters of one layer on one TP rank (the two-layer working set
+    of :func:`gathered_bytes` and :func:`unsharded_grad_bytes` counts these)."""
     counts = count_parameters(model)
-    layer = (counts.attention_per_layer + counts.mlp_per_layer) / plan.tp
-    return 2 * layer * grad_bytes
+    return (counts.attention_per_layer + counts.mlp_per_layer) / plan.tp
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

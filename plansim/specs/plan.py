@@ -30,6 +30,7 @@ from plansim.specs.plan_enums import (
     Zero3ParamFetch,
     parse_enum,
 )
+from plansim.specs.plan_label import plan_label
 
 __all__ = [
     "AttentionKernel",
@@ -357,55 +358,6 @@ class ParallelPlan:
         return self.pp * self.vpp
 
     def label(self) -> str:
-        """Compact one-line description, e.g. 'tp8 pp16 dp8 mbs1 zero1 selective sp 1f1b' or
-        'tp8 pp8 dp1 vpp3 mbs1 zero0 full interleaved-1f1b' (vpp shown when > 1); a
-        parameter server adds 'ps' (colocated) or 'ps4' (4 dedicated servers)."""
-        parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
-        if self.cp > 1:
-            parts.append(f"cp{self.cp}")
-        if self.vpp > 1:
-            parts.append(f"vpp{self.vpp}")
-        parts += [f"mbs{self.micro_batch_size}", f"zero{self.zero_stage}", self.recompute_label]
-        if self.sequence_parallel:
-            parts.append("sp-overlap" if self.tp_comm_overlap else "sp")
-        parts.append(self.schedule.value)
-        if self.overlap_p2p_comm:
-            parts.append("overlap-p2p")
-        if self.overlap_grad_reduce:
-            parts.append("overlap-grad")
-        if self.overlap_param_gather:
-            parts.append("overlap-param")
-        if not self.gradient_accumulation_fusion:
-            parts.append("unfused-grad-acc")
-        if self.grad_reduce_in_bf16:
-            parts.append("bf16-grads")
-        if self.pp > 1 and self.tp > 1 and not (self.scatter_gather_p2p or self.sequence_parallel):
-            parts.append("full-p2p")
-        if self.attention.label:
-            parts.append(self.attention.label)
-        if self.dp_sync is DpSync.PARAMETER_SERVER:
-            parts.append(f"ps{self.ps_servers or ''}")
-        if self.offload_optimizer is not OffloadDevice.NONE:
-            parts.append(f"offload-opt-{self.offload_optimizer.value}")
-        if self.offload_param is not OffloadDevice.NONE:
-            parts.append(f"offload-param-{self.offload_param.value}")
-        if self.zero_stage == 3 and self.zero3_param_fetch is not Zero3ParamFetch.LAYER_PREFETCH:
-            parts.append(f"zero3-{self.zero3_param_fetch.value}")
-        if self.use_torch_fsdp2:
-            parts.append("torch-fsdp")
-        if not self.reshard_after_forward:
-            parts.append("no-reshard")
-        if self.dp_shard is not None:  # HSDP, or a partial distributed optimizer
-            parts.append(f"{'hsdp' if self.zero_stage == 3 else 'shard'}{self.dp_shard}")
-        if self.decoder_first_pipeline_num_layers is not None:
-            parts.append(f"first-stage-{self.decoder_first_pipeline_num_layers}")
-        if self.decoder_last_pipeline_num_layers is not None:
-            parts.append(f"last-stage-{self.decoder_last_pipeline_num_layers}")
-        if self.account_for_embedding_in_pipeline_split:
-            parts.append("embedding-in-split")
-        if self.account_for_loss_in_pipeline_split:
-            parts.append("loss-in-split")
-        if self.num_layers_at_start_in_bf16 or self.num_layers_at_end_in_bf16:
-            start, end = self.num_layers_at_start_in_bf16, self.num_layers_at_end_in_bf16
-            parts.append(f"bf16-layers-{start}-{end}")
-        return " ".join(parts)
+        """Compact one-line description (``plansim.specs.plan_label.plan_label``), e.g.
+        'tp8 pp16 dp8 mbs1 zero1 selective sp 1f1b'."""
+        return plan_label(self)
