@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from plansim.errors import SpecError
 from plansim.specs.model import Activation, ModelSpec, PositionEmbedding
-from plansim.specs.plan import Precision
+from plansim.specs.plan import DdpImpl, DpSync, ParallelPlan, Precision
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -207,6 +207,38 @@ def adam_step_bytes(num_params: float, *, precision: Precision = Precision.BF16)
     if precision is Precision.FP16:
         return 54.0 * num_params
     return 42.0 * num_params
+
+
+def grad_average_bytes(plan: ParallelPlan, *, grad_buffer_bytes: float) -> float:
+    """HBM bytes of the once-per-step passes that turn a rank's summed data-parallel
+    gradients into their average, over its gradient buffer of ``grad_buffer_bytes`` (the
+    rank's unsharded gradients in the reduce dtype), as ``plan.ddp_impl`` runs them:
+
+    * ``megatron-core``: ``grad_data *= gradient_scaling_factor`` on every bucket before its
+      collective, skipped when the factor is 1 (dp * cp == 1; Megatron-core
+      ``ParamAndGradBucketGroup.start_grad_sync``): read + write, 2 x the buffer;
+    * ``local`` (Megatron-LM's legacy ``DistributedDataParallel.allreduce_gradients``,
+      ``megatron/model/distributed.py``, 2020-2023): ``buffer_.data /=
+      data_parallel_world_size`` over the contiguous buffer before the all-reduce, every
+      step, also at dp 1: 2 x the buffer;
+    * ``torch`` (PyTorch DDP, ``gradient_as_bucket_view=False``, its default): the reducer
+      copies each gradient into its bucket dividing on the way (``mul_out`` into the bucket
+      view) and copies the reduced bucket back into the gradient: 4 x the buffer;
+    * ``average-in-collective`` (``ReduceOp.AVG``; Megatron-core
+      ``--ddp-average-in-collective``): the collective averages, no pass.
+
+    Zero with ZeRO-2/3 (their reduce-scatter path divides the shard:
+    ``zero3.flat_copy_bytes``) and with a parameter server (the servers average).
+    """
+    if plan.zero_stage >= 2 or plan.dp_sync is DpSync.PARAMETER_SERVER:
+        return 0.0
+    if plan.ddp_impl is DdpImpl.AVERAGE_IN_COLLECTIVE:
+        return 0.0
+    if plan.ddp_impl is DdpImpl.LOCAL:
+        return 2.0 * grad_buffer_bytes
+    if plan.ddp_impl is DdpImpl.TORCH:
+        return 4.0 * grad_buffer_bytes
+    return 2.0 * grad_buffer_bytes if plan.dp * plan.cp > 1 else 0.0
 
 
 def cross_entropy_bytes(activation_bytes: float) -> tuple[float, float]:

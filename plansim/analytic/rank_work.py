@@ -7,7 +7,11 @@ ZeRO-3 reduce-scatter every micro-batch's gradients inside its backward instead,
 ``plansim.analytic.zero3``); tied
 embeddings with pp > 1 add the all-reduce of the embedding gradient between the first and
 last stage (Megatron ``_allreduce_word_embedding_grads``). The optimizer is fused Adam over
-the local shard, HBM-bound (``elementwise.adam_step_bytes``), or the ZeRO-Offload /
+the local shard, HBM-bound (``elementwise.adam_step_bytes``), with the data-parallel
+wrapper's gradient-average passes over the rank's gradient buffer
+(``elementwise.grad_average_bytes``, ``plan.ddp_impl``: in the real step they run before the
+reduction, or per bucket during backward; as compute-stream work on the step's tail the
+step is as long), or the ZeRO-Offload /
 ZeRO-Infinity host step (``offload``); a parameter server replaces the sync
 (``param_server``). ZeRO 1/2 then all-gather the updated 16-bit parameters over the dp * cp
 ranks.
@@ -32,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plansim.analytic.comm import collective_time_s
-from plansim.analytic.elementwise import adam_step_bytes
+from plansim.analytic.elementwise import adam_step_bytes, grad_average_bytes
 from plansim.analytic.grad_buckets import dp_grad_reduce_s
 from plansim.analytic.memory import (
     plan_state_bytes,
@@ -126,7 +130,10 @@ def rank_work(
         t = collective_time_s(profile, collective="all_reduce", message_bytes=emb_bytes, span=pair)
         sync.append(("embedding_grad_comm", "dp", t, emb_bytes))
     local = params / zero_shard_size(plan) if plan.zero_stage >= 1 else params
-    adam_s = adam_step_bytes(local, precision=plan.precision) / profile.streaming_bytes_per_s()
+    step_bytes = adam_step_bytes(local, precision=plan.precision) + grad_average_bytes(
+        plan, grad_buffer_bytes=grad_bytes
+    )
+    adam_s = step_bytes / profile.streaming_bytes_per_s()
     opt: list[tuple[str, str, float, float]] = [("optimizer", "compute", adam_s, 0.0)]
     if plan.zero_stage in (1, 2) and dp_cp > 1:
         weight_bytes = params * per_param.param

@@ -9,7 +9,7 @@ from plansim.errors import SpecError
 from plansim.io.profiles import load_profile
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import DpSync, Precision
+from plansim.specs.plan import DdpImpl, DpSync, Precision
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -41,8 +41,9 @@ def resolve(args: argparse.Namespace) -> tuple[ModelSpec, HardwareProfile]:
 
 
 def add_dp_sync_args(parser: argparse.ArgumentParser, *, allow_all: bool) -> None:
-    """--dp-sync and --ps-servers (``ParallelPlan.dp_sync`` / ``ps_servers``); ``allow_all``
-    adds the choice ``all`` (the planner then tries both synchronisations)."""
+    """--dp-sync, --ps-servers and --ddp-impl (``ParallelPlan.dp_sync`` / ``ps_servers`` /
+    ``ddp_impl``); ``allow_all`` adds the choice ``all`` to --dp-sync (the planner then
+    tries both synchronisations)."""
     choices = [s.value for s in DpSync] + (["all"] if allow_all else [])
     parser.add_argument(
         "--dp-sync",
@@ -59,6 +60,16 @@ def add_dp_sync_args(parser: argparse.ArgumentParser, *, allow_all: bool) -> Non
         metavar="K",
         help="with parameter-server: 0 = servers colocated on the DP ranks (default), "
         "K > 0 = K dedicated server processes with one GPU NIC's bandwidth each",
+    )
+    parser.add_argument(
+        "--ddp-impl",
+        choices=[d.value for d in DdpImpl],
+        default=DdpImpl.MEGATRON_CORE.value,
+        help="data-parallel wrapper of ZeRO-0/1 gradients, which sets the per-step gradient-"
+        "average passes: megatron-core (default; scales the buffer when dp * cp > 1), local "
+        "(Megatron-LM --DDP-impl local, 2020-2023: divides it every step), torch (PyTorch "
+        "DDP: copies into its buckets and back) or average-in-collective (Megatron-core "
+        "--ddp-average-in-collective: no pass)",
     )
 
 

@@ -21,6 +21,7 @@ from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import (
     AttentionKernel,
+    DdpImpl,
     DpSync,
     Precision,
     Recompute,
@@ -113,6 +114,7 @@ def search_spaces(
         attention=AttentionKernel(args.attention),
         dp_syncs=dp_syncs_from_args(args),
         ps_servers=args.ps_servers,
+        ddp_impl=DdpImpl(args.ddp_impl),
         offloads=offload_choices(profile),
         tp_comm_overlap=(False, True) if args.tp_comm_overlap else (False,),
         overlap_param_gather=(False, True) if args.overlap_param_gather else (False,),

@@ -35,6 +35,7 @@ from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import check_plan_divides_model
 from plansim.specs.plan import (
     AttentionKernel,
+    DdpImpl,
     OffloadDevice,
     ParallelPlan,
     Precision,
@@ -255,6 +256,7 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
         attention=AttentionKernel(args.attention),
         dp_sync=dp_syncs_from_args(args)[0],
         ps_servers=args.ps_servers,
+        ddp_impl=DdpImpl(args.ddp_impl),
         overlap_p2p_comm=args.overlap_p2p_comm,
         tp_comm_overlap=args.tp_comm_overlap,
         overlap_grad_reduce=args.overlap_grad_reduce,

@@ -247,6 +247,7 @@ def _knobs(
                             scatter_gather_p2p=space.scatter_gather_p2p,
                             dp_sync=dp_sync,
                             ps_servers=servers,
+                            ddp_impl=space.ddp_impl,
                             offload_optimizer=opt_dev,
                             offload_param=param_dev,
                             zero3_param_fetch=fetch,

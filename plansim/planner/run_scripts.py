@@ -44,6 +44,8 @@ class ScriptFacts:
             last micro-batch's backward (``--DDP-impl torch``: PyTorch DDP, which Megatron-LM
             2021 drives with ``no_sync`` for every other micro-batch); False for Megatron's
             ``local`` DDP of 2021, which all-reduces after the backward.
+        ddp_impl: ``--DDP-impl`` ("local" or "torch"; ``ParallelPlan.ddp_impl``), None where
+            the script does not say.
         source: the script, commit and flags the facts come from.
     """
 
@@ -53,6 +55,7 @@ class ScriptFacts:
     source: str
     micro_batch_size: int | None = None
     overlap_grad_reduce: bool = False
+    ddp_impl: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,6 +134,7 @@ def _sc21_case(
         virtual_pipeline_size=vpp,
         micro_batch_size=mbs,
         overlap_grad_reduce=ddp == "torch",
+        ddp_impl=ddp,
         source=f"{_SC21.format(script=script, commit=commit)}, {layers} layers x {hidden}: "
         + ", ".join(flags),
     )

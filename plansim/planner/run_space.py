@@ -75,12 +75,15 @@ from plansim.planner.run_framework import (
 from plansim.planner.run_model import Skip
 from plansim.planner.run_scripts import ScriptFacts, script_facts
 from plansim.planner.space import SearchSpace
-from plansim.specs.plan import AttentionKernel, Precision, Recompute, Schedule
+from plansim.specs.plan import AttentionKernel, DdpImpl, Precision, Recompute, Schedule
 
 FLASH_IN_MEGATRON_YEAR = 2023
 SP_AND_SELECTIVE_YEAR = 2022
 OVERLAP_P2P_YEAR = 2023
 OVERLAP_GRAD_REDUCE_YEAR = 2023
+#: Megatron-core's DistributedDataParallel (bucketed, ``--overlap-grad-reduce``) replaced
+#: Megatron-LM's legacy local DDP (``megatron/model/distributed.py``) in 2023.
+MEGATRON_CORE_DDP_YEAR = 2023
 GRAD_ACC_FUSION_YEAR = 2022
 INTERLEAVED_YEAR = 2021
 SCATTER_GATHER_P2P_YEAR = 2021
@@ -187,6 +190,7 @@ def row_space(row: RunRow, notes: list[str]) -> SearchSpace:
         sequence_parallel=(sp,) if sp is not None else ((False, True) if modern else (False,)),
         overlap_p2p_comm=(False, True) if year is None or year >= OVERLAP_P2P_YEAR else (False,),
         overlap_grad_reduce=_overlap_grad_reduce(year, facts, notes),
+        ddp_impl=_ddp_impl(row, year, facts, notes),
         precision=Precision(precision_text),
         attention=attention,
         gradient_accumulation_fusion=(year is None or year >= GRAD_ACC_FUSION_YEAR)
@@ -217,6 +221,24 @@ def _micro_batch_sizes(
         notes.append(f"mbs {facts.micro_batch_size} from the launch script")
         return (facts.micro_batch_size,)
     return _fixed(row, "micro_batch_size_seqs", notes, "mbs")
+
+
+def _ddp_impl(
+    row: RunRow, year: int | None, facts: ScriptFacts | None, notes: list[str]
+) -> DdpImpl:
+    """The data-parallel wrapper (``ParallelPlan.ddp_impl``): the launch script's
+    ``--DDP-impl``; else Megatron-LM's legacy local DDP for NVIDIA Megatron-family runs
+    dated before MEGATRON_CORE_DDP_YEAR (its default ``--DDP-impl local``); else
+    Megatron-core's."""
+    if facts is not None and facts.ddp_impl is not None:
+        notes.append(f"DDP {facts.ddp_impl} (the launch script's --DDP-impl)")
+        return DdpImpl(facts.ddp_impl)
+    if is_nvidia_megatron(row) and year is not None and year < MEGATRON_CORE_DDP_YEAR:
+        notes.append(
+            f"DDP local (Megatron-LM's --DDP-impl default before {MEGATRON_CORE_DDP_YEAR})"
+        )
+        return DdpImpl.LOCAL
+    return DdpImpl.MEGATRON_CORE
 
 
 def _overlap_grad_reduce(

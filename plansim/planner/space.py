@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from plansim.specs.plan import (
     AttentionKernel,
+    DdpImpl,
     DpSync,
     OffloadDevice,
     Precision,
@@ -74,6 +75,8 @@ class SearchSpace:
             plans also try ``dp_shard`` = hsdp_shard_gpus / (tp * cp) where it fits
             (``plansim.planner.hsdp``); None (default): full sharding only. hsdp_only: where
             that hybrid sharding fits, try it instead of full sharding (a stated HSDP run).
+        ddp_impl: the data-parallel wrapper of every plan (``ParallelPlan.ddp_impl``): a
+            framework fact, fixed for the search (Megatron-core by default).
         offloads: (offload_optimizer, offload_param) pairs tried (default: none only);
             each pair with every ZeRO stage that allows it. ``plansim plan`` passes
             ``plansim.analytic.offload.offload_choices(profile)``: offload only on a profile
@@ -109,6 +112,7 @@ class SearchSpace:
     scatter_gather_p2p: bool = True
     dp_syncs: tuple[DpSync, ...] = (DpSync.RING,)
     ps_servers: int = 0
+    ddp_impl: DdpImpl = DdpImpl.MEGATRON_CORE
     offloads: tuple[tuple[OffloadDevice, OffloadDevice], ...] = (
         (OffloadDevice.NONE, OffloadDevice.NONE),
     )

@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from plansim.planner.evaluate import Evaluation
-from plansim.specs.plan import DpSync, OffloadDevice, ParallelPlan, Zero3ParamFetch
+from plansim.specs.plan import DdpImpl, DpSync, OffloadDevice, ParallelPlan, Zero3ParamFetch
 from plansim.units import bytes_to_gib
 
 
@@ -184,6 +184,7 @@ def evaluation_dict(ev: Evaluation) -> dict[str, Any]:
             **({"use_torch_fsdp2": True} if p.use_torch_fsdp2 else {}),
             **({"reshard_after_forward": False} if not p.reshard_after_forward else {}),
             **({"dp_shard": p.dp_shard} if p.dp_shard is not None else {}),
+            **({"ddp_impl": p.ddp_impl.value} if p.ddp_impl is not DdpImpl.MEGATRON_CORE else {}),
             "scatter_gather_p2p": p.scatter_gather_p2p,
             "num_gpus": p.num_gpus,
             **(

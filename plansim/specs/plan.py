@@ -22,6 +22,7 @@ from plansim.specs.plan_checks import (
 )
 from plansim.specs.plan_enums import (
     AttentionKernel,
+    DdpImpl,
     DpSync,
     OffloadDevice,
     Precision,
@@ -34,6 +35,7 @@ from plansim.specs.plan_label import plan_label
 
 __all__ = [
     "AttentionKernel",
+    "DdpImpl",
     "DpSync",
     "OffloadDevice",
     "ParallelPlan",
@@ -136,6 +138,13 @@ class ParallelPlan:
             §3.1, §4.1). Needs zero_stage 0: the servers hold the fp32 master weights and Adam
             states, which is what ZeRO shards (colocated servers already shard them like
             ZeRO-1). Times: ``plansim.analytic.param_server``.
+        ddp_impl: the data-parallel wrapper of ZeRO-0/1 gradients (:class:`DdpImpl`), which
+            sets the once-per-step gradient-average passes over the rank's gradient buffer
+            that the optimizer segment carries (``elementwise.grad_average_bytes``):
+            Megatron-core (default) scales the buffer when dp * cp > 1, Megatron-LM's
+            legacy local DDP divides it every step, PyTorch DDP copies it into its buckets
+            and back. No effect with ZeRO-2/3 (their reduce-scatter path has its own) or a
+            parameter server.
         ps_servers: with parameter-server, 0 = colocated (BytePS with k = 0 CPU machines;
             "sharded PS"): each of the n = dp * cp ranks of a DP group also serves 1/n of
             its model shard, so a worker sends (n - 1)M/n and each server receives
@@ -228,6 +237,7 @@ class ParallelPlan:
     scatter_gather_p2p: bool = True
     dp_sync: DpSync = DpSync.RING
     ps_servers: int = 0
+    ddp_impl: DdpImpl = DdpImpl.MEGATRON_CORE
     offload_optimizer: OffloadDevice = OffloadDevice.NONE
     offload_param: OffloadDevice = OffloadDevice.NONE
     zero3_param_fetch: Zero3ParamFetch = Zero3ParamFetch.LAYER_PREFETCH
@@ -255,6 +265,7 @@ class ParallelPlan:
             ("offload_optimizer", OffloadDevice),
             ("offload_param", OffloadDevice),
             ("zero3_param_fetch", Zero3ParamFetch),
+            ("ddp_impl", DdpImpl),
         ):
             if not isinstance(getattr(self, field), cls):
                 raise choice_error(f"plan.{field}", getattr(self, field), [m.value for m in cls])

@@ -80,6 +80,22 @@ class AttentionKernel(enum.Enum):
         }.get(self, "")
 
 
+class DdpImpl(enum.Enum):
+    """The data-parallel wrapper whose once-per-step gradient average the optimizer segment
+    carries (``plansim.analytic.elementwise.grad_average_bytes``): Megatron-core's
+    ``DistributedDataParallel`` (scales each gradient bucket by 1 / dp before its collective
+    when dp * cp > 1), Megatron-LM's legacy ``--DDP-impl local`` (2020-2023: divides its whole
+    gradient buffer by dp every step, also at dp 1), or PyTorch DDP (``--DDP-impl torch``:
+    copies each gradient into its bucket, divided on the way, and back after the
+    all-reduce), or a collective that averages itself (``ReduceOp.AVG``: Megatron-core's
+    ``--ddp-average-in-collective``, the validate runner's flat all-reduce): no pass."""
+
+    MEGATRON_CORE = "megatron-core"
+    LOCAL = "local"
+    TORCH = "torch"
+    AVERAGE_IN_COLLECTIVE = "average-in-collective"
+
+
 class Zero3ParamFetch(enum.Enum):
     """How ZeRO-3 gathers parameters (``plansim.analytic.zero3``): one prefetched all-gather
     per layer overlapped with compute (PyTorch FSDP, Zhao et al. VLDB 2023; DeepSpeed since

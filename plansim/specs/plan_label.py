@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from plansim.specs.plan_enums import DpSync, OffloadDevice, Zero3ParamFetch
+from plansim.specs.plan_enums import DdpImpl, DpSync, OffloadDevice, Zero3ParamFetch
 
 if TYPE_CHECKING:
     from plansim.specs.plan import ParallelPlan
@@ -40,6 +40,8 @@ def plan_label(plan: ParallelPlan) -> str:
         parts.append(plan.attention.label)
     if plan.dp_sync is DpSync.PARAMETER_SERVER:
         parts.append(f"ps{plan.ps_servers or ''}")
+    elif plan.zero_stage < 2 and plan.ddp_impl is not DdpImpl.MEGATRON_CORE:
+        parts.append(f"ddp-{plan.ddp_impl.value}")
     if plan.offload_optimizer is not OffloadDevice.NONE:
         parts.append(f"offload-opt-{plan.offload_optimizer.value}")
     if plan.offload_param is not OffloadDevice.NONE:

@@ -28,7 +28,7 @@ from plansim.sim.engine import simulate
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import stage_layer_counts
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan, Precision, Zero3ParamFetch
+from plansim.specs.plan import DdpImpl, ParallelPlan, Precision, Zero3ParamFetch
 from plansim.specs.work import PipelineWork, Segment
 from plansim.validate.eager_layer import LayerExtra, eager_layer_extra
 from plansim.validate.executed_dp import executes_flat_all_reduce, with_executed_dp
@@ -210,6 +210,8 @@ def _resimulated(
     with the step time.
     """
     plan = ev.plan
+    if executes_flat_all_reduce(plan):  # the run's all-reduce averages (ReduceOp.AVG)
+        plan = dataclasses.replace(plan, ddp_impl=DdpImpl.AVERAGE_IN_COLLECTIVE)
     work = dataclasses.replace(build_pipeline_work(model, plan, profile), blocking_p2p=False)
     if extra_all_reduces:
         work = _with_tp_all_reduces(work, model, plan, profile, extra_all_reduces)

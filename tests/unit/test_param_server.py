@@ -270,7 +270,10 @@ def test_ps_beats_ring_when_latency_bound_many_nodes() -> None:
     assert ps_s < ring
     a, b = evaluate(TINY, ps, prof), evaluate(TINY, zero1, prof)
     assert isinstance(a, Evaluation) and isinstance(b, Evaluation)
-    assert b.step_time_s - a.step_time_s == pytest.approx(ring - ps_s, rel=1e-6)
+    # the ring also pays Megatron-core's 1/dp pass over its fp32 gradient buffer (read +
+    # write, elementwise.grad_average_bytes); the servers average as they apply the update
+    average_s = 2 * grad / prof.streaming_bytes_per_s()
+    assert b.step_time_s - a.step_time_s == pytest.approx(ring - ps_s + average_s, rel=1e-6)
     assert a.step_time_s < b.step_time_s
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from plansim.analytic.comm import collective_time_s, p2p_time_s
-from plansim.analytic.memory import state_bytes_per_param
+from plansim.analytic.elementwise import adam_step_bytes
+from plansim.analytic.memory import rank_parameters, state_bytes_per_param
 from plansim.analytic.ranks import layout_groups
 from plansim.planner.evaluate import Evaluation, evaluate
 from plansim.specs.model import ModelSpec
@@ -114,3 +115,22 @@ def test_zero0_pays_the_copies_and_zero2_is_left_alone() -> None:
     # the runner reduces after the last backward, whatever the plan asked for
     overlapped = run_plan(_plan(zero_stage=1, overlap_grad_reduce=True), profile, dtype="bf16")
     assert not overlapped.overlap_grad_reduce
+
+
+def test_the_run_s_averaging_all_reduce_leaves_no_scaling_pass() -> None:
+    """The runner all-reduces with ReduceOp.AVG, so its twin's optimizer carries Adam alone,
+    not Megatron-core's 1/dp pass over the gradient buffer that the plan itself prices."""
+    profile = round_profile()
+    plan = _plan(zero_stage=0)
+    twin = simulate_plan(GPT, plan, profile, dtype="bf16")
+    tl = twin.result.timeline
+    (opt_s,) = list(tl[(tl["rank"] == 0) & (tl["kind"] == "optimizer")].eval("end_s - start_s"))
+    adam_s = adam_step_bytes(rank_parameters(GPT, plan, rank=0)) / profile.streaming_bytes_per_s()
+    assert opt_s == pytest.approx(adam_s)
+    planned = evaluate(GPT, plan, profile)
+    assert isinstance(planned, Evaluation)
+    ptl = planned.result.timeline
+    (plan_opt_s,) = list(
+        ptl[(ptl["rank"] == 0) & (ptl["kind"] == "optimizer")].eval("end_s - start_s")
+    )
+    assert plan_opt_s > opt_s
