@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from plansim.analytic.ranks import dp_cp_size
 from plansim.errors import SpecError
 from plansim.specs.model import Activation, ModelSpec, PositionEmbedding
 from plansim.specs.plan import DdpImpl, DpSync, ParallelPlan, Precision
@@ -232,13 +233,19 @@ def grad_average_bytes(plan: ParallelPlan, *, grad_buffer_bytes: float) -> float
     """
     if plan.zero_stage >= 2 or plan.dp_sync is DpSync.PARAMETER_SERVER:
         return 0.0
-    if plan.ddp_impl is DdpImpl.AVERAGE_IN_COLLECTIVE:
-        return 0.0
-    if plan.ddp_impl is DdpImpl.LOCAL:
-        return 2.0 * grad_buffer_bytes
-    if plan.ddp_impl is DdpImpl.TORCH:
-        return 4.0 * grad_buffer_bytes
-    return 2.0 * grad_buffer_bytes if plan.dp * plan.cp > 1 else 0.0
+    if plan.ddp_impl is DdpImpl.MEGATRON_CORE and dp_cp_size(plan) == 1:
+        return 0.0  # a scaling factor of 1 is skipped
+    return _BUFFER_ACCESSES[plan.ddp_impl] * grad_buffer_bytes
+
+
+#: Reads + writes of the whole gradient buffer per step by each wrapper
+#: (:func:`grad_average_bytes`).
+_BUFFER_ACCESSES = {
+    DdpImpl.MEGATRON_CORE: 2.0,
+    DdpImpl.LOCAL: 2.0,
+    DdpImpl.TORCH: 4.0,
+    DdpImpl.AVERAGE_IN_COLLECTIVE: 0.0,
+}
 
 
 def cross_entropy_bytes(activation_bytes: float) -> tuple[float, float]:

@@ -40,12 +40,8 @@ class ScriptFacts:
         virtual_pipeline_size: model chunks per pipeline rank; 1 when the script sets no
             virtual pipeline (interleaving) flag.
         micro_batch_size: ``--micro-batch-size`` (sequences).
-        overlap_grad_reduce: the data-parallel gradient all-reduce runs in buckets during the
-            last micro-batch's backward (``--DDP-impl torch``: PyTorch DDP, which Megatron-LM
-            2021 drives with ``no_sync`` for every other micro-batch); False for Megatron's
-            ``local`` DDP of 2021, which all-reduces after the backward.
         ddp_impl: ``--DDP-impl`` ("local" or "torch"; ``ParallelPlan.ddp_impl``), None where
-            the script does not say.
+            the script does not say (:attr:`overlap_grad_reduce` follows from it).
         source: the script, commit and flags the facts come from.
     """
 
@@ -54,8 +50,15 @@ class ScriptFacts:
     virtual_pipeline_size: int | None
     source: str
     micro_batch_size: int | None = None
-    overlap_grad_reduce: bool = False
     ddp_impl: str | None = None
+
+    @property
+    def overlap_grad_reduce(self) -> bool:
+        """The data-parallel gradient all-reduce runs in buckets during the last
+        micro-batch's backward: ``--DDP-impl torch`` (PyTorch DDP, which Megatron-LM 2021
+        drives with ``no_sync`` for every other micro-batch); not Megatron's ``local`` DDP
+        of 2021, which all-reduces after the backward."""
+        return self.ddp_impl == "torch"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -133,7 +136,6 @@ def _sc21_case(
         recompute=recompute,
         virtual_pipeline_size=vpp,
         micro_batch_size=mbs,
-        overlap_grad_reduce=ddp == "torch",
         ddp_impl=ddp,
         source=f"{_SC21.format(script=script, commit=commit)}, {layers} layers x {hidden}: "
         + ", ".join(flags),
