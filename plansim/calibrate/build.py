@@ -116,8 +116,8 @@ def build_update(
         matmul_efficiency=parts.curves,
         intra_node=parts.collectives,
         scalars=parts.scalars,
-        gpus_per_node=info.nproc,
-        provenance={**parts.provenance, "gpus_per_node": f"{info.source()}; ranks launched"},
+        gpus_per_node=_gpus_per_node(info, base),
+        provenance={**parts.provenance, **_gpus_per_node_source(info, base)},
         host=parts.host,
         attention_efficiency=parts.attention,
         host_overhead=parts.host_overhead,
@@ -311,6 +311,19 @@ def _compute_terms(
         )
     parts.attention = attention.attention
     parts.host_overhead = host.host_overhead
+
+
+def _gpus_per_node(info: RunInfo, base: HardwareProfile | None) -> int | None:
+    """Ranks launched, the GPUs (or cores) of the node; None (the base profile's kept) when
+    one rank merges into a base: a single-GPU run says nothing of the node it stands for
+    (one GPU of an 8-GPU node calibrated on a one-GPU machine)."""
+    return None if info.nproc == 1 and base is not None else info.nproc
+
+
+def _gpus_per_node_source(info: RunInfo, base: HardwareProfile | None) -> dict[str, str]:
+    if _gpus_per_node(info, base) is None:
+        return {}
+    return {"gpus_per_node": f"{info.source()}; ranks launched"}
 
 
 def _collectives(

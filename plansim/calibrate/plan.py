@@ -295,7 +295,10 @@ def _collective_items(group_sizes: tuple[int, ...], sizes: tuple[int, ...]) -> l
 
 
 def group_sizes_for(nproc: int, *, quick: bool) -> tuple[int, ...]:
-    """Quick: the whole world only; full: powers of two from 2 up, and the world."""
+    """Quick: the whole world only; full: powers of two from 2 up, and the world. None for
+    one rank: a group of one moves nothing, so there is no collective to time."""
+    if nproc < 2:
+        return ()
     if quick:
         return (nproc,)
     sizes = {nproc}

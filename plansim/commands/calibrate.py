@@ -104,6 +104,13 @@ def run(args: argparse.Namespace) -> int:
     device = _device(args)
     _check_nproc(args.nproc, device)
     out, base = _check_out(args.out)
+    if args.nproc == 1 and base is None:
+        raise SpecError(
+            "--nproc 1 times no collectives (a group of one rank moves nothing), so it cannot "
+            "make a new profile: merge it into an existing one (--out an existing PROFILE.yaml, "
+            "e.g. a copy of hardware_profiles/h100-sxm5-80gb.yaml; its collectives and "
+            "gpus_per_node are kept) or run 2 or more ranks"
+        )
     if args.timeout is not None and args.timeout <= 0:
         raise SpecError(f"--timeout must be positive, got {args.timeout}")
     from plansim.calibrate.runner import Request, calibrate  # imports torch

@@ -17,9 +17,11 @@ import yaml
 
 from plansim.calibrate.aggregate import aggregate
 from plansim.calibrate.build import build_update
+from plansim.calibrate.plan import build_plan, group_sizes_for
 from plansim.calibrate.raw import frame, merge_raw, raw_path, read_raw, write_raw
 from plansim.calibrate.run_info import RunInfo
 from plansim.cli import main
+from plansim.commands import calibrate as calibrate_command
 from plansim.errors import InputFileError
 from plansim.io.profiles import (
     ProfileUpdate,
@@ -297,12 +299,65 @@ def _fake_run(rows: list[dict[str, Any]]) -> Any:
     return run_items
 
 
+def _two_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command's core check sees two cores, whatever this machine has."""
+    monkeypatch.setattr(calibrate_command.os, "sched_getaffinity", lambda pid: {0, 1})
+
+
+def test_one_rank_cannot_make_a_new_profile_and_measures_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runner = pytest.importorskip("plansim.calibrate.runner")
+
+    def must_not_run(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("measured before refusing")
+
+    monkeypatch.setattr(runner, "run_items", must_not_run)
+    out = tmp_path / "one.yaml"
+    assert main(["calibrate", "--backend", "gloo", "--nproc", "1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--nproc 1 times no collectives" in err and "merge it into an existing" in err
+    assert len(err.splitlines()) == 1 and not out.exists()
+
+
+def test_one_rank_merges_keeping_the_base_collectives_and_node_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One GPU of an 8-GPU node calibrated on a one-GPU machine: its compute replaces the
+    base's, the base's NVLink curves and 8 GPUs per node stay."""
+    runner = pytest.importorskip("plansim.calibrate.runner")
+    out = tmp_path / "h100-one.yaml"
+    shutil.copy(profiles_dir() / "h100-sxm5-80gb.yaml", out)
+    base = load_profile(str(out))
+    monkeypatch.setattr(runner, "run_items", _fake_run(synthetic_rows(collectives=())))
+    command = ["calibrate", "--backend", "gloo", "--nproc", "1", "--out", str(out), "--quick"]
+    assert main(command) == 0
+    assert "merged into h100-one.yaml" in capsys.readouterr().out
+    merged = load_profile(str(out))
+    assert merged.gpus_per_node == base.gpus_per_node == 8
+    assert merged.intra_node == base.intra_node and merged.nic_bytes_per_s == base.nic_bytes_per_s
+    for key in ("gpus_per_node", "intra_node.all_reduce", "nic_gb_per_s"):
+        assert merged.provenance[key] == base.provenance[key]
+    assert merged.matmul_efficiency["fp32"] != base.matmul_efficiency.get("fp32")
+    assert merged.provenance["kernel_launch_us"].startswith("measured: ")
+
+
+def test_one_rank_plans_no_collective() -> None:
+    for quick in (True, False):
+        assert group_sizes_for(1, quick=quick) == ()
+        plan = build_plan(nproc=1, device="cpu", quick=quick)
+        assert plan.group_sizes == () and not [i for i in plan.items if i.kind == "collective"]
+        two = build_plan(nproc=2, device="cpu", quick=quick)
+        assert two.group_sizes == (2,) and [i for i in two.items if i.kind == "collective"]
+
+
 def test_calibrating_into_an_existing_profile_keeps_its_other_entries(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     runner = pytest.importorskip("plansim.calibrate.runner")
     out = tmp_path / "cpu-test.yaml"
-    command = ["calibrate", "--backend", "gloo", "--nproc", "1", "--out", str(out), "--quick"]
+    command = ["calibrate", "--backend", "gloo", "--nproc", "2", "--out", str(out), "--quick"]
+    _two_cores(monkeypatch)
     monkeypatch.setattr(runner, "run_items", _fake_run(synthetic_rows()))
     assert main(command) == 0
     first = load_profile(str(out))
