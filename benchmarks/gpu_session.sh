@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The checks a session lent one GPU runs, as one command (about 5 minutes on an H100/H200).
+#
+# From the repository root on the GPU machine, with a simpy wheel carried in .whl/ (the
+# machine's image has torch, numpy, pandas, matplotlib, PyYAML and tqdm, not simpy; see
+# benchmarks/README.md "A session with a GPU"):
+#     bash benchmarks/gpu_session.sh            # writes into $OUT (the device tool's folder)
+#
+# 1. env.txt            nvidia-smi and torch versions
+# 2. <base>-1gpu.yaml   the datasheet profile of this GPU kind with what one GPU measures merged
+#    + .raw.csv         in (plansim calibrate --nproc 1: GEMMs, attention, HBM, host, sustained
+#                       GEMM rate; the collectives and gpus_per_node stay the datasheet's)
+# 3. gemm_shapes.csv    one layer's weight GEMMs of MPT 125M-70B and Megatron 22B/175B (tp 8),
+#                       forward, input- and weight-gradient, measured against both profiles
+#                       (benchmarks/bench_gemm_shapes.py)
+# 4. validate.tgz       plansim validate of a 1-GPU plan (GPT, 8 layers, h 2048, s 2048) without
+#                       and with full recompute on the merged profile: the validate runner
+#                       trains in fp32 only, and the datasheet profiles have no fp32 GEMM curve
+# 5. session.log        everything printed
+set -uo pipefail
+OUT=${OUT:-gpu-session-out}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/session.log") 2>&1
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/plansim-site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/plansim-site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+python3 -c "import simpy, torch; assert torch.cuda.is_available(), 'no GPU'" || exit 1
+
+{ nvidia-smi; python3 -c "import torch; print('torch', torch.__version__, torch.version.cuda, torch.cuda.get_device_name())"; } >"$OUT/env.txt" 2>&1
+gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name())")
+case "$gpu" in
+    *H200*) base=h200-sxm-141gb ;;
+    *H100*) base=h100-sxm5-80gb ;;
+    *B200*) base=b200-sxm-180gb ;;
+    *A100*80*) base=a100-sxm4-80gb ;;
+    *A100*) base=a100-sxm4-40gb ;;
+    *) echo "no datasheet profile for '$gpu'"; exit 1 ;;
+esac
+measured="$OUT/$base-1gpu.yaml"
+echo "== $gpu: base profile $base"
+
+echo "== 1/3 calibrate (one GPU, quick) into a copy of $base"
+cp "hardware_profiles/$base.yaml" "$measured"
+timeout 330 python3 -m plansim calibrate --backend nccl --nproc 1 --device cuda --quick \
+    --out "$measured" --name "$base-1gpu" --timeout 300
+
+echo "== 2/3 GEMMs of real layer shapes"
+profiles=(--profile "$base")
+[ -s "${measured%.yaml}.raw.csv" ] && profiles+=(--profile "$measured")
+timeout 200 python3 benchmarks/bench_gemm_shapes.py --device cuda "${profiles[@]}" \
+    --out "$OUT/gemm_shapes.csv" --timeout 180
+
+echo "== 3/3 validate one GPU (fp32) against the merged profile"
+work=$(mktemp -d)
+for recompute in none full; do
+    timeout 120 python3 -m plansim validate --model gpt3-175b --num-layers 8 \
+        --hidden-size 2048 --num-heads 16 --seq-len 2048 --vocab-size 50304 \
+        --tp 1 --pp 1 --mbs 2 --gbs 4 --recompute "$recompute" --dtype fp32 \
+        --backend nccl --nproc 1 --profile "$measured" --steps 5 --out "$work/$recompute"
+done
+tar czf "$OUT/validate.tgz" -C "$work" .
+echo "== done: $(ls "$OUT" | tr '\n' ' ')"
