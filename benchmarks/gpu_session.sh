@@ -20,15 +20,15 @@
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
-exec > >(tee "$OUT/session.log") 2>&1
 
+session() {
 if compgen -G ".whl/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/plansim-site .whl/*.whl || exit 1
+        --target /tmp/plansim-site .whl/*.whl || return 1
     export PYTHONPATH=/tmp/plansim-site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-python3 -c "import simpy, torch; assert torch.cuda.is_available(), 'no GPU'" || exit 1
+python3 -c "import simpy, torch; assert torch.cuda.is_available(), 'no GPU'" || return 1
 
 { nvidia-smi; python3 -c "import torch; print('torch', torch.__version__, torch.version.cuda, torch.cuda.get_device_name())"; } >"$OUT/env.txt" 2>&1
 gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name())")
@@ -38,7 +38,7 @@ case "$gpu" in
     *B200*) base=b200-sxm-180gb ;;
     *A100*80*) base=a100-sxm4-80gb ;;
     *A100*) base=a100-sxm4-40gb ;;
-    *) echo "no datasheet profile for '$gpu'"; exit 1 ;;
+    *) echo "no datasheet profile for '$gpu'"; return 1 ;;
 esac
 measured="$OUT/$base-1gpu.yaml"
 echo "== $gpu: base profile $base"
@@ -64,3 +64,6 @@ for recompute in none full; do
 done
 tar czf "$OUT/validate.tgz" -C "$work" .
 echo "== done: $(ls "$OUT" | tr '\n' ' ')"
+}
+
+session 2>&1 | tee "$OUT/session.log"
