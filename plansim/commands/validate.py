@@ -47,7 +47,8 @@ from plansim.validate.result import QUIET_CPU_SHARE, MeasuredRun
 
 #: Backend -> device it runs on.
 BACKENDS = {"gloo": "cpu", "nccl": "cuda"}
-DTYPES = ("fp32", "bf16")
+#: Run dtypes the runner trains in: fp32 only (``runner.RunConfig``; no mixed precision yet).
+DTYPES = ("fp32",)
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -83,7 +84,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--backend", choices=list(BACKENDS), required=True, help="gloo (CPU), nccl")
     p.add_argument("--nproc", type=int, required=True, help="processes = tp * pp * dp")
     p.add_argument("--profile", required=True, help="hardware profile name or YAML path")
-    p.add_argument("--dtype", choices=DTYPES, default="fp32", help="run dtype (default fp32)")
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="fp32",
+        help="run dtype: fp32 (the runner has no mixed precision yet)",
+    )
     p.add_argument("--steps", type=int, default=3, help="measured steps (default 3)")
     p.add_argument("--warmup-steps", type=int, default=1, help="warm-up steps (default 1)")
     p.add_argument("--timeout", type=float, default=300.0, help="per-rank timeout, s")

@@ -122,6 +122,9 @@ def test_bad_inputs_give_one_clear_line(
     assert "unknown hardware profile 'no-such-profile'" in unknown
     heads = one_line_error(capsys, [*args_for(str(profile_file), out), "--num-heads", "3"])
     assert "hidden_size(64) is not divisible by model.num_attention_heads(3)" in heads
+    # the runner trains in fp32 only: bf16 is refused at the flag, not after start-up
+    dtype = one_line_error(capsys, [*args_for(str(profile_file), out), "--dtype", "bf16"])
+    assert "--dtype" in dtype and "'bf16'" in dtype and "'fp32'" in dtype
     assert not out.exists()  # nothing written, no process started
 
 
