@@ -10,9 +10,10 @@
 # 2. <base>-1gpu.yaml   the datasheet profile of this GPU kind with what one GPU measures merged
 #    + .raw.csv         in (plansim calibrate --nproc 1: GEMMs, attention, HBM, host, sustained
 #                       GEMM rate; the collectives and gpus_per_node stay the datasheet's)
-# 3. gemm_shapes.csv    one layer's weight GEMMs of MPT 125M-70B and Megatron 22B/175B (tp 8),
-#                       forward, input- and weight-gradient, measured against both profiles
-#                       (benchmarks/bench_gemm_shapes.py)
+# 3. layer_shapes.csv   one layer's weight GEMMs of MPT 125M-70B and Megatron 22B/175B (tp 8),
+#                       forward, input- and weight-gradient, and causal attention calls of
+#                       MPT, Llama 3 and GPT-3 shapes, measured against both profiles
+#                       (benchmarks/bench_layer_shapes.py)
 # 4. validate.tgz       plansim validate of a 1-GPU plan (GPT, 8 layers, h 2048, s 2048) without
 #                       and with full recompute on the merged profile: the validate runner
 #                       trains in fp32 only, and the datasheet profiles have no fp32 GEMM curve
@@ -48,11 +49,11 @@ cp "hardware_profiles/$base.yaml" "$measured"
 timeout 330 python3 -m plansim calibrate --backend nccl --nproc 1 --device cuda --quick \
     --out "$measured" --name "$base-1gpu" --timeout 300
 
-echo "== 2/3 GEMMs of real layer shapes"
+echo "== 2/3 GEMMs and attention of real layer shapes"
 profiles=(--profile "$base")
 [ -s "${measured%.yaml}.raw.csv" ] && profiles+=(--profile "$measured")
-timeout 200 python3 benchmarks/bench_gemm_shapes.py --device cuda "${profiles[@]}" \
-    --out "$OUT/gemm_shapes.csv" --timeout 180
+timeout 200 python3 benchmarks/bench_layer_shapes.py --device cuda "${profiles[@]}" \
+    --out "$OUT/layer_shapes.csv" --timeout 180
 
 echo "== 3/3 validate one GPU (fp32) against the merged profile"
 work=$(mktemp -d)
