@@ -223,8 +223,9 @@ def read_hf_config(path: str | Path) -> ModelSpec:
     keys = _Keys(file, _load_json(file))
     model_type = keys.data.get("model_type")
     if not isinstance(model_type, str) or model_type not in READERS:
+        found = "is missing" if model_type is None else f"is {model_type!r}"
         raise keys.error(
-            "model_type", f"is {model_type!r}; supported: {', '.join(supported_model_types())}"
+            "model_type", f"{found}; supported: {', '.join(supported_model_types())}"
         )
     try:
         return READERS[model_type](keys)

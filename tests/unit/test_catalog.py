@@ -216,7 +216,7 @@ def test_gpt2_n_inner_and_llama_kv_default(tmp_path: Path) -> None:
         ("{not json", "invalid JSON at line 1"),
         ("[1, 2]", "expected a JSON object, got list"),
         (json.dumps({"model_type": "bert"}), "'model_type' is 'bert'; supported: gpt2, gpt_neox"),
-        (json.dumps({"hidden_size": 8}), "'model_type' is None; supported"),
+        (json.dumps({"hidden_size": 8}), "'model_type' is missing; supported"),
         (json.dumps({"model_type": ["llama"]}), "'model_type' is \\['llama'\\]"),
         (json.dumps(_llama_config(hidden_size=_DROP)), "key 'hidden_size' is missing"),
         (json.dumps(_llama_config(vocab_size="128256")), "key 'vocab_size' must be an integer"),
