@@ -224,9 +224,7 @@ def read_hf_config(path: str | Path) -> ModelSpec:
     model_type = keys.data.get("model_type")
     if not isinstance(model_type, str) or model_type not in READERS:
         found = "is missing" if model_type is None else f"is {model_type!r}"
-        raise keys.error(
-            "model_type", f"{found}; supported: {', '.join(supported_model_types())}"
-        )
+        raise keys.error("model_type", f"{found}; supported: {', '.join(supported_model_types())}")
     try:
         return READERS[model_type](keys)
     except SpecError as exc:
