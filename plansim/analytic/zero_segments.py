@@ -37,7 +37,7 @@ from plansim.specs.work import RankWork
 #: Plan fields of one layer's ZeRO-3 traffic (``plansim.analytic.zero3``).
 _ZERO3_FIELDS = (
     "tp", "cp", "dp", "dp_shard", "zero_stage", "zero3_param_fetch", "precision",
-    "grad_reduce_in_bf16",
+    "grad_reduce_in_bf16", "use_torch_fsdp2",
 )  # fmt: skip
 
 #: Plan fields of :func:`sharded_action_s`: the stages' pass times (``COMPUTE_FIELDS``) and
@@ -117,11 +117,17 @@ def sharded_traffic(
     memo: Memo | None,
 ) -> tuple[Zero3Traffic, Zero3Traffic]:
     """ZeRO-2/3 traffic of one layer (memoised) and of a stage's edge parameters (16-bit
-    gathers; reduce-scatters in 16 bits per micro-batch, in the gradient dtype of the step's
-    accumulated gradients with ``per-step``; ``plansim.analytic.zero3.unit_traffic``)."""
+    gathers; ``plansim.analytic.zero3.unit_traffic``). Reduce-scatters per micro-batch in 16
+    bits (DeepSpeed's ZeRO-2/3 reduce in the model's dtype), except in the gradient dtype
+    (``plan_state_bytes(plan).grad``: fp32 for bf16 training, 16-bit with
+    ``plan.grad_reduce_in_bf16``) with ``per-step`` (the step's accumulated gradients) and with
+    PyTorch FSDP (``plan.use_torch_fsdp2``), whose ``MixedPrecisionPolicy(param_dtype=bf16,
+    reduce_dtype=fp32)`` casts the unsharded gradients to fp32 for the reduce-scatter
+    (torchtitan's default ``mixed_precision_reduce = "float32"``; ``reduce_dtype=bf16`` is
+    ``grad_reduce_in_bf16``)."""
     per_param = plan_state_bytes(plan)
     per_step = plan.zero3_param_fetch is Zero3ParamFetch.PER_STEP and plan.zero_stage == 3
-    grad_bytes = per_param.grad if per_step else per_param.param
+    grad_bytes = per_param.grad if per_step or plan.use_torch_fsdp2 else per_param.param
     z3_bytes = {"param_bytes": per_param.param, "grad_bytes": grad_bytes}
     layer = memoised(
         memo,

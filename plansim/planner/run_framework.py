@@ -179,12 +179,24 @@ def framework_recompute(row: RunRow, recompute: str | None, notes: list[str]) ->
     return recompute
 
 
-def bf16_grad_modes(row: RunRow, year: int | None, notes: list[str]) -> tuple[bool, ...]:
+def bf16_grad_modes(
+    row: RunRow, year: int | None, notes: list[str], *, torch_fsdp: bool = False
+) -> tuple[bool, ...]:
     """Gradient-reduction dtypes to search (``ParallelPlan.grad_reduce_in_bf16``): fp32 and
-    bf16 for NVIDIA Megatron-family rows dated GRAD_REDUCE_IN_BF16_YEAR or later and for
-    undated rows, fp32 only otherwise (the search applies it only to bf16 / fp8 / fp4)."""
+    bf16 for NVIDIA Megatron-family rows dated GRAD_REDUCE_IN_BF16_YEAR or later, for
+    PyTorch FSDP rows (``torch_fsdp``: the reduce-scatter dtype is the job's
+    ``MixedPrecisionPolicy.reduce_dtype``, which the runs schema has no column for: fp32 in
+    torchtitan's default and Composer's ``DEFAULT`` since mosaicml/composer PR #2628 of
+    2023-10-10, the parameter dtype in Composer's ``PURE`` and in its ``DEFAULT`` before that
+    patch) and for undated rows; fp32 only otherwise (the search applies it only to bf16 /
+    fp8 / fp4)."""
+    bf16_precision = (row.choice("precision") or "") in ("bf16", "fp8", "fp4")
+    if torch_fsdp:
+        if bf16_precision:
+            notes.append("PyTorch FSDP reduce dtype (fp32 or bf16) searched")
+        return (False, True)
     if year is None or (is_nvidia_megatron(row) and year >= GRAD_REDUCE_IN_BF16_YEAR):
-        if (row.choice("precision") or "") in ("bf16", "fp8", "fp4"):
+        if bf16_precision:
             notes.append("gradient reduction in fp32 or bf16 searched")
         return (False, True)
     return (False,)

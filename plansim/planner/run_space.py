@@ -176,6 +176,7 @@ def row_space(row: RunRow, notes: list[str]) -> SearchSpace:
     interleave_from = min_interleaved_pp(row, year)
     if vpps is None and interleave_from > 2:
         notes.append(f"interleaving only with pp >= {interleave_from} (Megatron-LM before 2024)")
+    torch_fsdp = is_torch_fsdp(row, notes)
     space = SearchSpace(
         vpps=vpps,
         min_interleaved_pp=interleave_from,
@@ -195,10 +196,10 @@ def row_space(row: RunRow, notes: list[str]) -> SearchSpace:
         attention=attention,
         gradient_accumulation_fusion=(year is None or year >= GRAD_ACC_FUSION_YEAR)
         and not is_megatron_fork(row, year),
-        grad_reduce_in_bf16=bf16_grad_modes(row, year, notes),
+        grad_reduce_in_bf16=bf16_grad_modes(row, year, notes, torch_fsdp=torch_fsdp),
         scatter_gather_p2p=year is None or year >= SCATTER_GATHER_P2P_YEAR,
         zero3_param_fetch=zero3_fetch(row, year, notes),
-        use_torch_fsdp2=is_torch_fsdp(row, notes),
+        use_torch_fsdp2=torch_fsdp,
         uneven_pipeline=uneven_pipeline(row, year),
         # Megatron-LM's block method (--recompute-method block) came with selective
         # recompute (Korthikanti et al. 2022's release); a stated "full" is every layer.

@@ -9,6 +9,9 @@ import pytest
 
 from plansim.analytic.cost import build_pipeline_work
 from plansim.analytic.memory import plan_state_bytes, rank_memory
+from plansim.analytic.ranks import layout_groups
+from plansim.analytic.zero3 import Zero3Traffic
+from plansim.analytic.zero_segments import sharded_traffic
 from plansim.catalog import resolve_model
 from plansim.cli import main
 from plansim.errors import SpecError
@@ -79,10 +82,44 @@ def test_backtest_searches_it_for_recent_megatron_family_rows() -> None:
     assert modes("Megatron-Bridge 25.11") == (False, True)
     assert modes("Megatron-LM (2022)") == (False,)
     assert modes("DeepSpeed 0.15 (2025)") == (False,)
+    fsdp_notes: list[str] = []
+    llm_foundry = RunRow(
+        path="r.csv", line=2, cells={"framework": "llm-foundry (2023)", "precision": "bf16"}
+    )
+    # PyTorch FSDP's reduce dtype is the job's choice, which no column states: searched
+    assert bf16_grad_modes(llm_foundry, 2023, fsdp_notes, torch_fsdp=True) == (False, True)
+    assert fsdp_notes == ["PyTorch FSDP reduce dtype (fp32 or bf16) searched"]
+    assert bf16_grad_modes(llm_foundry, 2023, []) == (False,)
     notes: list[str] = []
     undated = RunRow(path="r.csv", line=2, cells={"precision": "bf16"})
     assert bf16_grad_modes(undated, None, notes) == (False, True)
     assert notes == ["gradient reduction in fp32 or bf16 searched"]
+
+
+def test_pytorch_fsdp_reduce_scatters_in_fp32_unless_bf16_and_deepspeed_in_16_bits() -> None:
+    """PyTorch FSDP's ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` (torchtitan's
+    default) reduce-scatters fp32 gradients, ``reduce_dtype=bf16`` (``grad_reduce_in_bf16``)
+    16-bit ones; DeepSpeed's ZeRO-3 reduces in the model's dtype either way. Gathers stay
+    16-bit, and the memory is PyTorch FSDP's fp32 states whichever the reduce dtype."""
+
+    def layer(plan: ParallelPlan) -> Zero3Traffic:
+        groups = layout_groups(plan, gpus_per_node=H100.gpus_per_node)
+        unit, _ = sharded_traffic(MODEL, plan, H100, groups, first=True, last=True, memo=None)
+        return unit
+
+    fsdp = layer(_plan(zero_stage=3, use_torch_fsdp2=True))
+    fsdp_bf16 = layer(_plan(zero_stage=3, use_torch_fsdp2=True, grad_reduce_in_bf16=True))
+    deepspeed = layer(_plan(zero_stage=3))
+    deepspeed_bf16 = layer(_plan(zero_stage=3, grad_reduce_in_bf16=True))
+    assert fsdp.scatter_bytes == pytest.approx(2 * fsdp_bf16.scatter_bytes)
+    assert fsdp_bf16.scatter_bytes == deepspeed.scatter_bytes == deepspeed_bf16.scatter_bytes
+    assert fsdp.scatter_s > fsdp_bf16.scatter_s
+    assert fsdp.gather_bytes == fsdp_bf16.gather_bytes == deepspeed.gather_bytes
+    assert fsdp.gather_s == fsdp_bf16.gather_s
+    plans = [
+        _plan(zero_stage=3, use_torch_fsdp2=True, grad_reduce_in_bf16=b) for b in (False, True)
+    ]
+    assert rank_memory(MODEL, plans[0], H100, rank=0) == rank_memory(MODEL, plans[1], H100, rank=0)
 
 
 def test_simulate_cli(capsys: pytest.CaptureFixture[str]) -> None:
