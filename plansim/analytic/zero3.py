@@ -271,9 +271,12 @@ def unit_traffic(
     groups: LayoutGroups,
     param_bytes: float,
     grad_bytes: float,
+    source_grad_bytes: float | None = None,
 ) -> Zero3Traffic:
     """ZeRO-2 / ZeRO-3 traffic of one unit made of parameter ``tensors`` (elements per TP
-    rank), per micro-batch.
+    rank), per micro-batch; gradients are reduced in ``grad_bytes`` per element, from
+    unsharded gradients of ``source_grad_bytes`` (default ``grad_bytes``; a 16-bit backward's
+    gradients cast to an fp32 reduce dtype on the copy into the flat buffer).
 
     ``layer-prefetch`` and ``layer-sync``: one collective of the whole unit each way, plus
     its flat-buffer copies at the streaming bandwidth (:func:`flat_copy_bytes`).
@@ -306,7 +309,11 @@ def unit_traffic(
             scatter_copy_s = launches_s + 2.0 * numel * grad_bytes / stream
         else:
             gather_bytes, scatter_bytes = flat_copy_bytes(
-                numel, shards=span.size, param_bytes=param_bytes, grad_bytes=grad_bytes
+                numel,
+                shards=span.size,
+                param_bytes=param_bytes,
+                grad_bytes=grad_bytes,
+                source_grad_bytes=source_grad_bytes,
             )
             gather_copy_s, scatter_copy_s = gather_bytes / stream, scatter_bytes / stream
         if not grads_only:
@@ -325,21 +332,29 @@ def unit_traffic(
 
 
 def flat_copy_bytes(
-    numel: float, *, shards: int, param_bytes: float, grad_bytes: float
+    numel: float,
+    *,
+    shards: int,
+    param_bytes: float,
+    grad_bytes: float,
+    source_grad_bytes: float | None = None,
 ) -> tuple[float, float]:
     """Memory traffic (bytes) of the flat-buffer copies around one unit's collectives:
     (all-gather, reduce-scatter).
 
     All-gather: the rank's shard is copied into the flat send buffer (read + write numel /
     shards) and the gathered buffer out into the unit's parameters (read + write numel).
-    Reduce-scatter: the unsharded gradients are copied into the flat send buffer (read + write
-    numel) and the reduced shard is divided by the group size in place (read + write
-    numel / shards). As PyTorch FSDP2 does them (``torch.distributed.fsdp`` fully_shard:
-    ``all_gather_copy_in``, ``split_with_sizes_copy`` copy-out, ``chunk_cat``, ``div_``;
-    seen as ``fsdp::all_gather_copy_in``, ``aten::copy_``, ``aten::cat`` and ``aten::div_``
-    in torch.profiler on a dp2 ZeRO-3 run)."""
+    Reduce-scatter: the unsharded gradients (``source_grad_bytes`` per element, default
+    ``grad_bytes``) are copied into the flat send buffer of the reduce dtype (``grad_bytes``:
+    read numel of the one, write numel of the other, casting on the way) and the reduced
+    shard is divided by the group size in place (read + write numel / shards). As PyTorch
+    FSDP2 does them (``torch.distributed.fsdp`` fully_shard: ``all_gather_copy_in``,
+    ``split_with_sizes_copy`` copy-out, ``chunk_cat`` into a ``reduce_dtype`` buffer,
+    ``div_``; seen as ``fsdp::all_gather_copy_in``, ``aten::copy_``, ``aten::cat`` and
+    ``aten::div_`` in torch.profiler on a dp2 ZeRO-3 run)."""
+    source = grad_bytes if source_grad_bytes is None else source_grad_bytes
     gather = param_bytes * 2.0 * (numel / shards + numel)
-    scatter = grad_bytes * 2.0 * (numel + numel / shards)
+    scatter = (source + grad_bytes) * numel + grad_bytes * 2.0 * numel / shards
     return gather, scatter
 
 

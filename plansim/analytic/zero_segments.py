@@ -128,7 +128,13 @@ def sharded_traffic(
     per_param = plan_state_bytes(plan)
     per_step = plan.zero3_param_fetch is Zero3ParamFetch.PER_STEP and plan.zero_stage == 3
     grad_bytes = per_param.grad if per_step or plan.use_torch_fsdp2 else per_param.param
-    z3_bytes = {"param_bytes": per_param.param, "grad_bytes": grad_bytes}
+    # per micro-batch, the backward's gradients are in the parameters' 16-bit dtype
+    source = per_param.param if plan.use_torch_fsdp2 and not per_step else grad_bytes
+    z3_bytes = {
+        "param_bytes": per_param.param,
+        "grad_bytes": grad_bytes,
+        "source_grad_bytes": source,
+    }
     layer = memoised(
         memo,
         ("zero3", *_zero3_key(plan)),

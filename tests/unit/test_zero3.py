@@ -100,6 +100,12 @@ def test_per_tensor_sync_pays_one_collective_and_dp_copies_per_tensor() -> None:
     whole = sum(tensors)
     copy_in_out = 2 * 2 * (whole / 64 + whole)
     assert flat_copy_bytes(whole, shards=64, param_bytes=2, grad_bytes=2)[0] == copy_in_out
+    # reduce-scatter copy-in: read the unsharded gradients, write the flat buffer; with an fp32
+    # reduce dtype (PyTorch FSDP) the 16-bit gradients are cast on the way (read 2, write 4)
+    same = flat_copy_bytes(whole, shards=64, param_bytes=2, grad_bytes=2)[1]
+    assert same == 2 * 2 * (whole + whole / 64)
+    cast = flat_copy_bytes(whole, shards=64, param_bytes=2, grad_bytes=4, source_grad_bytes=2)
+    assert cast[1] == (2 + 4) * whole + 2 * 4 * whole / 64
     want_prefetch = (
         collective_time_s(prof, collective="all_gather", message_bytes=2 * whole, span=groups.dp)
         + copy_in_out / prof.streaming_bytes_per_s()
