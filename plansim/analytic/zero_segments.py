@@ -128,8 +128,9 @@ def sharded_traffic(
     per_param = plan_state_bytes(plan)
     per_step = plan.zero3_param_fetch is Zero3ParamFetch.PER_STEP and plan.zero_stage == 3
     grad_bytes = per_param.grad if per_step or plan.use_torch_fsdp2 else per_param.param
-    # per micro-batch, the backward's gradients are in the parameters' 16-bit dtype
-    source = per_param.param if plan.use_torch_fsdp2 and not per_step else grad_bytes
+    # the backward leaves gradients in the parameters' dtype; per-step accumulates them
+    # in the reduce dtype
+    source = grad_bytes if per_step else per_param.param
     z3_bytes = {
         "param_bytes": per_param.param,
         "grad_bytes": grad_bytes,

@@ -109,6 +109,10 @@ def build_update(
         f"{info.env.get('device_name', info.device)}: {info.nproc} ranks x 1 "
         f"{'GPU' if info.device == 'cuda' else 'core'} ({info.backend}), plansim calibrate"
     )
+    gpus_per_node = _gpus_per_node(info, base)
+    node_source = (
+        {} if gpus_per_node is None else {"gpus_per_node": f"{info.source()}; ranks launched"}
+    )
     update = ProfileUpdate(
         name=name,
         description=description or (base.description if base else default),
@@ -116,8 +120,8 @@ def build_update(
         matmul_efficiency=parts.curves,
         intra_node=parts.collectives,
         scalars=parts.scalars,
-        gpus_per_node=_gpus_per_node(info, base),
-        provenance={**parts.provenance, **_gpus_per_node_source(info, base)},
+        gpus_per_node=gpus_per_node,
+        provenance={**parts.provenance, **node_source},
         host=parts.host,
         attention_efficiency=parts.attention,
         host_overhead=parts.host_overhead,
@@ -318,12 +322,6 @@ def _gpus_per_node(info: RunInfo, base: HardwareProfile | None) -> int | None:
     one rank merges into a base: a single-GPU run says nothing of the node it stands for
     (one GPU of an 8-GPU node calibrated on a one-GPU machine)."""
     return None if info.nproc == 1 and base is not None else info.nproc
-
-
-def _gpus_per_node_source(info: RunInfo, base: HardwareProfile | None) -> dict[str, str]:
-    if _gpus_per_node(info, base) is None:
-        return {}
-    return {"gpus_per_node": f"{info.source()}; ranks launched"}
 
 
 def _collectives(

@@ -205,7 +205,7 @@ def row_space(row: RunRow, notes: list[str]) -> SearchSpace:
         # recompute (Korthikanti et al. 2022's release); a stated "full" is every layer.
         partial_recompute=recompute is None and modern,
     )
-    if space.use_torch_fsdp2 and space.zero_stages == (2,):  # the schema: shard-grad-op = 2
+    if torch_fsdp and space.zero_stages == (2,):  # the schema: shard-grad-op = 2
         notes.append(
             "PyTorch FSDP shard-grad-op (zero_stage 2): ZeRO-3 with each layer kept gathered "
             "from its forward to its backward"
