@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The checks a session lent one GPU runs, as one command (about 5 minutes on an H100/H200).
+# The checks a session lent one GPU runs, as one command (at most about 8 minutes on an H100/H200; the
+# device tool's per-command limit is 10).
 #
 # From the repository root on the GPU machine, with a simpy wheel carried in .whl/ (the
 # machine's image has torch, numpy, pandas, matplotlib, PyYAML and tqdm, not simpy; see
@@ -46,19 +47,19 @@ echo "== $gpu: base profile $base"
 
 echo "== 1/3 calibrate (one GPU, quick) into a copy of $base"
 cp "hardware_profiles/$base.yaml" "$measured"
-timeout 330 python3 -m plansim calibrate --backend nccl --nproc 1 --device cuda --quick \
-    --out "$measured" --name "$base-1gpu" --timeout 300
+timeout 230 python3 -m plansim calibrate --backend nccl --nproc 1 --device cuda --quick \
+    --out "$measured" --name "$base-1gpu" --timeout 210
 
 echo "== 2/3 GEMMs and attention of real layer shapes"
 profiles=(--profile "$base")
 [ -s "${measured%.yaml}.raw.csv" ] && profiles+=(--profile "$measured")
-timeout 200 python3 benchmarks/bench_layer_shapes.py --device cuda "${profiles[@]}" \
-    --out "$OUT/layer_shapes.csv" --timeout 180
+timeout 150 python3 benchmarks/bench_layer_shapes.py --device cuda "${profiles[@]}" \
+    --out "$OUT/layer_shapes.csv" --timeout 140
 
 echo "== 3/3 validate one GPU (fp32) against the merged profile"
 work=$(mktemp -d)
 for recompute in none full; do
-    timeout 120 python3 -m plansim validate --model gpt3-175b --num-layers 8 \
+    timeout 60 python3 -m plansim validate --model gpt3-175b --num-layers 8 \
         --hidden-size 2048 --num-heads 16 --seq-len 2048 --vocab-size 50304 \
         --tp 1 --pp 1 --mbs 2 --gbs 4 --recompute "$recompute" --dtype fp32 \
         --backend nccl --nproc 1 --profile "$measured" --steps 5 --out "$work/$recompute"

@@ -50,8 +50,10 @@ import pandas as pd
 from plansim.calibrate.aggregate import aggregate, cache_note, contention
 from plansim.calibrate.build_elementwise import elementwise_term
 from plansim.calibrate.build_terms import (
+    MIN_CURVE_SIZES,
     attention_terms,
     host_overhead_term,
+    one_size_note,
     overlap_term,
     sustained_term,
 )
@@ -164,6 +166,9 @@ def _compute(
         if base_peak and base_peak >= peak and not base_source.startswith("measured"):
             peak, peak_note = base_peak, ""
         fitted = fit_efficiency(gemms["work"].tolist(), gemms["time_s"].tolist(), peak_per_s=peak)
+        if len(fitted.curve.x) < MIN_CURVE_SIZES:
+            parts.summary.append((f"GEMM {dtype}", one_size_note(len(fitted.curve.x))))
+            continue
         if peak_note:
             parts.peaks[dtype] = peak
             parts.provenance[f"peak_tflops.{dtype}"] = f"{source}; {peak_note}"

@@ -62,6 +62,22 @@ class Terms:
     summary: list[tuple[str, str]] = field(default_factory=list)
 
 
+#: Fewest distinct sizes (GEMM: FLOPs octaves; attention: calls) a measured efficiency curve
+#: needs before it is written. A curve is read clamped beyond its ends, so a single size stands
+#: for every size: seen on an H100, one launch-bound attention call (0.4% of peak) made the
+#: profile price every attention call 100-800x too slow.
+MIN_CURVE_SIZES = 2
+
+
+def one_size_note(sizes: int) -> str:
+    """The summary's line for a curve measured at fewer than :data:`MIN_CURVE_SIZES` sizes."""
+    return (
+        f"not written: measured at {sizes} size(s), fewer than {MIN_CURVE_SIZES} (the larger "
+        "calls were skipped or failed; see the raw CSV's status column); the existing "
+        "profile's value is kept"
+    )
+
+
 def attention_terms(table: pd.DataFrame, *, source: str, peaks: Mapping[str, float]) -> Terms:
     """Fused-attention curves per dtype that has a GEMM peak in ``peaks`` (FLOP/s).
 
@@ -96,6 +112,9 @@ def attention_terms(table: pd.DataFrame, *, source: str, peaks: Mapping[str, flo
             "backward (forward + backward less forward, for 2x the FLOPs), rate / GEMM peak "
             f"{peak / 1e12:.4g} TFLOP/s; ranks concurrent, median over ranks"
         )
+        if fit.num_points < MIN_CURVE_SIZES:
+            out.summary.append((f"attention {dtype}", one_size_note(fit.num_points)))
+            continue
         out.attention[dtype] = dataclasses.replace(fit.efficiency, source=text)
         out.provenance[f"attention_efficiency.{dtype}"] = text
     return out

@@ -132,19 +132,32 @@ def _gemm_items(dtypes: tuple[str, ...], configs: tuple[tuple[int, int], ...]) -
     return items
 
 
-def _attention_items(dtypes: tuple[str, ...], seqs: tuple[int, ...], heads: int) -> list[Item]:
+#: Causal attention calls per device, (quick, full): (sequence lengths, heads, head dim). On a
+#: GPU the calls are training's: 16 heads of 128 (GPT-3 175B and Llama 3 70B at tp 8, MPT-7B
+#: at tp 2), 1k-16k tokens. (Before, a GPU timed the CPU's 4 heads of 64 at 256 and 1024
+#: tokens: microseconds of work, a launch-bound 0.4% of peak that the profile then applied to
+#: every larger call; seen on an H100, predicted attention 100-800x too slow.)
+ATTENTION_SHAPES = {
+    "cuda": (((1024, 2048, 4096, 8192), 16, 128), ((1024, 2048, 4096, 8192, 16384), 16, 128)),
+    "cpu": (((256, 1024), 4, 64), ((256, 512, 1024, 2048), 8, 64)),
+}
+
+
+def _attention_items(
+    dtypes: tuple[str, ...], seqs: tuple[int, ...], heads: int, head_dim: int
+) -> list[Item]:
     """Causal SDPA; model FLOPs: forward 4*b*h*s^2*d / 2, backward twice the forward."""
     items: list[Item] = []
     for op, factor in (("sdpa_fwd", 1.0), ("sdpa_fwd_bwd", 3.0)):
         for dtype in dtypes:
             for seq in seqs:
-                fwd = 4.0 * heads * seq * seq * 64 / 2
+                fwd = 4.0 * heads * seq * seq * head_dim / 2
                 items.append(
                     Item(
                         kind="attention",
                         op=op,
                         dtype=dtype,
-                        shape=(1, heads, seq, 64),
+                        shape=(1, heads, seq, head_dim),
                         work=fwd * factor,
                         work_unit="flop",
                     )
@@ -324,11 +337,12 @@ def build_plan(*, nproc: int, device: str, quick: bool, fp8: bool = False) -> Pl
     configs: tuple[tuple[int, int], ...]
     messages: tuple[int, ...]
     ew_configs, ew_dtype = ELEMENTWISE_SHAPES["cuda" if gpu else "cpu"]
+    seqs, heads, head_dim = ATTENTION_SHAPES["cuda" if gpu else "cpu"][0 if quick else 1]
     if quick:
         configs = ((64, 64), (128, 128), (256, 256), (512, 512), (1024, 1024))
         if gpu:
             configs = ((512, 512), (2048, 2048), (4096, 4096), (8192, 8192))
-        others = _attention_items(("fp32", "bf16"), (256, 1024), heads=4)
+        others = _attention_items(("fp32", "bf16"), seqs, heads, head_dim)
         others += _memory_items(("copy", "add"), (1 << 24,), (1 << 20,))
         others += _elementwise_items(ew_dtype, ew_configs[:1])
         messages = (64, 1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22, 1 << 23, 1 << 24, 1 << 25)
@@ -337,7 +351,7 @@ def build_plan(*, nproc: int, device: str, quick: bool, fp8: bool = False) -> Pl
         if gpu:
             configs = ((256, 256), (1024, 1024), (2048, 2048), (4096, 4096), (8192, 8192))
             configs += ((16384, 8192),)
-        others = _attention_items(dtypes, (256, 512, 1024, 2048), heads=8)
+        others = _attention_items(dtypes, seqs, heads, head_dim)
         others += _memory_items(
             tuple(STREAM_ACCESSES), (1 << 22, 1 << 24, 1 << 26), (1 << 20, 1 << 23)
         )

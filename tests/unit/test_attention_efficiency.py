@@ -213,21 +213,35 @@ def test_attention_terms_pair_forward_and_backward_rows() -> None:
     rows = [
         ("sdpa_fwd", "1x8x256x64", 6.0e7, 0.002),
         ("sdpa_fwd_bwd", "1x8x256x64", 1.8e8, 0.008),
+        ("sdpa_fwd", "1x8x1024x64", 9.6e8, 0.01),
+        ("sdpa_fwd_bwd", "1x8x1024x64", 2.88e9, 0.03),
         ("sdpa_fwd", "1x8x512x64", 2.4e8, 0.006),  # no backward row: not in the curve
     ]
-    table = pd.DataFrame(
+    terms = attention_terms(_attention_table(rows), source="measured: test", peaks={"fp32": 1e11})
+    curves = terms.attention["fp32"]
+    assert curves.forward.x == (6.0e7, 9.6e8)
+    assert curves.forward.y == pytest.approx((6.0e7 / 0.002 / 1e11, 9.6e8 / 0.01 / 1e11))
+    assert curves.backward.y == pytest.approx((1.2e8 / 0.006 / 1e11, 1.92e9 / 0.02 / 1e11))
+    assert terms.provenance["attention_efficiency.fp32"].startswith("measured: test; causal")
+    assert attention_terms(_attention_table(rows), source="x", peaks={}).attention == {}
+
+
+def _attention_table(rows: list[tuple[str, str, float, float]]) -> pd.DataFrame:
+    return pd.DataFrame(
         [
             {"kind": "attention", "op": o, "dtype": "fp32", "shape": s, "work": w, "time_s": t}
             for o, s, w, t in rows
         ]
     )
-    terms = attention_terms(table, source="measured: test", peaks={"fp32": 1e11})
-    curves = terms.attention["fp32"]
-    assert curves.forward.x == (6.0e7,)
-    assert curves.forward.y == pytest.approx((6.0e7 / 0.002 / 1e11,))
-    assert curves.backward.y == pytest.approx((1.2e8 / 0.006 / 1e11,))
-    assert terms.provenance["attention_efficiency.fp32"].startswith("measured: test; causal")
-    assert attention_terms(table, source="x", peaks={}).attention == {}
+
+
+def test_attention_measured_at_one_size_is_not_written() -> None:
+    """A curve is read clamped beyond its ends: one launch-bound call would stand for every
+    attention call (an H100 calibration timed 1 x 4 x 256 x 64 at 0.4% of peak)."""
+    rows = [("sdpa_fwd", "1x4x256x64", 3.4e7, 8.9e-6), ("sdpa_fwd_bwd", "1x4x256x64", 1e8, 2e-4)]
+    terms = attention_terms(_attention_table(rows), source="measured: t", peaks={"fp32": 1e12})
+    assert terms.attention == {} and "attention_efficiency.fp32" not in terms.provenance
+    assert dict(terms.summary)["attention fp32"].startswith("not written: measured at 1 size")
 
 
 #: The calibration run the committed CPU profile and its raw CSV come from.

@@ -226,6 +226,23 @@ def test_datasheet_peak_of_the_base_is_kept_and_fractions_follow_it() -> None:
     assert merged.provenance["peak_tflops.bf16"] == base.provenance["peak_tflops.bf16"]
 
 
+def test_a_gemm_dtype_measured_at_one_size_keeps_the_base_curve() -> None:
+    """The larger GEMMs of a dtype skipped (an H100's first fp16 call paid kernel loading):
+    the one small GEMM left must not become the dtype's curve for every size."""
+    base = load_profile("h100-sxm5-80gb")
+    rows = [
+        r
+        for r in synthetic_rows(dtypes=("bf16", "fp16"), collectives=())
+        if r["dtype"] != "fp16" or r["shape"] == "64x256x64"
+    ]
+    built = build_update(frame(rows, run_id="r"), _info(), base=base, name=base.name)
+    assert "fp16" not in built.update.matmul_efficiency and "bf16" in built.update.matmul_efficiency
+    assert dict(built.summary)["GEMM fp16"].startswith("not written: measured at 1 size")
+    merged = merge_profile(base, built.update)
+    assert merged.matmul_efficiency["fp16"] == base.matmul_efficiency["fp16"]
+    assert merged.provenance["matmul_efficiency.fp16"] == base.provenance["matmul_efficiency.fp16"]
+
+
 # --------------------------------------------------------------------------- merging
 def test_merge_replaces_only_what_was_measured_and_keeps_provenance() -> None:
     base = load_profile("h100-sxm5-80gb")
