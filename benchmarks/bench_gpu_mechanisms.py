@@ -1,0 +1,179 @@
+"""Two mechanisms the validator's one-GPU run pointed at, measured on the device itself.
+
+1. ``sustained``: burst and sustained rate of a random 8192^3 GEMM per dtype (fp32 on the
+   CUDA cores, bf16 on the tensor cores). ``plansim calibrate`` measures bf16 only and the
+   profile's ``sustained_matmul_fraction`` scales every dtype's GEMM curve; this says
+   whether an fp32 GEMM loop also slows down as the GPU reaches its power limit.
+2. ``recompute``: one training step of the validator's model (plansim.validate.model, fp32)
+   without recompute and with every block wrapped in torch's checkpoint, three ways:
+   non-reentrant with early stop (torch's default, what ``checkpoint_wrapper`` and so the
+   validator and torchtitan use), non-reentrant without early stop
+   (``torch.utils.checkpoint.set_checkpoint_early_stop(False)``), and reentrant (a full
+   re-run of the block's forward, as Megatron-LM's own checkpoint function does). Early stop
+   ends the recomputation once every tensor the backward saved is back, so a block's last
+   GEMM (the MLP down projection: its output is not saved) is not recomputed.
+
+Usage (one GPU; CPU works at small sizes for a smoke test):
+    python benchmarks/bench_gpu_mechanisms.py --device cuda --out OUT.csv
+Prints a table and writes one CSV row per measurement (``part``, ``case``, seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    CheckpointImpl,
+    checkpoint_wrapper,
+)
+from torch.utils.checkpoint import set_checkpoint_early_stop
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from plansim.catalog import resolve_model
+from plansim.io.outputs import write_text_atomic
+from plansim.validate.model import build_model, loss_fn
+
+#: Sleep before a burst (idle clocks and power), burst and window seconds of the soak.
+IDLE_S, BURST_S, WINDOW_S = 1.0, 0.05, 0.25
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _loop_s(fn, seconds: float, device: torch.device) -> tuple[float, int]:
+    """Seconds per call of ``fn`` called back to back for about ``seconds``."""
+    calls, begin = 0, time.perf_counter()
+    while True:
+        fn()
+        calls += 1
+        if calls % 4 == 0:
+            _sync(device)
+            elapsed = time.perf_counter() - begin
+            if elapsed >= seconds:
+                return elapsed / calls, calls
+
+
+def sustained(device: torch.device, *, n: int, soak_s: float) -> list[dict[str, object]]:
+    """Burst (after an idle second) and sustained (last quarter of the soak) seconds per
+    random n^3 GEMM, fp32 and bf16."""
+    rows: list[dict[str, object]] = []
+    for dtype in ("fp32", "bf16"):
+        torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+        a = torch.randn(n, n, device=device).to(torch_dtype)
+        b = torch.randn(n, n, device=device).to(torch_dtype)
+        out = torch.empty(n, n, device=device, dtype=torch_dtype)
+
+        def gemm(a=a, b=b, out=out) -> None:
+            torch.matmul(a, b, out=out)
+
+        gemm()
+        _sync(device)
+        time.sleep(IDLE_S)
+        burst, _ = _loop_s(gemm, BURST_S, device)
+        windows = [_loop_s(gemm, WINDOW_S, device)[0] for _ in range(int(soak_s / WINDOW_S))]
+        last = statistics.median(windows[-max(1, len(windows) // 4) :])
+        flops = 2.0 * n**3
+        for case, seconds in (("burst", burst), ("sustained", last)):
+            rows.append(
+                {
+                    "part": "sustained",
+                    "case": f"{dtype} {case}",
+                    "seconds": seconds,
+                    "tflops_per_s": flops / seconds / 1e12,
+                }
+            )
+        rows.append(
+            {"part": "sustained", "case": f"{dtype} sustained/burst rate", "ratio": burst / last}
+        )
+    return rows
+
+
+def _model(args: argparse.Namespace):
+    spec = resolve_model("gpt3-175b", seq_length=args.seq_len)
+    ffn = spec.ffn_hidden_size * args.hidden_size // spec.hidden_size
+    return dataclasses.replace(
+        spec,
+        name="gpt3-175b (scaled)",
+        num_layers=args.num_layers,
+        hidden_size=args.hidden_size,
+        ffn_hidden_size=ffn,
+        num_attention_heads=args.num_heads,
+        num_query_groups=args.num_heads,
+        vocab_size=args.vocab_size,
+    )
+
+
+def recompute(device: torch.device, args: argparse.Namespace) -> list[dict[str, object]]:
+    """Median seconds of one forward + backward of one micro-batch, per checkpoint mode."""
+    spec = _model(args)
+    rows: list[dict[str, object]] = []
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, spec.vocab_size, (args.mbs, spec.seq_length + 1), generator=gen)
+    inputs, targets = tokens[:, :-1].to(device), tokens[:, 1:].to(device)
+    for case in ("none", "non-reentrant early-stop", "non-reentrant full", "reentrant"):
+        model = build_model(spec, seed=0).to(device)
+        if case != "none":
+            impl = CheckpointImpl.REENTRANT if case == "reentrant" else CheckpointImpl.NO_REENTRANT
+            for name, block in list(model.blocks.items()):
+                model.blocks[name] = checkpoint_wrapper(block, checkpoint_impl=impl)
+        times = []
+        with set_checkpoint_early_stop(case != "non-reentrant full"):
+            for step in range(args.warmup + args.steps):
+                _sync(device)
+                begin = time.perf_counter()
+                loss_fn(model(inputs), targets).backward()
+                _sync(device)
+                if step >= args.warmup:
+                    times.append(time.perf_counter() - begin)
+                model.zero_grad(set_to_none=True)
+        rows.append({"part": "recompute", "case": case, "seconds": statistics.median(times)})
+        del model
+    base = rows[0]["seconds"]
+    for row in rows[1:]:
+        row["extra_over_none_s"] = float(row["seconds"]) - float(base)  # type: ignore[arg-type]
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--part", choices=("all", "sustained", "recompute"), default="all")
+    parser.add_argument("--gemm-n", type=int, default=8192)
+    parser.add_argument("--soak-s", type=float, default=15.0)
+    parser.add_argument("--num-layers", type=int, default=8)
+    parser.add_argument("--hidden-size", type=int, default=2048)
+    parser.add_argument("--num-heads", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--vocab-size", type=int, default=50304)
+    parser.add_argument("--mbs", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("bench_gpu_mechanisms: no GPU", file=sys.stderr)
+        return 1
+    rows: list[dict[str, object]] = []
+    if args.part in ("all", "sustained"):
+        rows += sustained(device, n=args.gemm_n, soak_s=args.soak_s)
+    if args.part in ("all", "recompute"):
+        rows += recompute(device, args)
+    table = pd.DataFrame.from_records(rows)
+    print(table.to_string(index=False))
+    write_text_atomic(args.out, table.to_csv(index=False), label="--out")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
