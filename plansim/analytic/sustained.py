@@ -23,6 +23,13 @@ warm-up ones, ../shared/reference H04). A training job differs in two measured w
 
 Both scale the compute-bound kernels only (GEMMs and fused attention); memory-bound kernels
 move bytes at the HBM rate, which neither effect changes.
+
+The power limit is reached by the tensor cores' dtypes only. Measured on an H100 SXM
+(``benchmarks/bench_gpu_mechanisms.py``, 2026-11-27, torch 2.11 + CUDA 13, random 8192^3
+operands, 15 s soak; ``benchmarks/gpu_runs/h100-2026-11-27/mechanisms.csv``): bf16 held
+0.896 of its burst rate (752 -> 675 TFLOP/s), fp32 on the CUDA cores 0.9999 (51.45 TFLOP/s
+both), so :data:`UNTHROTTLED_DTYPES` keep their burst curves. The spread between GPUs
+(silicon, cooling) is not a power effect and applies to every dtype.
 """
 
 from __future__ import annotations
@@ -67,14 +74,31 @@ def sustained_pace_fraction(profile: HardwareProfile, num_gpus: int) -> float:
     return profile.sustained_matmul_fraction * (1.0 - spread)
 
 
+#: dtypes whose GEMMs run on the CUDA cores (no tensor cores), below the power limit: an
+#: fp32 GEMM loop kept its burst rate over a 15 s soak on an H100 (module docstring).
+UNTHROTTLED_DTYPES = frozenset({"fp32"})
+
+
 def _scaled(curve: Curve, factor: float) -> Curve:
     return Curve(x=curve.x, y=tuple(y * factor for y in curve.y), source=curve.source)
+
+
+def dtype_pace_fraction(profile: HardwareProfile, num_gpus: int, dtype: str) -> float:
+    """:func:`sustained_pace_fraction` for GEMMs of ``dtype``: without the power-limit factor
+    for :data:`UNTHROTTLED_DTYPES` (only the slowest-GPU spread).
+
+    Raises:
+        SpecError: ``num_gpus`` < 1.
+    """
+    if dtype not in UNTHROTTLED_DTYPES:
+        return sustained_pace_fraction(profile, num_gpus)
+    return 1.0 - profile.gpu_matmul_spread_fraction * expected_slowest_z(num_gpus)
 
 
 def job_compute_profile(profile: HardwareProfile, num_gpus: int) -> HardwareProfile:
     """``profile`` with its GEMM and fused-attention curves (and the Ampere-kernel attention
     cap) scaled to the rate a synchronous job of ``num_gpus`` GPUs sustains
-    (:func:`sustained_pace_fraction`); the profile itself when that is 1.
+    (:func:`dtype_pace_fraction` per dtype); the profile itself when the pace is 1.
 
     Raises:
         SpecError: ``num_gpus`` < 1.
@@ -82,13 +106,17 @@ def job_compute_profile(profile: HardwareProfile, num_gpus: int) -> HardwareProf
     factor = sustained_pace_fraction(profile, num_gpus)
     if factor == 1.0:
         return profile
+
+    def pace(dtype: str) -> float:
+        return dtype_pace_fraction(profile, num_gpus, dtype)
+
     return dataclasses.replace(
         profile,
-        matmul_efficiency={d: _scaled(c, factor) for d, c in profile.matmul_efficiency.items()},
+        matmul_efficiency={d: _scaled(c, pace(d)) for d, c in profile.matmul_efficiency.items()},
         attention_efficiency={
             d: AttentionEfficiency(
-                forward=_scaled(a.forward, factor),
-                backward=_scaled(a.backward, factor),
+                forward=_scaled(a.forward, pace(d)),
+                backward=_scaled(a.backward, pace(d)),
                 source=a.source,
             )
             for d, a in profile.attention_efficiency.items()

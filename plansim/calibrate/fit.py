@@ -228,6 +228,10 @@ class EfficiencyFit:
         return self.peak_per_s * self.curve(work)
 
 
+#: log2 slack of the octave binning (:func:`fit_efficiency`).
+OCTAVE_TOLERANCE = 1e-9
+
+
 def fit_efficiency(
     work: Sequence[float], time_s: Sequence[float], *, peak_per_s: float | None = None
 ) -> EfficiencyFit:
@@ -243,7 +247,12 @@ def fit_efficiency(
     """
     amounts, times = _points(work, time_s, "efficiency fit")
     rates = amounts / times
-    octave = np.floor(np.log2(amounts)).astype(np.int64)
+    # A GEMM's FLOPs are often a power of two (2 * 8192^3 = 2^40); read back from the raw
+    # CSV's 12 significant digits such an amount can fall just below it and into the octave
+    # beneath (4398046511104 -> 4.3980465111e+12), so a rebuild binned differently from the
+    # run that wrote the CSV. OCTAVE_TOLERANCE is far above that rounding (1e-12) and far
+    # below any two sizes the calibration plans.
+    octave = np.floor(np.log2(amounts) + OCTAVE_TOLERANCE).astype(np.int64)
     xs: list[float] = []
     ys: list[float] = []
     for bin_id in np.unique(octave):

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from plansim.analytic.sustained import sustained_pace_fraction
+from plansim.analytic.sustained import dtype_pace_fraction
 from plansim.commands.common import (
     add_bf16_layer_args,
     add_dp_sync_args,
@@ -75,6 +75,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         action="store_true",
         help="also try Megatron's --grad-reduce-in-bf16 (bf16 gradient buffer and reduction "
         "instead of fp32; with --precision bf16, fp8 or fp4)",
+    )
+    p.add_argument(
+        "--recompute-early-stop",
+        action="store_true",
+        help="price the full-recompute plans as torch's non-reentrant checkpoint, which stops "
+        "early (torchtitan, checkpoint_wrapper): a layer's MLP down projection and the TP "
+        "collective after it are not rerun (models without dropout)",
     )
     p.add_argument(
         "--use-torch-fsdp2",
@@ -218,7 +225,7 @@ def _json_doc(
         "profile": profile.name,
         "num_gpus": args.gpus,
         "global_batch_size": args.gbs,
-        "gemm_pace_fraction": sustained_pace_fraction(profile, args.gpus),
+        "gemm_pace_fraction": dtype_pace_fraction(profile, args.gpus, args.precision),
         "plans": [evaluation_dict(ev) for ev in result.ranked[: args.top]],
         "num_candidates": result.num_candidates,
         "num_feasible": result.num_feasible,
@@ -240,7 +247,7 @@ def _heading(
         f"{'' if args.attention == 'flash' else f', {args.attention} attention'}; HBM "
         f"{bytes_to_gib(profile.hbm_capacity_bytes):.1f} GiB per GPU, "
         f"{bytes_to_gib(profile.memory_reserve_bytes):.1f} of it reserved"
-        f"{_pace_clause(profile, args.gpus)}\n\n"
+        f"{_pace_clause(profile, args.gpus, args.precision)}\n\n"
     )
 
 
@@ -250,10 +257,10 @@ def _bf16_clause(bf16_layers: tuple[int, int]) -> str:
     return f" (first {start} and last {end} layers in bf16)" if start or end else ""
 
 
-def _pace_clause(profile: HardwareProfile, num_gpus: int) -> str:
+def _pace_clause(profile: HardwareProfile, num_gpus: int, dtype: str) -> str:
     """'; GEMMs at 89.5% of the burst rate (...)' when the job computes below the profile's
     burst GEMM rate (``plansim.analytic.sustained``), else ''."""
-    pace = sustained_pace_fraction(profile, num_gpus)
+    pace = dtype_pace_fraction(profile, num_gpus, dtype)
     if pace >= 1.0:
         return ""
     return (

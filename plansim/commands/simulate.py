@@ -10,7 +10,11 @@ from pathlib import Path
 import pandas as pd
 
 from plansim.analytic.layer_timing import layer_wall_times
-from plansim.analytic.sustained import expected_slowest_z, sustained_pace_fraction
+from plansim.analytic.sustained import (
+    UNTHROTTLED_DTYPES,
+    dtype_pace_fraction,
+    expected_slowest_z,
+)
 from plansim.commands.common import (
     add_bf16_layer_args,
     add_dp_sync_args,
@@ -105,6 +109,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         action="store_true",
         help="accumulate and reduce gradients in bf16 instead of an fp32 main-gradient buffer "
         "(Megatron flag; precision bf16, fp8 or fp4)",
+    )
+    p.add_argument(
+        "--recompute-early-stop",
+        action="store_true",
+        help="full recompute through torch's non-reentrant checkpoint, which stops early "
+        "(torch.utils.checkpoint use_reentrant=False: torchtitan, checkpoint_wrapper): a "
+        "layer's MLP down projection and the TP collective after it are not rerun (models "
+        "without dropout; needs --recompute full)",
     )
     p.add_argument(
         "--use-torch-fsdp2",
@@ -250,6 +262,7 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
         zero_stage=args.zero,
         recompute=Recompute(args.recompute),
         recompute_num_layers=args.recompute_num_layers,
+        recompute_early_stop=args.recompute_early_stop,
         sequence_parallel=args.sequence_parallel,
         schedule=Schedule(args.schedule),
         precision=Precision(args.precision),
@@ -312,7 +325,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     title = f"{model.name} on {plan.num_gpus} x {profile.name}: {plan.label()}"
     _write_outputs(outputs, outcome, title=title, capacity_bytes=profile.hbm_capacity_bytes)
-    pace = sustained_pace_fraction(profile, plan.num_gpus)
+    dtype = plan.precision.value
+    pace = dtype_pace_fraction(profile, plan.num_gpus, dtype)
     layer = layer_wall_times(model, plan, profile)
     if args.format == "json":
         doc = {"status": "ok", "model": model.name, "profile": profile.name}
@@ -341,17 +355,21 @@ def run(args: argparse.Namespace) -> int:
         "collectives and recompute included)\n"
     )
     if pace < 1.0:
-        out.write(_pace_note(profile, plan.num_gpus, pace))
+        out.write(_pace_note(profile, plan.num_gpus, pace, dtype=dtype))
     return 0
 
 
-def _pace_note(profile: HardwareProfile, num_gpus: int, pace: float) -> str:
+def _pace_note(profile: HardwareProfile, num_gpus: int, pace: float, *, dtype: str) -> str:
     """One line on the GEMM rate the job sustains (``plansim.analytic.sustained``)."""
     slowest = 1.0 - profile.gpu_matmul_spread_fraction * expected_slowest_z(num_gpus)
+    power = (
+        f"{dtype} GEMMs run below the power limit"
+        if dtype in UNTHROTTLED_DTYPES
+        else f"{100 * profile.sustained_matmul_fraction:.1f}% sustained at the power limit"
+    )
     return (
         f"\nGEMMs and attention at {100 * pace:.1f}% of {profile.name}'s burst rate: "
-        f"{100 * profile.sustained_matmul_fraction:.1f}% sustained at the power limit x "
-        f"{100 * slowest:.1f}% for the slowest of {num_gpus} GPUs\n"
+        f"{power} x {100 * slowest:.1f}% for the slowest of {num_gpus} GPUs\n"
     )
 
 

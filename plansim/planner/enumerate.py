@@ -234,6 +234,8 @@ def _knobs(
                             zero_stage=zero,
                             recompute=recompute,
                             recompute_num_layers=block,
+                            recompute_early_stop=space.recompute_early_stop
+                            and recompute is Recompute.FULL,
                             sequence_parallel=sp,
                             schedule=schedule,
                             precision=space.precision,

@@ -51,7 +51,8 @@ class SearchSpace:
         grad_reduce_in_bf16: values tried when the precision keeps an fp32 main-gradient
             buffer (bf16, fp8, fp4; Megatron-LM ``--grad-reduce-in-bf16``); default off only.
         precision, attention, gradient_accumulation_fusion, scatter_gather_p2p,
-            zero3_param_fetch, use_torch_fsdp2 (ZeRO-3 plans only), bf16_layers ((start,
+            zero3_param_fetch, use_torch_fsdp2 (ZeRO-3 plans only), recompute_early_stop
+            (full-recompute plans only), bf16_layers ((start,
             end) layers kept in bf16 under fp8 / fp4): fixed for the whole search
             (``per-step`` for the plans with pp > 1: without a pipeline FSDP2 gathers layer
             by layer)
@@ -118,6 +119,7 @@ class SearchSpace:
     )
     zero3_param_fetch: Zero3ParamFetch = Zero3ParamFetch.LAYER_PREFETCH
     use_torch_fsdp2: bool = False
+    recompute_early_stop: bool = False
     reshard_after_forward: tuple[bool, ...] = (True,)
     hsdp_shard_gpus: int | None = None
     hsdp_only: bool = False

@@ -75,6 +75,14 @@ class ParallelPlan:
             activations; None (the default) recomputes every layer (``--recompute-method
             uniform --recompute-num-layers 1``). A chunk of at most N layers is recomputed
             whole (:meth:`recomputed_layers`).
+        recompute_early_stop: with recompute full, the layers are checkpointed by torch's
+            non-reentrant checkpoint with early stop (``torch.utils.checkpoint``,
+            ``use_reentrant=False``, ``set_checkpoint_early_stop`` on by default; what
+            ``checkpoint_wrapper``, torchtitan and ``plansim validate`` use): the recompute
+            stops once every tensor the backward saved is back, so a layer's last GEMM (the
+            MLP down projection, whose output nobody saved) and the TP collective after it
+            are not rerun. False (the default): the whole forward again, as Megatron-LM's
+            and DeepSpeed's own checkpoint functions do.
         sequence_parallel: Megatron sequence parallelism (needs tp > 1).
         schedule: pipeline schedule; interleaved-1f1b needs vpp > 1, pp > 1 and a number of
             micro-batches that is a multiple of pp (Megatron-LM's rule for interleaving);
@@ -249,6 +257,7 @@ class ParallelPlan:
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
     recompute_num_layers: int | None = None
+    recompute_early_stop: bool = False
     num_layers_at_start_in_bf16: int = 0
     num_layers_at_end_in_bf16: int = 0
 
@@ -284,6 +293,7 @@ class ParallelPlan:
             "grad_reduce_in_bf16",
             "use_torch_fsdp2",
             "reshard_after_forward",
+            "recompute_early_stop",
         )
         for flag in flags:
             if not isinstance(getattr(self, flag), bool):
@@ -348,10 +358,12 @@ class ParallelPlan:
 
     @property
     def recompute_label(self) -> str:
-        """'none', 'selective', 'full', or 'full-block2' (block method, 2 layers per chunk)."""
-        if self.recompute_num_layers is None:
-            return self.recompute.value
-        return f"{self.recompute.value}-block{self.recompute_num_layers}"
+        """'none', 'selective', 'full', 'full-block2' (block method, 2 layers per chunk), and
+        '-early-stop' after full with :attr:`recompute_early_stop`."""
+        label = self.recompute.value
+        if self.recompute_num_layers is not None:
+            label += f"-block{self.recompute_num_layers}"
+        return label + ("-early-stop" if self.recompute_early_stop else "")
 
     @property
     def num_gpus(self) -> int:

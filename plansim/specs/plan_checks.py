@@ -131,13 +131,19 @@ def check_offload(plan: ParallelPlan) -> None:
 
 def check_recompute(plan: ParallelPlan) -> None:
     """recompute_num_layers: None or a positive integer, only with recompute full (Megatron's
-    block method recomputes whole layers); recompute selective-op (torchtitan's per-op policy,
+    block method recomputes whole layers); recompute_early_stop only with recompute full;
+    recompute selective-op (torchtitan's per-op policy,
     which saves the fused attention kernel's output) only with flash attention."""
     if plan.recompute is Recompute.SELECTIVE_OP and plan.attention is not AttentionKernel.FLASH:
         raise SpecError(
             f"plan.recompute {Recompute.SELECTIVE_OP.value} needs attention "
             f"{AttentionKernel.FLASH.value} (got {plan.attention.value}): torchtitan's per-op "
             f"policy saves the fused attention kernel's output"
+        )
+    if plan.recompute_early_stop and plan.recompute is not Recompute.FULL:
+        raise SpecError(
+            f"plan.recompute_early_stop needs recompute {Recompute.FULL.value} (got "
+            f"{plan.recompute.value}): it is how torch's checkpoint of a whole layer ends"
         )
     if plan.recompute_num_layers is None:
         return

@@ -28,7 +28,7 @@ from plansim.sim.engine import simulate
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import stage_layer_counts
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import DdpImpl, ParallelPlan, Precision, Zero3ParamFetch
+from plansim.specs.plan import DdpImpl, ParallelPlan, Precision, Recompute, Zero3ParamFetch
 from plansim.specs.work import PipelineWork, Segment
 from plansim.validate.eager_layer import LayerExtra, eager_layer_extra
 from plansim.validate.executed_dp import executes_flat_all_reduce, with_executed_dp
@@ -54,6 +54,8 @@ def run_plan(plan: ParallelPlan, profile: HardwareProfile, *, dtype: str) -> Par
     priced as ZeRO-3 ``per-step``; without, ZeRO-2 is FSDP2 without resharding after
     forward (``executed_fsdp``). The runner's ZeRO-0/1 gradient
     all-reduce runs after the last backward (``overlap_grad_reduce`` off; ``executed_dp``).
+    Full recompute is torch's non-reentrant ``checkpoint_wrapper``, which stops early
+    (``ParallelPlan.recompute_early_stop``).
 
     Raises:
         ValidateError: ``dtype`` is not a precision plansim models, or ``profile`` has no
@@ -76,10 +78,18 @@ def run_plan(plan: ParallelPlan, profile: HardwareProfile, *, dtype: str) -> Par
     return dataclasses.replace(
         plan,
         precision=precision,
+        recompute_early_stop=plan.recompute is Recompute.FULL,
         gradient_accumulation_fusion=False,
         zero3_param_fetch=fetch,
         overlap_grad_reduce=plan.overlap_grad_reduce and not executes_flat_all_reduce(plan),
     )
+
+
+def executed_model(model: ModelSpec) -> ModelSpec:
+    """``model`` as the run executes it: without dropout (``plansim.validate.model`` has no
+    dropout module; a model with ``dropout`` would be priced for mask kernels the run never
+    launches, and its full recompute could not stop early)."""
+    return dataclasses.replace(model, dropout=False) if model.dropout else model
 
 
 def simulation_profile(profile: HardwareProfile, *, dtype: str, precision: str) -> HardwareProfile:
@@ -121,6 +131,7 @@ def simulate_plan(
             or the profile lacks ``dtype``.
     """
     executed = run_plan(plan, profile, dtype=dtype)
+    model = executed_model(model)
     outcome = evaluate(model, executed, profile)
     if isinstance(outcome, Rejected):
         raise ValidateError(

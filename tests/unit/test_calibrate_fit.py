@@ -115,3 +115,17 @@ def test_efficiency_bins_by_octave_and_divides_by_the_best_bin() -> None:
     assert datasheet.curve.y == pytest.approx((30 / 200, 110 / 200, 60 / 200))
     with pytest.raises(FitError, match="peak"):
         fit_efficiency(flops, [1.0] * 6, peak_per_s=0.0)
+
+
+def test_octaves_do_not_move_when_the_raw_csv_rounds_a_power_of_two() -> None:
+    """2 * 8192 * 8192 * 32768 = 2^42 FLOPs is written to the raw CSV with 12 significant
+    digits (4.3980465111e+12, just below 2^42); a rebuild from the CSV must bin it with the
+    2^42 GEMMs, as the run that wrote the CSV did (an H100 profile rebuilt to other bins)."""
+    exact = [2.0**41 * 1.5, 2.0**42, 2.0**42 * 1.5]
+    rounded = [float(f"{x:.12g}") for x in exact]
+    assert rounded[1] < 2.0**42
+    times = [x / 7e14 for x in exact]
+    fit_exact = fit_efficiency(exact, times, peak_per_s=1e15)
+    fit_rounded = fit_efficiency(rounded, times, peak_per_s=1e15)
+    assert len(fit_rounded.curve.x) == len(fit_exact.curve.x) == 2
+    assert fit_rounded.curve.x == pytest.approx(fit_exact.curve.x, rel=1e-9)

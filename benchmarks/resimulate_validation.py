@@ -1,0 +1,93 @@
+"""Re-simulate saved ``plansim validate`` runs with the current model, without re-running them.
+
+A GPU validation costs device time that most sessions do not have; its ``comparison.json``
+keeps what was measured (step, forward and backward seconds) and the model and plan that ran.
+This rebuilds both, simulates them as ``plansim validate`` does
+(``plansim.validate.simulated.simulate_plan``) on the profile given, and prints the measured
+figures beside the saved simulation and the current one.
+
+Usage:
+    python benchmarks/resimulate_validation.py --profile PROFILE DIR [DIR ...]
+(DIR: a ``plansim validate --out`` folder, e.g. benchmarks/gpu_runs/h100-2026-11-27/validate_full)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import enum
+import json
+import sys
+import typing
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from plansim.io.profiles import load_profile
+from plansim.sim import timeline as tl
+from plansim.specs.model import ModelSpec
+from plansim.specs.plan import ParallelPlan
+from plansim.validate.compare import CATEGORY_KINDS
+from plansim.validate.simulated import simulate_plan
+
+
+def _spec(cls: type, saved: dict[str, Any]) -> Any:
+    """``cls`` (a frozen spec dataclass) from its ``spec_dict`` form: enum fields from their
+    values, unknown keys (``label``) dropped."""
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for field in dataclasses.fields(cls):
+        if field.name not in saved:
+            continue
+        value, kind = saved[field.name], hints[field.name]
+        if isinstance(kind, type) and issubclass(kind, enum.Enum):
+            value = kind(value)
+        values[field.name] = value
+    return cls(**values)
+
+
+def resimulate(folder: Path, profile_name: str) -> dict[str, Any]:
+    """Measured, saved-simulated and now-simulated seconds of one validate output folder."""
+    doc = json.loads((folder / "comparison.json").read_text(encoding="utf-8"))
+    model = _spec(ModelSpec, doc["run"]["model"])
+    plan = _spec(ParallelPlan, doc["run"]["plan"])
+    profile = load_profile(profile_name)
+    now = simulate_plan(model, plan, profile, dtype=plan.precision.value)
+    timeline = now.result.timeline
+    compute = timeline[timeline[tl.STREAM] == "compute"]
+    seconds = (compute[tl.END_S] - compute[tl.START_S]).groupby(compute[tl.KIND]).sum()
+    row: dict[str, Any] = {"run": folder.name, "plan": doc["run"]["plan"]["label"]}
+    measured_step = doc["measured_step_time_s"]
+    saved_step = doc["simulated_step_time_s"]
+    row.update(
+        {
+            "step measured ms": 1e3 * measured_step,
+            "step saved sim ms": 1e3 * saved_step,
+            "step now sim ms": 1e3 * now.step_time_s,
+            "step now error %": 100 * (now.step_time_s / measured_step - 1),
+        }
+    )
+    for category in ("forward", "backward"):
+        measured = doc["categories_s"][category]["measured"]
+        simulated = sum(float(seconds.get(kind, 0.0)) for kind in CATEGORY_KINDS[category])
+        row[f"{category} measured ms"] = 1e3 * measured
+        row[f"{category} now error %"] = 100 * (simulated / measured - 1)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", required=True, help="profile name or YAML path")
+    parser.add_argument("folders", nargs="+", type=Path)
+    args = parser.parse_args(argv)
+    rows = [resimulate(folder, args.profile) for folder in args.folders]
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(pd.DataFrame.from_records(rows).round(1).to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
