@@ -13,6 +13,9 @@
    ends the recomputation once every tensor the backward saved is back, so a block's last
    GEMM (the MLP down projection: its output is not saved) is not recomputed.
 
+3. ``cache``: the validate model's layer GEMMs timed cold (after an L2-evicting write, as
+   the calibration times them) and warm (back to back).
+
 Usage (one GPU; CPU works at small sizes for a smoke test):
     python benchmarks/bench_gpu_mechanisms.py --device cuda --out OUT.csv
 Prints a table and writes one CSV row per measurement (``part``, ``case``, seconds).
@@ -98,6 +101,47 @@ def sustained(device: torch.device, *, n: int, soak_s: float) -> list[dict[str, 
     return rows
 
 
+def cache(device: torch.device, args: argparse.Namespace) -> list[dict[str, object]]:
+    """Seconds per call of the validate model's layer GEMMs (m = mbs * seq tokens), timed
+    cold (each call after an L2-evicting write, as ``plansim calibrate`` times them) and warm
+    (back to back: operands partly in L2, as consecutive ops of a training step may find
+    them), fp32 and bf16."""
+    from plansim.calibrate.cold_timer import ColdTimer
+
+    cold = ColdTimer(device)
+    h, f, m = args.hidden_size, 4 * args.hidden_size, args.mbs * args.seq_len
+    shapes = {
+        "qkv": (m, 3 * h, h),
+        "attn_out": (m, h, h),
+        "mlp_up": (m, f, h),
+        "mlp_down": (m, h, f),
+    }
+    rows: list[dict[str, object]] = []
+    for dtype, torch_dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        for name, (mm, n, k) in shapes.items():
+            a = torch.randn(mm, k, device=device, dtype=torch_dtype)
+            b = torch.randn(k, n, device=device, dtype=torch_dtype)
+
+            def gemm(a=a, b=b) -> None:
+                torch.matmul(a, b)
+
+            for _ in range(3):
+                gemm()
+            _sync(device)
+            cold_s = statistics.median(cold(gemm, 1) for _ in range(args.steps * 2))
+            warm_s, _ = _loop_s(gemm, 0.05, device)
+            rows.append(
+                {
+                    "part": "cache",
+                    "case": f"{dtype} {name} {mm}x{n}x{k}",
+                    "seconds": cold_s,
+                    "warm_seconds": warm_s,
+                    "ratio": warm_s / cold_s,
+                }
+            )
+    return rows
+
+
 def _model(args: argparse.Namespace):
     spec = resolve_model("gpt3-175b", seq_length=args.seq_len)
     ffn = spec.ffn_hidden_size * args.hidden_size // spec.hidden_size
@@ -147,7 +191,7 @@ def recompute(device: torch.device, args: argparse.Namespace) -> list[dict[str, 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--part", choices=("all", "sustained", "recompute"), default="all")
+    parser.add_argument("--part", choices=("all", "sustained", "recompute", "cache"), default="all")
     parser.add_argument("--gemm-n", type=int, default=8192)
     parser.add_argument("--soak-s", type=float, default=15.0)
     parser.add_argument("--num-layers", type=int, default=8)
@@ -169,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         rows += sustained(device, n=args.gemm_n, soak_s=args.soak_s)
     if args.part in ("all", "recompute"):
         rows += recompute(device, args)
+    if args.part in ("all", "cache"):
+        rows += cache(device, args)
     table = pd.DataFrame.from_records(rows)
     print(table.to_string(index=False))
     write_text_atomic(args.out, table.to_csv(index=False), label="--out")

@@ -70,6 +70,11 @@ def resimulate(folder: Path, profile_name: str) -> dict[str, Any]:
             "step now error %": 100 * (now.step_time_s / measured_step - 1),
         }
     )
+    measured_peak = doc["peak_memory_bytes"]["measured_per_rank"]
+    simulated_peak = [b - now.memory.reserve_bytes for b in now.result.peak_memory_bytes]
+    row["peak memory now error % (worst rank)"] = max(
+        (100 * (s / m - 1) for m, s in zip(measured_peak, simulated_peak, strict=True)), key=abs
+    )
     for category in ("forward", "backward"):
         measured = doc["categories_s"][category]["measured"]
         simulated = sum(float(seconds.get(kind, 0.0)) for kind in CATEGORY_KINDS[category])

@@ -74,6 +74,15 @@ def list_profiles() -> list[str]:
     return sorted(p.stem for p in folder.glob("*.yaml"))
 
 
+def list_datasheet_profiles() -> list[str]:
+    """:func:`list_profiles` less the measured ones (a ``<name>.raw.csv`` of ``plansim
+    calibrate`` beside the YAML): the GPU kinds a published run's GPU name can designate
+    (``plansim.io.profile_names``). A measured profile, one machine's figures, is used by its
+    exact name only."""
+    folder = profiles_dir()
+    return [n for n in list_profiles() if not (folder / f"{n}.raw.csv").is_file()]
+
+
 def _looks_like_path(name_or_path: str) -> bool:
     return name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path or os.sep in name_or_path
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 from plansim.errors import PlansimError
 from plansim.io.profile_names import AmbiguousProfileError, match_profile_name
-from plansim.io.profiles import list_profiles, load_profile
+from plansim.io.profiles import list_datasheet_profiles, list_profiles, load_profile
 from plansim.io.runs import RunRow
 from plansim.planner.evaluate import OUT_OF_MEMORY, Rejected
 from plansim.planner.run_checks import (
@@ -141,14 +141,15 @@ def predict_row(row: RunRow, *, simulate_top: int = 8) -> Prediction:
 
 
 def _row_profile(row: RunRow, notes: list[str]) -> HardwareProfile:
-    """The profile of the row's ``gpu_type``: a profile file, or the shipped profile its text
-    names (``plansim.io.profile_names``: "A100 SXM4 80GB" is ``a100-sxm4-80gb``; a note
-    says so when the text is not the name itself)."""
+    """The profile of the row's ``gpu_type``: a profile file or a shipped profile's exact
+    name, or the datasheet profile its text names (``plansim.io.profile_names``: "A100 SXM4
+    80GB" is ``a100-sxm4-80gb``; a note says so when the text is not the name itself;
+    measured profiles such as ``h100-sxm5-80gb-1gpu`` are never guessed)."""
     gpu = row.text("gpu_type") or ""
     try:
-        if gpu.endswith((".yaml", ".yml")):
+        if gpu.endswith((".yaml", ".yml")) or gpu in list_profiles():
             return load_profile(gpu)
-        name = match_profile_name(gpu, list_profiles())
+        name = match_profile_name(gpu, list_datasheet_profiles())
         if name != gpu:
             notes.append(f"gpu_type {gpu!r} read as {name}")
         return load_profile(name)

@@ -23,7 +23,6 @@ from plansim.analytic.tp_comm import hidden_message_bytes
 from plansim.errors import choice_error
 from plansim.planner.evaluate import Evaluation, Rejected, evaluate
 from plansim.schedule.builders import build_actions
-from plansim.sim import timeline as tl
 from plansim.sim.engine import simulate
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import stage_layer_counts
@@ -33,6 +32,7 @@ from plansim.specs.work import PipelineWork, Segment
 from plansim.validate.eager_layer import LayerExtra, eager_layer_extra
 from plansim.validate.executed_dp import executes_flat_all_reduce, with_executed_dp
 from plansim.validate.executed_fsdp import executed_zero_plan, runs_per_step
+from plansim.validate.executed_loss import with_runner_loss
 from plansim.validate.framework_overhead import (
     Extra,
     fsdp_unit_extra,
@@ -146,9 +146,6 @@ def simulate_plan(
         fsdp=fsdp_unit_extra(executed, profile),
         pipeline=pipeline_action_extra(executed, profile),
     )
-    sends = outcome.result.timeline[tl.STREAM].eq("pp_send").any()
-    if not sends and extra == 0 and added.is_empty() and not executes_flat_all_reduce(executed):
-        return outcome
     return _resimulated(outcome, model, profile, extra_all_reduces=extra, added=added)
 
 
@@ -164,12 +161,6 @@ class Added:
     tp: Extra
     fsdp: Extra
     pipeline: Extra
-
-    def is_empty(self) -> bool:
-        return not any(
-            (e.forward_s, e.backward_s) != (0.0, 0.0)
-            for e in (self.layer, self.tp, self.fsdp, self.pipeline)
-        )
 
 
 #: TP all-reduces of one layer's backward in Megatron-LM (Shoeybi et al. 2019 §3: the ``f``
@@ -210,7 +201,8 @@ def _resimulated(
     :func:`dtensor_backward_all_reduces`), and what the executed run adds (``added``:
     the eager layer's extra compute, DTensor's all-reduce and FSDP2's unit overheads) on
     the stage's forward and backward (its forward figures again in backward under full
-    recomputation).
+    recomputation), and the memory of the runner's loss on the last stage
+    (``executed_loss``).
 
     ``torch.distributed.pipelining`` posts each send with ``isend`` (``_batch_p2p``) and
     waits for the sends only later in the step, so the sender goes straight on; the
@@ -230,6 +222,7 @@ def _resimulated(
     work = _with_added(work, plan, added, layers=layers)
     work = _with_per_step_units(work, plan, added.fsdp, layers=layers)
     work = with_executed_dp(work, model, plan, profile)
+    work = with_runner_loss(work, model, plan)
     actions = build_actions(
         plan.schedule, num_ranks=plan.pp, num_microbatches=plan.num_microbatches, vpp=plan.vpp
     )

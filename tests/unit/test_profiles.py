@@ -43,7 +43,9 @@ SHIPPED = (
 )
 #: Profiles measured by ``plansim calibrate`` on a machine of CI's kind (raw CSV beside them).
 MEASURED = ("cpu-2core-gloo",)
-EVERY = tuple(sorted(SHIPPED + MEASURED))
+#: One GPU's measurements merged into a copy of its datasheet profile (raw CSV beside it).
+MERGED = ("h100-sxm5-80gb-1gpu",)
+EVERY = tuple(sorted(SHIPPED + MEASURED + MERGED))
 
 #: Measured MAMF (max achievable matmul TFLOP/s), hardware.csv / H04; H200 bf16 = H100's.
 #: fp4: measured on a B200 only (HP13, 5.50 PFLOP/s); GB200 and GB300 take its fraction of peak.
@@ -98,7 +100,29 @@ def test_measured_profile_has_its_raw_measurements(name: str) -> None:
     assert cited <= runs and cited
 
 
-@pytest.mark.parametrize("name", MEASURED)
+@pytest.mark.parametrize("name", MERGED)
+def test_merged_profile_cites_its_raw_run_and_keeps_the_datasheet_node(name: str) -> None:
+    """What one GPU measured cites the run in the raw CSV beside it; the node (collectives,
+    NIC, gpus_per_node) stays the datasheet profile's, which one GPU cannot measure."""
+    profile, base = load_profile(name), load_profile(name.removesuffix("-1gpu"))
+    raw = io_profiles.profiles_dir() / f"{name}.raw.csv"
+    runs = set(pd.read_csv(raw)["run_id"])
+    measured = [t for t in profile.provenance.values() if t.startswith("measured: ")]
+    cited = {t.split(" run ")[1].split(";")[0] for t in measured if " run " in t}
+    assert cited and cited <= runs
+    for key in ("matmul_efficiency.bf16", "matmul_efficiency.fp32", "attention_efficiency.bf16"):
+        assert profile.provenance[key].startswith("measured: NVIDIA H100"), key
+    assert profile.intra_node == base.intra_node
+    assert profile.gpus_per_node == base.gpus_per_node == 8
+    assert profile.nic_bytes_per_s == base.nic_bytes_per_s
+
+
+def test_measured_profiles_are_not_guessed_from_a_gpu_name() -> None:
+    """A published run's "H100 SXM" is the datasheet H100, not one lent VM's measurements."""
+    assert set(io_profiles.list_datasheet_profiles()) == set(SHIPPED)
+
+
+@pytest.mark.parametrize("name", MEASURED + MERGED)
 def test_measured_profile_round_trips(name: str) -> None:
     data = _raw(name)
     assert profile_to_dict(profile_from_dict(data, source=name)) == data
@@ -387,7 +411,7 @@ def test_cli_list_prints_one_row_per_profile(capsys: pytest.CaptureFixture[str])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:3] == ["name", "hbm_gib", "usable_gib"]
     assert [line.split()[0] for line in lines[1:]] == list(EVERY)
-    a100 = next(line for line in lines if line.startswith("a100-sxm4-80gb"))
+    a100 = next(line for line in lines if line.split()[0] == "a100-sxm4-80gb")
     assert a100.split()[1:8] == ["80.0", "73.3", "312", "2.039", "8", "23.5", "NVIDIA"]
 
 
