@@ -4,29 +4,19 @@ start of the backward, where plansim's Megatron-LM loss holds one of V/tp."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from plansim.analytic.cost import build_pipeline_work
-from plansim.catalog import resolve_model
 from plansim.io.profiles import load_profile
 from plansim.specs.plan import ParallelPlan
 from plansim.validate.executed_loss import runner_loss_extra_bytes, with_runner_loss
+from tests.unit.synthetic import SMALL_GPT
 
-MODEL = dataclasses.replace(
-    resolve_model("gpt3-175b"),
-    num_layers=4,
-    hidden_size=1024,
-    ffn_hidden_size=4096,
-    num_attention_heads=8,
-    num_query_groups=8,
-    vocab_size=50304,
-)
+MODEL = SMALL_GPT  # s 16, V 128
 
 
 def test_three_copies_of_the_whole_vocabulary_less_plansims_one() -> None:
-    copy = 4.0 * 2048 * 2 * 50304  # fp32, s 2048, b 2
+    copy = 4.0 * 16 * 2 * 128  # fp32, s 16, b 2
     plan = ParallelPlan(tp=1, pp=1, dp=1, micro_batch_size=2, global_batch_size=4)
     assert runner_loss_extra_bytes(MODEL, plan) == pytest.approx(2 * copy)
     tp2 = ParallelPlan(tp=2, pp=1, dp=1, micro_batch_size=2, global_batch_size=4)
