@@ -1,7 +1,13 @@
-"""The validate runner's loss as torch runs it, against the Megatron-LM loss plansim prices
-(pure).
+"""The validate runner's output layer and loss as torch runs them, against the Megatron-LM
+ones plansim prices (pure).
 
-plansim's memory model holds one fp32 copy of the logits at the last stage (Megatron-LM's
+Time: the runner keeps its output layer replicated over TP (``plansim.validate.parallelize``
+shards the blocks only), so every TP rank computes the logits GEMM of the whole vocabulary,
+where Megatron-LM's vocab-parallel output layer computes V/tp columns: the last stage's
+forward gains the difference of the two GEMMs and its backward twice that (input- and
+weight-gradient GEMMs of the same size; ``layer_cost.gemm_time_s``).
+
+Memory: plansim's memory model holds one fp32 copy of the logits at the last stage (Megatron-LM's
 vocab-parallel cross-entropy works in place on the fp32 logits, 4*s*b*V/tp bytes;
 ``analytic.memory.transient_bytes``). The runner's loss (``plansim.validate.model.loss_fn``)
 is ``F.cross_entropy`` on the output layer's fp32 logits of the whole vocabulary (its output
@@ -18,9 +24,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from plansim.analytic.flops import logits_forward_gemm
+from plansim.analytic.layer_cost import gemm_time_s
+from plansim.analytic.sustained import job_compute_profile
+from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan
-from plansim.specs.work import PipelineWork
+from plansim.specs.work import PipelineWork, Segment
 
 #: fp32 logits-sized tensors alive at the start of the runner's backward (module docstring).
 RUNNER_LOSS_COPIES = 3
@@ -42,3 +52,48 @@ def with_runner_loss(work: PipelineWork, model: ModelSpec, plan: ParallelPlan) -
     last = ranks[-1]
     ranks[-1] = dataclasses.replace(last, static_bytes=last.static_bytes + extra)
     return dataclasses.replace(work, ranks=tuple(ranks))
+
+
+def replicated_head_extra_s(
+    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
+) -> float:
+    """Forward seconds the runner's replicated output layer adds per micro-batch on a TP rank:
+    the logits GEMM of all V columns less that of V/tp (0 at tp 1). ``profile`` is scaled to
+    the job's sustained GEMM rate as the simulator prices (``analytic.sustained``)."""
+    if plan.tp == 1:
+        return 0.0
+    job = job_compute_profile(profile, plan.num_gpus)
+    b, dtype = plan.micro_batch_size, plan.precision.value
+    local = dataclasses.replace(model, seq_length=model.seq_length // plan.cp)
+    whole = logits_forward_gemm(local, micro_batch_size=b, tp=1)
+    shard = logits_forward_gemm(local, micro_batch_size=b, tp=plan.tp)
+    return gemm_time_s(whole, job, dtype=dtype) - gemm_time_s(shard, job, dtype=dtype)
+
+
+def _lengthened(segments: tuple[Segment, ...], added_s: float) -> tuple[Segment, ...]:
+    """``segments`` with ``added_s`` more on the first compute segment."""
+    out, done = [], False
+    for seg in segments:
+        if not done and seg.stream == "compute":
+            seg, done = dataclasses.replace(seg, duration_s=seg.duration_s + added_s), True
+        out.append(seg)
+    return tuple(out)
+
+
+def with_replicated_head(
+    work: PipelineWork, model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
+) -> PipelineWork:
+    """``work`` with :func:`replicated_head_extra_s` on the last stage: once in its forward,
+    twice in its backward (and input-gradient backward, as ``simulated._with_added``)."""
+    extra = replicated_head_extra_s(model, plan, profile)
+    if extra == 0.0:
+        return work
+    stages = list(work.stages)
+    last = stages[-1]
+    stages[-1] = dataclasses.replace(
+        last,
+        forward=_lengthened(last.forward, extra),
+        backward=_lengthened(last.backward, 2.0 * extra),
+        backward_input=_lengthened(last.backward_input, 2.0 * extra),
+    )
+    return dataclasses.replace(work, stages=tuple(stages))

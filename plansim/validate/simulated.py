@@ -32,7 +32,7 @@ from plansim.specs.work import PipelineWork, Segment
 from plansim.validate.eager_layer import LayerExtra, eager_layer_extra
 from plansim.validate.executed_dp import executes_flat_all_reduce, with_executed_dp
 from plansim.validate.executed_fsdp import executed_zero_plan, runs_per_step
-from plansim.validate.executed_loss import with_runner_loss
+from plansim.validate.executed_loss import with_replicated_head, with_runner_loss
 from plansim.validate.framework_overhead import (
     Extra,
     fsdp_unit_extra,
@@ -201,8 +201,8 @@ def _resimulated(
     :func:`dtensor_backward_all_reduces`), and what the executed run adds (``added``:
     the eager layer's extra compute, DTensor's all-reduce and FSDP2's unit overheads) on
     the stage's forward and backward (its forward figures again in backward under full
-    recomputation), and the memory of the runner's loss on the last stage
-    (``executed_loss``).
+    recomputation), and the runner's output layer and loss on the last stage (replicated over
+    TP, torch's cross-entropy memory: ``executed_loss``).
 
     ``torch.distributed.pipelining`` posts each send with ``isend`` (``_batch_p2p``) and
     waits for the sends only later in the step, so the sender goes straight on; the
@@ -223,6 +223,7 @@ def _resimulated(
     work = _with_per_step_units(work, plan, added.fsdp, layers=layers)
     work = with_executed_dp(work, model, plan, profile)
     work = with_runner_loss(work, model, plan)
+    work = with_replicated_head(work, model, plan, profile)
     actions = build_actions(
         plan.schedule, num_ranks=plan.pp, num_microbatches=plan.num_microbatches, vpp=plan.vpp
     )

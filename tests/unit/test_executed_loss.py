@@ -4,12 +4,22 @@ start of the backward, where plansim's Megatron-LM loss holds one of V/tp."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from plansim.analytic.cost import build_pipeline_work
+from plansim.analytic.flops import Gemm
+from plansim.analytic.layer_cost import gemm_time_s
+from plansim.analytic.sustained import job_compute_profile
 from plansim.io.profiles import load_profile
 from plansim.specs.plan import ParallelPlan
-from plansim.validate.executed_loss import runner_loss_extra_bytes, with_runner_loss
+from plansim.validate.executed_loss import (
+    replicated_head_extra_s,
+    runner_loss_extra_bytes,
+    with_replicated_head,
+    with_runner_loss,
+)
 from tests.unit.synthetic import SMALL_GPT
 
 MODEL = SMALL_GPT  # s 16, V 128
@@ -30,3 +40,29 @@ def test_only_the_last_pipeline_rank_holds_it() -> None:
     assert after.ranks[0] == work.ranks[0]
     added = after.ranks[1].static_bytes - work.ranks[1].static_bytes
     assert added == pytest.approx(runner_loss_extra_bytes(MODEL, plan))
+
+
+def test_the_replicated_output_layer_costs_the_whole_vocabulary_on_every_tp_rank() -> None:
+    """The runner shards the blocks only: each TP rank runs the logits GEMM of all V columns,
+    where plansim's Megatron output layer runs V/tp."""
+    profile = load_profile("h100-sxm5-80gb")
+    model = dataclasses.replace(SMALL_GPT, vocab_size=32768, hidden_size=1024, seq_length=1024)
+    one = ParallelPlan(tp=1, pp=2, dp=1, micro_batch_size=2, global_batch_size=8)
+    assert replicated_head_extra_s(model, one, profile) == 0.0
+    plan = dataclasses.replace(one, tp=4)
+    full = Gemm(name="logits", m=2 * 1024, n=32768, k=1024)
+    quarter = dataclasses.replace(full, n=32768 // 4)
+    job = job_compute_profile(profile, plan.num_gpus)  # the job's sustained GEMM rate
+    expected = gemm_time_s(full, job, dtype="bf16") - gemm_time_s(quarter, job, dtype="bf16")
+    extra = replicated_head_extra_s(model, plan, profile)
+    assert extra == pytest.approx(expected) and extra > 0
+    work = build_pipeline_work(model, plan, profile)
+    after = with_replicated_head(work, model, plan, profile)
+    assert after.stages[0] == work.stages[0]
+
+    def seconds(segments):  # type: ignore[no-untyped-def]
+        return sum(s.duration_s for s in segments if s.stream == "compute")
+
+    last, new = work.stages[-1], after.stages[-1]
+    assert seconds(new.forward) - seconds(last.forward) == pytest.approx(extra)
+    assert seconds(new.backward) - seconds(last.backward) == pytest.approx(2 * extra)
