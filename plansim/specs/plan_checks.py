@@ -54,6 +54,13 @@ def check_schedule(plan: ParallelPlan) -> None:
 def check_uneven_split(plan: ParallelPlan) -> None:
     """decoder_first/last_pipeline_num_layers: None or a positive integer, only with pp > 1;
     the account_for_* flags: booleans, only with pp > 1 and without the layer counts."""
+    if (
+        plan.account_for_embedding_in_pipeline_split is False
+        and plan.account_for_loss_in_pipeline_split is False
+        and plan.decoder_first_pipeline_num_layers is None
+        and plan.decoder_last_pipeline_num_layers is None
+    ):
+        return  # an even split: the common case, checked fast
     for edge in ("embedding", "loss"):
         field = f"account_for_{edge}_in_pipeline_split"
         value = getattr(plan, field)
@@ -108,6 +115,8 @@ def check_offload(plan: ParallelPlan) -> None:
     """Offload devices against the ZeRO stage (DeepSpeed ``offload_config.py``: optimizer
     offload "valid with stage 1, 2, and 3", parameter offload "valid only with stage 3";
     NVMe swapping exists only in the stage-3 optimizer, ZeRO-Infinity)."""
+    if plan.offload_optimizer is plan.offload_param is OffloadDevice.NONE:
+        return  # allowed with every stage and fetch (the planner's common case, checked fast)
     for field in ("offload_optimizer", "offload_param"):
         device = getattr(plan, field)
         allowed = offload_devices(field, plan.zero_stage)
@@ -281,6 +290,9 @@ def offload_devices(field: str, zero_stage: int) -> list[str]:
 def check_bf16_layers(plan: ParallelPlan) -> None:
     """num_layers_at_start/end_in_bf16: integers >= 0, non-zero only with a quantized
     precision (Megatron-LM keeps layers in bf16 only out of fp8 or fp4 training)."""
+    start, end = plan.num_layers_at_start_in_bf16, plan.num_layers_at_end_in_bf16
+    if type(start) is int and type(end) is int and start == end == 0:
+        return  # the common case, checked fast
     fields = ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16")
     for field in fields:
         value = getattr(plan, field)
