@@ -67,6 +67,7 @@ from plansim.planner.run_framework import (
     is_torch_fsdp,
     is_torchtitan,
     min_interleaved_pp,
+    recompute_early_stop,
     uneven_pipeline,
     zero3_fetch,
     zero_stage,
@@ -200,6 +201,7 @@ def row_space(row: RunRow, notes: list[str]) -> SearchSpace:
         scatter_gather_p2p=year is None or year >= SCATTER_GATHER_P2P_YEAR,
         zero3_param_fetch=zero3_fetch(row, year, notes),
         use_torch_fsdp2=torch_fsdp,
+        recompute_early_stop=recompute_early_stop(row, recompute, notes),
         uneven_pipeline=uneven_pipeline(row, year),
         # Megatron-LM's block method (--recompute-method block) came with selective
         # recompute (Korthikanti et al. 2022's release); a stated "full" is every layer.

@@ -126,3 +126,19 @@ def test_simulate_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert early["step_time_s"] < plain["step_time_s"]
     assert main([*args[:-4], "--recompute-early-stop"]) == 2
     assert "needs recompute full" in capsys.readouterr().err
+
+
+def test_a_torchtitan_rows_full_recompute_stops_early() -> None:
+    """torchtitan wraps each block in checkpoint_wrapper (non-reentrant): its full recompute
+    stops early; Megatron-LM's own checkpoint reruns the whole forward."""
+    from plansim.planner.backtest import predict_row
+    from tests.unit.test_op_selective_recompute import _row
+
+    titan = predict_row(_row(recompute="full"), simulate_top=2)
+    assert titan.status == "ok" and "full-early-stop" in titan.plan_label
+    assert "torch's checkpoint stops early" in titan.note
+    megatron = predict_row(_row(recompute="full", framework="Megatron-LM (2024)"), simulate_top=2)
+    assert "early-stop" not in megatron.plan_label
+    plain = predict_row(_row(recompute="none"), simulate_top=2)
+    assert plain.predicted_step_time_s is not None and titan.predicted_step_time_s is not None
+    assert plain.predicted_step_time_s < titan.predicted_step_time_s
