@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The checks a session lent one GPU runs, as one command (at most about 8 minutes on an H100/H200; the
+# The checks a session lent one GPU runs, as one command (about 4 minutes on an H100, at most 9.5 by its timeouts; the
 # device tool's per-command limit is 10).
 #
 # From the repository root on the GPU machine, with a simpy wheel carried in .whl/ (the
@@ -18,7 +18,9 @@
 # 4. validate.tgz       plansim validate of a 1-GPU plan (GPT, 8 layers, h 2048, s 2048) without
 #                       and with full recompute on the merged profile: the validate runner
 #                       trains in fp32 only, and the datasheet profiles have no fp32 GEMM curve
-# 5. session.log        everything printed
+# 5. mechanisms.csv     benchmarks/bench_gpu_mechanisms.py: fp32 vs bf16 sustained GEMM rate,
+#                       torch checkpoint early stop on / off / reentrant, cold vs warm GEMMs
+# 6. session.log        everything printed
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -45,18 +47,18 @@ esac
 measured="$OUT/$base-1gpu.yaml"
 echo "== $gpu: base profile $base"
 
-echo "== 1/3 calibrate (one GPU, quick) into a copy of $base"
+echo "== 1/4 calibrate (one GPU, quick) into a copy of $base"
 cp "hardware_profiles/$base.yaml" "$measured"
-timeout 230 python3 -m plansim calibrate --backend nccl --nproc 1 --device cuda --quick \
-    --out "$measured" --name "$base-1gpu" --timeout 210
+timeout 200 python3 -m plansim calibrate --backend nccl --nproc 1 --device cuda --quick \
+    --out "$measured" --name "$base-1gpu" --timeout 180
 
-echo "== 2/3 GEMMs and attention of real layer shapes"
+echo "== 2/4 GEMMs and attention of real layer shapes"
 profiles=(--profile "$base")
 [ -s "${measured%.yaml}.raw.csv" ] && profiles+=(--profile "$measured")
-timeout 150 python3 benchmarks/bench_layer_shapes.py --device cuda "${profiles[@]}" \
-    --out "$OUT/layer_shapes.csv" --timeout 140
+timeout 120 python3 benchmarks/bench_layer_shapes.py --device cuda "${profiles[@]}" \
+    --out "$OUT/layer_shapes.csv" --timeout 110
 
-echo "== 3/3 validate one GPU (fp32) against the merged profile"
+echo "== 3/4 validate one GPU (fp32) against the merged profile"
 work=$(mktemp -d)
 for recompute in none full; do
     timeout 60 python3 -m plansim validate --model gpt3-175b --num-layers 8 \
@@ -65,6 +67,9 @@ for recompute in none full; do
         --backend nccl --nproc 1 --profile "$measured" --steps 5 --out "$work/$recompute"
 done
 tar czf "$OUT/validate.tgz" -C "$work" .
+
+echo "== 4/4 mechanisms: sustained rate per dtype, checkpoint early stop, cold vs warm GEMMs"
+timeout 120 python3 benchmarks/bench_gpu_mechanisms.py --device cuda --out "$OUT/mechanisms.csv"
 echo "== done: $(ls "$OUT" | tr '\n' ' ')"
 }
 
