@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The checks a session lent one GPU runs, as one command (about 4 minutes on an H100, at most 9.5 by its timeouts; the
-# device tool's per-command limit is 10).
+# The checks a session lent one GPU runs, as one command: about 4 minutes on an H100, at most
+# 9.5 by its timeouts (the device tool's per-command limit is 10).
 #
 # From the repository root on the GPU machine, with a simpy wheel carried in .whl/ (the
 # machine's image has torch, numpy, pandas, matplotlib, PyYAML and tqdm, not simpy; see
