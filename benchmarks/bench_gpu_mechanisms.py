@@ -24,7 +24,6 @@ Prints a table and writes one CSV row per measurement (``part``, ``case``, secon
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import sys
 import time
@@ -40,8 +39,9 @@ from torch.utils.checkpoint import set_checkpoint_early_stop
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from plansim.catalog import resolve_model
+from plansim.commands.validate import scaled_model
 from plansim.io.outputs import write_text_atomic
+from plansim.specs.model import ModelSpec
 from plansim.validate.model import build_model, loss_fn
 
 #: Sleep before a burst (idle clocks and power), burst and window seconds of the soak.
@@ -142,19 +142,9 @@ def cache(device: torch.device, args: argparse.Namespace) -> list[dict[str, obje
     return rows
 
 
-def _model(args: argparse.Namespace):
-    spec = resolve_model("gpt3-175b", seq_length=args.seq_len)
-    ffn = spec.ffn_hidden_size * args.hidden_size // spec.hidden_size
-    return dataclasses.replace(
-        spec,
-        name="gpt3-175b (scaled)",
-        num_layers=args.num_layers,
-        hidden_size=args.hidden_size,
-        ffn_hidden_size=ffn,
-        num_attention_heads=args.num_heads,
-        num_query_groups=args.num_heads,
-        vocab_size=args.vocab_size,
-    )
+def _model(args: argparse.Namespace) -> ModelSpec:
+    """The validate run's model: ``plansim validate --model gpt3-175b`` scaled by the flags."""
+    return scaled_model(argparse.Namespace(**vars(args), model="gpt3-175b", tp=1))
 
 
 def recompute(device: torch.device, args: argparse.Namespace) -> list[dict[str, object]]:

@@ -7,6 +7,8 @@ Everything here is already in seconds and bytes; the engine does no modelling of
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from plansim.errors import SpecError
@@ -72,6 +74,20 @@ class Segment:
         _check_transfer(what, duration_s=self.duration_s, latency_s=self.latency_s, link=self.link)
         if self.link and self.stream == "compute":
             raise SpecError(f"{what}: link={self.link!r} on the compute stream; kernels use none")
+
+
+def lengthen_first(
+    segments: tuple[Segment, ...], added_s: float, match: Callable[[Segment], bool]
+) -> tuple[Segment, ...]:
+    """``segments`` with ``added_s`` more on the first one ``match`` accepts (unchanged when
+    none does)."""
+    out, done = [], False
+    for seg in segments:
+        if not done and match(seg):
+            seg = dataclasses.replace(seg, duration_s=seg.duration_s + added_s)
+            done = True
+        out.append(seg)
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

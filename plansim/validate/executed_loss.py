@@ -25,12 +25,12 @@ from __future__ import annotations
 import dataclasses
 
 from plansim.analytic.flops import logits_forward_gemm
-from plansim.analytic.layer_cost import gemm_time_s
+from plansim.analytic.layer_cost import cp_local_model, gemm_time_s
 from plansim.analytic.sustained import job_compute_profile
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan
-from plansim.specs.work import PipelineWork, Segment
+from plansim.specs.work import PipelineWork, Segment, lengthen_first
 
 #: fp32 logits-sized tensors alive at the start of the runner's backward (module docstring).
 RUNNER_LOSS_COPIES = 3
@@ -64,20 +64,10 @@ def replicated_head_extra_s(
         return 0.0
     job = job_compute_profile(profile, plan.num_gpus)
     b, dtype = plan.micro_batch_size, plan.precision.value
-    local = dataclasses.replace(model, seq_length=model.seq_length // plan.cp)
+    local = cp_local_model(model, plan.cp)
     whole = logits_forward_gemm(local, micro_batch_size=b, tp=1)
     shard = logits_forward_gemm(local, micro_batch_size=b, tp=plan.tp)
     return gemm_time_s(whole, job, dtype=dtype) - gemm_time_s(shard, job, dtype=dtype)
-
-
-def _lengthened(segments: tuple[Segment, ...], added_s: float) -> tuple[Segment, ...]:
-    """``segments`` with ``added_s`` more on the first compute segment."""
-    out, done = [], False
-    for seg in segments:
-        if not done and seg.stream == "compute":
-            seg, done = dataclasses.replace(seg, duration_s=seg.duration_s + added_s), True
-        out.append(seg)
-    return tuple(out)
 
 
 def with_replicated_head(
@@ -90,10 +80,14 @@ def with_replicated_head(
         return work
     stages = list(work.stages)
     last = stages[-1]
+
+    def compute(seg: Segment) -> bool:
+        return seg.stream == "compute"
+
     stages[-1] = dataclasses.replace(
         last,
-        forward=_lengthened(last.forward, extra),
-        backward=_lengthened(last.backward, 2.0 * extra),
-        backward_input=_lengthened(last.backward_input, 2.0 * extra),
+        forward=lengthen_first(last.forward, extra, compute),
+        backward=lengthen_first(last.backward, 2.0 * extra, compute),
+        backward_input=lengthen_first(last.backward_input, 2.0 * extra, compute),
     )
     return dataclasses.replace(work, stages=tuple(stages))

@@ -28,7 +28,7 @@ from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import stage_layer_counts
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import DdpImpl, ParallelPlan, Precision, Recompute, Zero3ParamFetch
-from plansim.specs.work import PipelineWork, Segment
+from plansim.specs.work import PipelineWork, Segment, lengthen_first
 from plansim.validate.eager_layer import LayerExtra, eager_layer_extra
 from plansim.validate.executed_dp import executes_flat_all_reduce, with_executed_dp
 from plansim.validate.executed_fsdp import executed_zero_plan, runs_per_step
@@ -268,9 +268,9 @@ def _with_added(
         for match, count, extra, repeated in parts:
             fwd_s = count * extra.forward_s
             bwd_s = count * extra.backward_s + repeated * extra.forward_s
-            forward = _lengthen_first(forward, fwd_s, match)
-            backward = _lengthen_first(backward, bwd_s, match)
-            backward_input = _lengthen_first(backward_input, bwd_s, match)
+            forward = lengthen_first(forward, fwd_s, match)
+            backward = lengthen_first(backward, bwd_s, match)
+            backward_input = lengthen_first(backward_input, bwd_s, match)
         forward = _action_first(forward, added.pipeline.forward_s)
         backward = _action_first(backward, added.pipeline.backward_s)
         backward_input = _action_first(backward_input, added.pipeline.backward_s)
@@ -303,8 +303,8 @@ def _with_per_step_units(
         ranks.append(
             dataclasses.replace(
                 rank,
-                grad_sync=_lengthen_first(rank.grad_sync, units * fsdp.backward_s, dp_comm),
-                optimizer=_lengthen_first(rank.optimizer, units * fsdp.forward_s, dp_comm),
+                grad_sync=lengthen_first(rank.grad_sync, units * fsdp.backward_s, dp_comm),
+                optimizer=lengthen_first(rank.optimizer, units * fsdp.forward_s, dp_comm),
             )
         )
     return dataclasses.replace(work, ranks=tuple(ranks))
@@ -329,8 +329,8 @@ def _with_tp_all_reduces(
     stages = tuple(
         dataclasses.replace(
             st,
-            backward=_lengthen_first(st.backward, n * per_layer_s, tp),
-            backward_input=_lengthen_first(st.backward_input, n * per_layer_s, tp),
+            backward=lengthen_first(st.backward, n * per_layer_s, tp),
+            backward_input=lengthen_first(st.backward_input, n * per_layer_s, tp),
         )
         for st, n in zip(work.stages, stage_layer_counts(model.num_layers, plan), strict=True)
     )
@@ -348,17 +348,3 @@ def _action_first(segments: tuple[Segment, ...], seconds: float) -> tuple[Segmen
     if seconds <= 0 or not segments:
         return segments
     return (Segment(kind=PIPELINE_ACTION_KIND, stream="compute", duration_s=seconds), *segments)
-
-
-def _lengthen_first(
-    segments: tuple[Segment, ...], added_s: float, match: Callable[[Segment], bool]
-) -> tuple[Segment, ...]:
-    """``segments`` with ``added_s`` more on the first one ``match`` accepts (unchanged when
-    none does)."""
-    out, done = [], False
-    for seg in segments:
-        if not done and match(seg):
-            seg = dataclasses.replace(seg, duration_s=seg.duration_s + added_s)
-            done = True
-        out.append(seg)
-    return tuple(out)
