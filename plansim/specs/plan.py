@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from plansim.errors import SpecError, choice_error, require_positive_int
+from plansim.errors import SpecError
 from plansim.specs.plan_checks import (
     check_bf16_layers,
     check_dp_sync,
@@ -31,6 +31,7 @@ from plansim.specs.plan_enums import (
     Zero3ParamFetch,
     parse_enum,
 )
+from plansim.specs.plan_fields import check_flags, check_sizes_and_choices
 from plansim.specs.plan_label import plan_label
 
 __all__ = [
@@ -46,32 +47,6 @@ __all__ = [
     "offload_devices",
     "parse_enum",
 ]
-
-
-#: Fields ``ParallelPlan.__post_init__`` checks: positive integers, enum members (in the order
-#: it reads them) and booleans.
-_POSITIVE_FIELDS = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "global_batch_size")
-_ENUM_FIELDS = (
-    ("recompute", Recompute),
-    ("schedule", Schedule),
-    ("precision", Precision),
-    ("attention", AttentionKernel),
-    ("offload_optimizer", OffloadDevice),
-    ("offload_param", OffloadDevice),
-    ("zero3_param_fetch", Zero3ParamFetch),
-    ("ddp_impl", DdpImpl),
-)
-_FLAG_FIELDS = (
-    "overlap_grad_reduce",
-    "gradient_accumulation_fusion",
-    "scatter_gather_p2p",
-    "tp_comm_overlap",
-    "overlap_param_gather",
-    "grad_reduce_in_bf16",
-    "use_torch_fsdp2",
-    "reshard_after_forward",
-    "recompute_early_stop",
-)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -288,47 +263,14 @@ class ParallelPlan:
     num_layers_at_end_in_bf16: int = 0
 
     def __post_init__(self) -> None:
-        # Fast paths first: the planner builds ~150K plans a search. Messages only on failure.
-        sizes: tuple[object, ...] = (self.dp, self.tp, self.pp, self.cp, self.vpp)
-        sizes += (self.micro_batch_size, self.global_batch_size)
-        for field, size in zip(_POSITIVE_FIELDS, sizes, strict=True):
-            if type(size) is not int or size < 1:
-                require_positive_int(f"plan.{field}", size)
-        if self.zero_stage not in (0, 1, 2, 3) or isinstance(self.zero_stage, bool):
-            raise choice_error("plan.zero_stage", self.zero_stage, [0, 1, 2, 3])
-        choices: tuple[object, ...] = (
-            self.recompute,
-            self.schedule,
-            self.precision,
-            self.attention,
-            self.offload_optimizer,
-            self.offload_param,
-            self.zero3_param_fetch,
-            self.ddp_impl,
-        )
-        for (field, cls), choice in zip(_ENUM_FIELDS, choices, strict=True):
-            if type(choice) is not cls:
-                raise choice_error(f"plan.{field}", choice, [m.value for m in cls])
+        check_sizes_and_choices(self)
         per_step = self.micro_batch_size * self.dp
         if self.global_batch_size % per_step:
             raise SpecError(
                 f"plan.global_batch_size({self.global_batch_size}) is not divisible by "
                 f"micro_batch_size({self.micro_batch_size}) * dp({self.dp}) = {per_step}"
             )
-        flags = (
-            self.overlap_grad_reduce,
-            self.gradient_accumulation_fusion,
-            self.scatter_gather_p2p,
-            self.tp_comm_overlap,
-            self.overlap_param_gather,
-            self.grad_reduce_in_bf16,
-            self.use_torch_fsdp2,
-            self.reshard_after_forward,
-            self.recompute_early_stop,
-        )
-        for flag, flag_value in zip(_FLAG_FIELDS, flags, strict=True):
-            if type(flag_value) is not bool:
-                raise choice_error(f"plan.{flag}", flag_value, [True, False])
+        check_flags(self)
         if self.sequence_parallel and self.tp == 1:
             raise SpecError("plan.sequence_parallel needs tp > 1 (got tp=1)")
         if self.overlap_p2p_comm and not self.schedule.interleaved:
