@@ -19,14 +19,12 @@ from plansim.commands.common import (
     add_bf16_layer_args,
     add_dp_sync_args,
     add_model_args,
-    bf16_layers_from_args,
-    dp_syncs_from_args,
-    resolve,
-)
-from plansim.commands.plan_args import (
     add_offload_args,
     add_pipeline_split_args,
     add_recompute_args,
+    bf16_layers_from_args,
+    dp_syncs_from_args,
+    resolve,
 )
 from plansim.errors import SpecError, require_positive_int
 from plansim.io.outputs import check_writable

@@ -25,7 +25,7 @@ from typing import Any
 import pandas as pd
 
 from plansim.catalog import resolve_model
-from plansim.commands.plan_args import add_pipeline_split_args, add_recompute_args
+from plansim.commands.common import add_pipeline_split_args, add_recompute_args
 from plansim.errors import SpecError, require_positive, require_positive_int
 from plansim.io.outputs import check_writable, write_json_atomic, write_text_atomic
 from plansim.io.profiles import load_profile, write_profile
