@@ -3,9 +3,7 @@ small CPU run."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -14,17 +12,11 @@ import pytest
 
 from plansim.analytic.op_overheads import FLASH_FRACTION_OF_GEMM
 from plansim.io.profiles import load_profile
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_layer_shapes.py"
+from tests.unit.benchmark_scripts import load_benchmark
 
 
 def _module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_layer_shapes", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_layer_shapes")
 
 
 def test_each_pass_is_the_forward_gemm_transposed_and_priced_as_the_forward() -> None:

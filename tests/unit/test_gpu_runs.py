@@ -3,25 +3,18 @@ today's code (benchmarks/resimulate_validation.py), and the mechanism benchmark'
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pandas as pd
 import pytest
+
+from tests.unit.benchmark_scripts import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = ROOT / "benchmarks" / "gpu_runs" / "h100-2026-11-27"
 
 
-def _module(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+_module = load_benchmark
 
 
 VALIDATIONS = ["validate_none", "validate_full", "validate_h4096_none", "validate_h4096_full"]
