@@ -61,6 +61,16 @@ def expected_slowest_z(num_gpus: int) -> float:
     return NormalDist().inv_cdf(p)
 
 
+def slowest_gpu_fraction(profile: HardwareProfile, num_gpus: int) -> float:
+    """Fraction of the median GPU's rate the slowest of ``num_gpus`` sustains:
+    ``1 - gpu_matmul_spread_fraction * z_N`` (1.0 without a spread).
+
+    Raises:
+        SpecError: ``num_gpus`` < 1.
+    """
+    return 1.0 - profile.gpu_matmul_spread_fraction * expected_slowest_z(num_gpus)
+
+
 def sustained_pace_fraction(profile: HardwareProfile, num_gpus: int) -> float:
     """Fraction of the profile's burst GEMM rate a synchronous job of ``num_gpus`` GPUs
     sustains: ``sustained_matmul_fraction * (1 - gpu_matmul_spread_fraction * z_N)``.
@@ -70,8 +80,7 @@ def sustained_pace_fraction(profile: HardwareProfile, num_gpus: int) -> float:
     Raises:
         SpecError: ``num_gpus`` < 1.
     """
-    spread = profile.gpu_matmul_spread_fraction * expected_slowest_z(num_gpus)
-    return profile.sustained_matmul_fraction * (1.0 - spread)
+    return profile.sustained_matmul_fraction * slowest_gpu_fraction(profile, num_gpus)
 
 
 #: dtypes whose GEMMs run on the CUDA cores (no tensor cores), below the power limit: an
@@ -90,9 +99,9 @@ def dtype_pace_fraction(profile: HardwareProfile, num_gpus: int, dtype: str) -> 
     Raises:
         SpecError: ``num_gpus`` < 1.
     """
-    if dtype not in UNTHROTTLED_DTYPES:
-        return sustained_pace_fraction(profile, num_gpus)
-    return 1.0 - profile.gpu_matmul_spread_fraction * expected_slowest_z(num_gpus)
+    if dtype in UNTHROTTLED_DTYPES:
+        return slowest_gpu_fraction(profile, num_gpus)
+    return sustained_pace_fraction(profile, num_gpus)
 
 
 def job_compute_profile(profile: HardwareProfile, num_gpus: int) -> HardwareProfile:

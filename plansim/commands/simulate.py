@@ -13,7 +13,7 @@ from plansim.analytic.layer_timing import layer_wall_times
 from plansim.analytic.sustained import (
     UNTHROTTLED_DTYPES,
     dtype_pace_fraction,
-    expected_slowest_z,
+    slowest_gpu_fraction,
 )
 from plansim.commands.common import (
     add_bf16_layer_args,
@@ -311,7 +311,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _pace_note(profile: HardwareProfile, num_gpus: int, pace: float, *, dtype: str) -> str:
     """One line on the GEMM rate the job sustains (``plansim.analytic.sustained``)."""
-    slowest = 1.0 - profile.gpu_matmul_spread_fraction * expected_slowest_z(num_gpus)
+    slowest = slowest_gpu_fraction(profile, num_gpus)
     power = (
         f"{dtype} GEMMs run below the power limit"
         if dtype in UNTHROTTLED_DTYPES
