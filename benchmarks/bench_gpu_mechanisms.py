@@ -15,6 +15,14 @@
 
 3. ``cache``: the validate model's layer GEMMs timed cold (after an L2-evicting write, as
    the calibration times them) and warm (back to back).
+4. ``duty``: the bf16 GEMM rate when GEMMs fill only part of the device's time, as in a
+   training step (elementwise kernels, attention, the loss, host gaps between them). The
+   profile's ``sustained_matmul_fraction`` is measured with GEMMs back to back (part 1);
+   a one-GPU bf16 validation ran its layer GEMMs at the burst rate or above. Groups of 8
+   n^3 GEMMs alternate with a filler that takes (1 - share) / share of their time: HBM
+   copies (``copy``: the device busy, memory-bound) or the device idle (``idle``: a host
+   sleep); the GEMM groups' own time (CUDA events) over the last quarter of the soak gives
+   the rate, against the burst rate.
 
 Usage (one GPU; CPU works at small sizes for a smoke test):
     python benchmarks/bench_gpu_mechanisms.py --device cuda --out OUT.csv
@@ -28,6 +36,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import torch
@@ -99,6 +108,93 @@ def sustained(device: torch.device, *, n: int, soak_s: float) -> list[dict[str, 
             {"part": "sustained", "case": f"{dtype} sustained/burst rate", "ratio": burst / last}
         )
     return rows
+
+
+#: GEMM shares of the device's time the ``duty`` part tries, and GEMMs per group.
+DUTY_SHARES = (1.0, 0.75, 0.5, 0.25)
+DUTY_GROUP = 8
+
+
+def duty(device: torch.device, *, n: int, soak_s: float) -> list[dict[str, object]]:
+    """bf16 n^3 GEMM rate at each GEMM share of the time, copy or idle filler (docstring)."""
+    a = torch.randn(n, n, device=device).to(torch.bfloat16)
+    b = torch.randn(n, n, device=device).to(torch.bfloat16)
+    out = torch.empty(n, n, device=device, dtype=torch.bfloat16)
+    src = torch.randn(4 * n * n, device=device).to(torch.bfloat16)
+    dst = torch.empty_like(src)
+
+    def gemm() -> None:
+        torch.matmul(a, b, out=out)
+
+    def copy() -> None:
+        dst.copy_(src)
+
+    gemm(), copy()
+    _sync(device)
+    time.sleep(IDLE_S)
+    burst, _ = _loop_s(gemm, BURST_S, device)
+    copy_s, _ = _loop_s(copy, BURST_S, device)
+    flops = 2.0 * n**3
+    rows: list[dict[str, object]] = [
+        {"part": "duty", "case": "burst", "seconds": burst, "tflops_per_s": flops / burst / 1e12}
+    ]
+    for filler in ("copy", "idle"):
+        for share in DUTY_SHARES:
+            if filler == "idle" and share == 1.0:
+                continue  # the same as copy at share 1
+            fill_s = DUTY_GROUP * burst * (1.0 - share) / share
+            copies = round(fill_s / copy_s)
+            time.sleep(IDLE_S)
+            groups: list[tuple[Any, Any]] = []
+            begin = time.perf_counter()
+            while time.perf_counter() - begin < soak_s:
+                start, end = _event(device), _event(device)
+                _record(start)
+                for _ in range(DUTY_GROUP):
+                    gemm()
+                _record(end)
+                groups.append((start, end))
+                if filler == "copy":
+                    for _ in range(copies):
+                        copy()
+                else:
+                    _sync(device)
+                    time.sleep(fill_s)
+                if len(groups) % 16 == 0:
+                    _sync(device)
+            _sync(device)
+            last = groups[-max(1, len(groups) // 4) :]
+            per_call = sum(_elapsed_s(s, e) for s, e in last) / (len(last) * DUTY_GROUP)
+            rows.append(
+                {
+                    "part": "duty",
+                    "case": f"{filler} filler, gemm share {share}",
+                    "seconds": per_call,
+                    "tflops_per_s": flops / per_call / 1e12,
+                    "ratio": per_call / burst,
+                }
+            )
+    return rows
+
+
+def _event(device: torch.device) -> Any:
+    """A CUDA timing event, or a perf_counter holder on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    return [0.0]
+
+
+def _record(event: Any) -> None:
+    if isinstance(event, list):
+        event[0] = time.perf_counter()
+    else:
+        event.record()
+
+
+def _elapsed_s(start: Any, end: Any) -> float:
+    if isinstance(start, list):
+        return float(end[0] - start[0])
+    return float(start.elapsed_time(end)) / 1e3
 
 
 def cache(device: torch.device, args: argparse.Namespace) -> list[dict[str, object]]:
@@ -181,7 +277,10 @@ def recompute(device: torch.device, args: argparse.Namespace) -> list[dict[str, 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--part", choices=("all", "sustained", "recompute", "cache"), default="all")
+    parser.add_argument(
+        "--part", choices=("all", "sustained", "recompute", "cache", "duty"), default="all"
+    )
+    parser.add_argument("--duty-soak-s", type=float, default=6.0)
     parser.add_argument("--gemm-n", type=int, default=8192)
     parser.add_argument("--soak-s", type=float, default=15.0)
     parser.add_argument("--num-layers", type=int, default=8)
@@ -205,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         rows += recompute(device, args)
     if args.part in ("all", "cache"):
         rows += cache(device, args)
+    if args.part in ("all", "duty"):
+        rows += duty(device, n=args.gemm_n, soak_s=args.duty_soak_s)
     table = pd.DataFrame.from_records(rows)
     print(table.to_string(index=False))
     write_text_atomic(args.out, table.to_csv(index=False), label="--out")

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# The checks a session lent one GPU runs, as one command: about 4 minutes on an H100, at most
-# 9.5 by its timeouts (the device tool's per-command limit is 10).
+# The checks a session lent one GPU runs, as one command: about 5 minutes on an H100 for all
+# five steps; each step's timeouts keep any three of them within the device tool's 10-minute
+# limit per command.
 #
 # From the repository root on the GPU machine, with a simpy wheel carried in .whl/ (the
 # machine's image has torch, numpy, pandas, matplotlib, PyYAML and tqdm, not simpy; see
 # benchmarks/README.md "A session with a GPU"):
-#     bash benchmarks/gpu_session.sh            # writes into $OUT (the device tool's folder)
+#     bash benchmarks/gpu_session.sh            # all steps, into $OUT (the device tool's folder)
+#     STEPS="1 3 5" bash benchmarks/gpu_session.sh   # only these steps (1 is always needed
+#                                                    # by 3 and 5: they validate on its profile)
 #
 # 1. env.txt            nvidia-smi and torch versions
 # 2. <base>-1gpu.yaml   the datasheet profile of this GPU kind with what one GPU measures merged
@@ -17,10 +20,14 @@
 #                       (benchmarks/bench_layer_shapes.py)
 # 4. validate.tgz       plansim validate of a 1-GPU plan (GPT, 8 layers, h 2048, s 2048) without
 #                       and with full recompute on the merged profile: the validate runner
-#                       trains in fp32 only, and the datasheet profiles have no fp32 GEMM curve
+#                       in fp32 (the datasheet profiles have no fp32 GEMM curve)
 # 5. mechanisms.csv     benchmarks/bench_gpu_mechanisms.py: fp32 vs bf16 sustained GEMM rate,
 #                       torch checkpoint early stop on / off / reentrant, cold vs warm GEMMs
-# 6. session.log        everything printed
+# 6. validate_bf16.tgz  plansim validate in bf16 mixed precision (Megatron-LM's recipe:
+#                       plansim/validate/mixed_precision.py) of the same GPT with and without
+#                       full recompute, a 4-layer 4096-wide GPT, and 4 layers of Llama 3 8B
+#                       (GQA, SwiGLU, RoPE, vocabulary 128256, s 4096) on the merged profile
+# 7. session.log        everything printed
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -32,6 +39,8 @@ if compgen -G ".whl/*.whl" >/dev/null; then
     export PYTHONPATH=/tmp/plansim-site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+steps=" ${STEPS:-1 2 3 4 5} "
+want() { [[ "$steps" == *" $1 "* ]]; }
 python3 -c "import simpy, torch; assert torch.cuda.is_available(), 'no GPU'" || return 1
 
 { nvidia-smi; python3 -c "import torch; print('torch', torch.__version__, torch.version.cuda, torch.cuda.get_device_name())"; } >"$OUT/env.txt" 2>&1
@@ -47,29 +56,55 @@ esac
 measured="$OUT/$base-1gpu.yaml"
 echo "== $gpu: base profile $base"
 
-echo "== 1/4 calibrate (one GPU, quick) into a copy of $base"
-cp "hardware_profiles/$base.yaml" "$measured"
-timeout 200 python3 -m plansim calibrate --backend nccl --nproc 1 --device cuda --quick \
-    --out "$measured" --name "$base-1gpu" --timeout 180
+if want 1; then
+    echo "== 1/5 calibrate (one GPU, quick) into a copy of $base"
+    cp "hardware_profiles/$base.yaml" "$measured"
+    timeout 200 python3 -m plansim calibrate --backend nccl --nproc 1 --device cuda --quick \
+        --out "$measured" --name "$base-1gpu" --timeout 180
+fi
 
-echo "== 2/4 GEMMs and attention of real layer shapes"
-profiles=(--profile "$base")
-[ -s "${measured%.yaml}.raw.csv" ] && profiles+=(--profile "$measured")
-timeout 120 python3 benchmarks/bench_layer_shapes.py --device cuda "${profiles[@]}" \
-    --out "$OUT/layer_shapes.csv" --timeout 110
+if want 2; then
+    echo "== 2/5 GEMMs and attention of real layer shapes"
+    profiles=(--profile "$base")
+    [ -s "${measured%.yaml}.raw.csv" ] && profiles+=(--profile "$measured")
+    timeout 120 python3 benchmarks/bench_layer_shapes.py --device cuda "${profiles[@]}" \
+        --out "$OUT/layer_shapes.csv" --timeout 110
+fi
 
-echo "== 3/4 validate one GPU (fp32) against the merged profile"
-work=$(mktemp -d)
-for recompute in none full; do
-    timeout 60 python3 -m plansim validate --model gpt3-175b --num-layers 8 \
-        --hidden-size 2048 --num-heads 16 --seq-len 2048 --vocab-size 50304 \
-        --tp 1 --pp 1 --mbs 2 --gbs 4 --recompute "$recompute" --dtype fp32 \
-        --backend nccl --nproc 1 --profile "$measured" --steps 5 --out "$work/$recompute"
-done
-tar czf "$OUT/validate.tgz" -C "$work" .
+gpt=(--model gpt3-175b --num-layers 8 --hidden-size 2048 --num-heads 16 --seq-len 2048
+     --vocab-size 50304 --tp 1 --pp 1 --mbs 2 --gbs 4 --backend nccl --nproc 1 --steps 5)
+# the GPT above without and with full recompute, in dtype $1, into folder $2
+validate_gpt() {
+    for recompute in none full; do
+        timeout 60 python3 -m plansim validate "${gpt[@]}" --recompute "$recompute" \
+            --dtype "$1" --profile "$measured" --out "$2/gpt-h2048-$recompute"
+    done
+}
+if want 3; then
+    echo "== 3/5 validate one GPU (fp32) against the merged profile"
+    work=$(mktemp -d)
+    validate_gpt fp32 "$work"
+    tar czf "$OUT/validate.tgz" -C "$work" .
+fi
 
-echo "== 4/4 mechanisms: sustained rate per dtype, checkpoint early stop, cold vs warm GEMMs"
-timeout 120 python3 benchmarks/bench_gpu_mechanisms.py --device cuda --out "$OUT/mechanisms.csv"
+if want 4; then
+    echo "== 4/5 mechanisms: sustained rate per dtype, checkpoint early stop, cold vs warm GEMMs"
+    timeout 120 python3 benchmarks/bench_gpu_mechanisms.py --device cuda --out "$OUT/mechanisms.csv"
+fi
+
+if want 5; then
+    echo "== 5/5 validate one GPU in bf16 mixed precision against the merged profile"
+    work=$(mktemp -d)
+    validate_gpt bf16 "$work"
+    timeout 60 python3 -m plansim validate --model gpt3-175b --num-layers 4 --hidden-size 4096 \
+        --num-heads 32 --seq-len 2048 --vocab-size 50304 --tp 1 --pp 1 --mbs 1 --gbs 4 \
+        --backend nccl --nproc 1 --steps 5 --dtype bf16 --profile "$measured" \
+        --out "$work/gpt-h4096-none"
+    timeout 90 python3 -m plansim validate --model llama3-8b --num-layers 4 --seq-len 4096 \
+        --tp 1 --pp 1 --mbs 1 --gbs 2 --backend nccl --nproc 1 --steps 5 --dtype bf16 \
+        --profile "$measured" --out "$work/llama3-8b-l4-none"
+    tar czf "$OUT/validate_bf16.tgz" -C "$work" .
+fi
 echo "== done: $(ls "$OUT" | tr '\n' ' ')"
 }
 

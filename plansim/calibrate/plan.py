@@ -78,10 +78,17 @@ PIPELINE_STAGE_OPS = 8
 PIPELINE_MICROBATCHES = 8
 #: Elementwise items: a GELU layer's non-GEMM kernels, forward and forward + backward.
 ELEMENTWISE_OPS = ("layer_fwd", "layer_fwd_bwd")
-#: Their (tokens, hidden) shapes and dtype per device: training's activation dtype.
+#: Their (tokens, hidden) shapes and dtype per device: training's activation dtype. ``--quick``
+#: times the first only. On a GPU the host dispatches each eager op in about 20 us (the H100
+#: profile's ``host_overhead.forward_op_us``: 18.6-24.7) while the device runs ahead, so an
+#: item whose kernels take less than their ops' dispatch times the host, not HBM: at
+#: 2048 x 2048 the forward's 5 kernels moved 159 MB in 0.13 ms on an H100 (1.2 TB/s, its
+#: ~0.12 ms of dispatch), where the same kernels at the validate run's 4096 x 2048 ran at
+#: 2-3.5 TB/s (benchmarks/gpu_runs/h100-2026-11-27-bf16). Every GPU shape here moves at least
+#: 2.5 GB forward: 0.3 ms even at B200's 8 TB/s.
 ELEMENTWISE_SHAPES = {
     "cpu": (((256, 256), (512, 512), (1024, 1024)), "fp32"),
-    "cuda": (((2048, 2048), (4096, 4096), (8192, 8192)), "bf16"),
+    "cuda": (((16384, 4096), (16384, 8192), (32768, 8192)), "bf16"),
 }
 #: Overlap item per device: (GEMM (m, n, k), dtype, all_reduce message bytes). CPU: a 512^3
 #: fp32 GEMM (~3 ms at 100 GFLOP/s on one core) and 4 MiB (~4 ms at gloo's ~1 GB/s on one

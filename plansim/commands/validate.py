@@ -44,11 +44,10 @@ from plansim.validate.compare import (
 )
 from plansim.validate.refit import Refit, profile_path, refit
 from plansim.validate.result import QUIET_CPU_SHARE, MeasuredRun
+from plansim.validate.run_dtype import RUN_DTYPES, check_dtype_supported
 
 #: Backend -> device it runs on.
 BACKENDS = {"gloo": "cpu", "nccl": "cuda"}
-#: Run dtypes the runner trains in: fp32 only (``runner.RunConfig``; no mixed precision yet).
-DTYPES = ("fp32",)
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -86,9 +85,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--profile", required=True, help="hardware profile name or YAML path")
     p.add_argument(
         "--dtype",
-        choices=DTYPES,
+        choices=RUN_DTYPES,
         default="fp32",
-        help="run dtype: fp32 (the runner has no mixed precision yet)",
+        help="run dtype: fp32, or bf16 mixed precision (Megatron-LM's fp32 master weights and "
+        "main gradients; FSDP2's MixedPrecisionPolicy for ZeRO-2/3; pp 1)",
     )
     p.add_argument("--steps", type=int, default=3, help="measured steps (default 3)")
     p.add_argument("--warmup-steps", type=int, default=1, help="warm-up steps (default 1)")
@@ -202,6 +202,7 @@ def run(args: argparse.Namespace) -> int:
             failed run (``ValidateError`` naming the rank and the error).
     """
     plan = plan_from_args(args)
+    check_dtype_supported(args.dtype, plan)
     model = scaled_model(args)
     reason = check_plan_divides_model(
         plan,

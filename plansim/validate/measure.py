@@ -162,7 +162,9 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
 
 def state_tensors(modules: Iterable[Any], optimizer: Any) -> list[torch.Tensor]:
-    """Parameters, gradients, buffers and optimizer-state tensors alive now."""
+    """Parameters, gradients, buffers and optimizer-state tensors alive now (the optimizer's
+    own parameters too: the fp32 master weights of a bf16 run; a tensor listed twice is
+    counted once by :class:`LiveBytes`)."""
     out: list[torch.Tensor] = []
     for module in modules:
         for param in module.parameters():
@@ -171,6 +173,11 @@ def state_tensors(modules: Iterable[Any], optimizer: Any) -> list[torch.Tensor]:
                 out.append(param.grad)
         out.extend(module.buffers())
     inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer wraps one
+    for group in inner.param_groups:  # bf16: the fp32 master weights and main gradients
+        for param in group["params"]:
+            out.append(param)
+            if param.grad is not None:
+                out.append(param.grad)
     for state in inner.state.values():
         out.extend(v for v in state.values() if isinstance(v, torch.Tensor))
     return out

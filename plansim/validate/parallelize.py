@@ -39,6 +39,7 @@ from plansim.specs.layer_split import pipeline_layer_counts
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan, Recompute
 from plansim.validate.executed_fsdp import reshard_after_forward
+from plansim.validate.mixed_precision import fsdp_policy
 from plansim.validate.model import Block, StageModule
 from plansim.validate.op_sac import op_selective_checkpoint
 from plansim.validate.result import ValidateError
@@ -192,23 +193,28 @@ def apply_recompute(stage: StageModule, plan: ParallelPlan) -> None:
             attention.core = checkpoint_wrapper(attention.core)
 
 
-def apply_zero(stage: StageModule, plan: ParallelPlan, *, dp_mesh: DeviceMesh) -> StageModule:
+def apply_zero(
+    stage: StageModule, plan: ParallelPlan, *, dp_mesh: DeviceMesh, dtype: str = "fp32"
+) -> StageModule:
     """FSDP2 ``fully_shard`` over ``dp_mesh`` (:func:`zero_mesh`) for ZeRO-2/3 (dp > 1).
 
     ZeRO-3 without pipelining reshards parameters after forward
     (``reshard_after_forward=True``); ZeRO-2, and ZeRO-3 with pp > 1 (torchtitan's choice:
     the pipeline stage gathers once per step and reduces after its last backward), keep them
     (``plansim.validate.executed_fsdp.reshard_after_forward``). Each block is a unit, then
-    the stage root.
+    the stage root. ``dtype`` bf16: FSDP2's mixed precision (``mixed_precision.fsdp_policy``).
     """
     if plan.zero_stage < 2 or plan.dp == 1:
         return stage
     from torch.distributed.fsdp import fully_shard
 
-    reshard = reshard_after_forward(plan)
+    options: dict[str, Any] = {"reshard_after_forward": reshard_after_forward(plan)}
+    policy = fsdp_policy(dtype)
+    if policy is not None:
+        options["mp_policy"] = policy
     for block in stage.blocks.values():
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
-    fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard)
+        fully_shard(block, mesh=dp_mesh, **options)
+    fully_shard(stage, mesh=dp_mesh, **options)
     return stage
 
 

@@ -32,6 +32,7 @@ from plansim.sim.timeline import make_timeline
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan
 from plansim.validate.result import MeasuredRun, ValidateError
+from plansim.validate.run_dtype import check_dtype_supported
 
 BACKENDS = ("gloo", "nccl")
 DEVICES = ("cpu", "cuda")
@@ -53,7 +54,8 @@ class RunConfig:
             one more step follows, which measures memory (``plansim.validate.measure``).
         timeout_s: the whole run (start-up included) must end within it, seconds.
         seed: model initialisation and data seed.
-        dtype: ``fp32`` (the only one supported).
+        dtype: ``fp32`` or ``bf16`` (mixed precision as plansim prices it:
+            ``plansim.validate.mixed_precision``; pp 1 and ZeRO 0, 2 or 3).
         optimizer: ``adamw`` (lr 1e-3, weight decay 0.01) or ``sgd`` (lr 1.0; the
             correctness tests use it: Adam is blind to a wrong gradient scale).
 
@@ -82,8 +84,7 @@ class RunConfig:
             raise ValidateError("backend nccl needs device cuda")
         if self.optimizer not in ("adamw", "sgd"):
             raise ValidateError(f"optimizer {self.optimizer!r}; choose one of: adamw, sgd")
-        if self.dtype != "fp32":
-            raise ValidateError(f"dtype {self.dtype!r}; only fp32 is supported")
+        check_dtype_supported(self.dtype, self.plan)
         if self.num_processes != self.plan.num_gpus:
             raise ValidateError(
                 f"num_processes({self.num_processes}) != plan dp*tp*pp*cp = {self.plan.num_gpus}"

@@ -36,8 +36,10 @@ from plansim.validate.measure import (
     cuda_peak_bytes,
     state_tensors,
 )
+from plansim.validate.mixed_precision import TORCH_DTYPES, MasterWeights
 from plansim.validate.model import StageModule, build_model, split_stage, synthetic_batches
 from plansim.validate.pipeline import LoopExecutor, PipelineExecutor
+from plansim.validate.run_dtype import uses_fsdp
 from plansim.validate.runner import RunConfig
 
 FAULT_ENV = "PLANSIM_VALIDATE_FAULT"
@@ -104,7 +106,14 @@ class Trainer:
     """The parallelized model of one rank and its training step (see module docstring)."""
 
     def __init__(
-        self, *, model: ModelSpec, plan: ParallelPlan, device: str, seed: int, optimizer: str
+        self,
+        *,
+        model: ModelSpec,
+        plan: ParallelPlan,
+        device: str,
+        seed: int,
+        optimizer: str,
+        dtype: str = "fp32",
     ) -> None:
         self.model_spec, self.plan, self.device_type = model, plan, device
         index = torch.cuda.current_device() if device == "cuda" else None
@@ -115,15 +124,22 @@ class Trainer:
         full = build_model(model, seed=seed)
         self.modules: dict[int, StageModule] = {}
         dp_mesh = par.zero_mesh(plan, mesh)
+        # bf16 without FSDP: bf16 weights, fp32 master weights (plansim.validate.mixed_precision)
+        cast_model = dtype != "fp32" and not uses_fsdp(plan)
         for stage in range(self.coords.pp, plan.num_stages, plan.pp):
             part = split_stage(full, model, plan, stage).to(self.device)
+            if cast_model:
+                part = part.to(TORCH_DTYPES[dtype])
             par.apply_tp(part, plan, mesh=mesh)
             par.apply_recompute(part, plan)
-            self.modules[stage] = par.apply_zero(part, plan, dp_mesh=dp_mesh)
+            self.modules[stage] = par.apply_zero(part, plan, dp_mesh=dp_mesh, dtype=dtype)
         del full
         self.params = [p for m in self.modules.values() for p in m.parameters()]
+        self.master = MasterWeights(self.params) if cast_model else None
+        #: what the optimizer and the DP all-reduce work on: the fp32 masters in bf16
+        self.grad_params = self.master.masters if self.master is not None else self.params
         self.optimizer = par.build_optimizer(
-            self.params, plan, dp_group=self.dp_group, name=optimizer
+            self.grad_params, plan, dp_group=self.dp_group, name=optimizer
         )
         self.tied_group = self._tied_group()
         self.executor = self._executor(mesh)
@@ -182,7 +198,7 @@ class Trainer:
                 dist.all_reduce(grad, group=self.tied_group)
         if self.plan.dp > 1 and self.plan.zero_stage < 2:
             start = rec.mark()
-            nbytes = par.all_reduce_grads(self.params, group=self.dp_group)
+            nbytes = par.all_reduce_grads(self.grad_params, group=self.dp_group)
             rec.add(
                 stream="dp",
                 kind="dp_comm",
@@ -202,7 +218,11 @@ class Trainer:
         sharded = hasattr(opt, "_sync_params")
         with rec.interval(stream="compute", kind="optimizer", stage=-1, microbatch=-1):
             opt._local_step() if sharded else opt.step()
-            opt.zero_grad(set_to_none=True)
+            if self.master is None:
+                opt.zero_grad(set_to_none=True)
+            else:  # Megatron-LM: masters into the bf16 weights, the main-gradient buffer zeroed
+                self.master.copy_to_model()
+                self.master.zero_main_grads()
         if sharded:
             with rec.interval(stream="dp", kind="dp_comm", stage=-1, microbatch=-1):
                 opt._sync_params()
@@ -275,6 +295,7 @@ def run_rank(config: RunConfig, progress: Progress) -> dict[str, Any]:
         device=config.device,
         seed=config.seed,
         optimizer=config.optimizer,
+        dtype=config.dtype,
     )
     coords = trainer.coords
     history = _train(

@@ -21,7 +21,7 @@ import pytest
 from plansim.schedule.builders import build_actions
 from plansim.sim.timeline import validate_timeline
 from plansim.specs.model import Activation, ModelSpec, Normalization, PositionEmbedding
-from plansim.specs.plan import ParallelPlan, Recompute, Schedule
+from plansim.specs.plan import ParallelPlan, Precision, Recompute, Schedule
 from plansim.validate.executed_fsdp import runs_per_step
 from plansim.validate.reference import reference_losses
 from plansim.validate.result import ValidateError
@@ -181,7 +181,9 @@ def _optimizer(name: str) -> str:
     return "adamw" if name.endswith("-adamw") else "sgd"
 
 
-def _run(model: ModelSpec, plan: ParallelPlan, optimizer: str = "sgd") -> object:
+def _run(
+    model: ModelSpec, plan: ParallelPlan, optimizer: str = "sgd", dtype: str = "fp32"
+) -> object:
     config = RunConfig(
         model=model,
         plan=plan,
@@ -192,6 +194,7 @@ def _run(model: ModelSpec, plan: ParallelPlan, optimizer: str = "sgd") -> object
         num_warmup_steps=0,
         timeout_s=150.0,
         optimizer=optimizer,
+        dtype=dtype,
     )
     return execute(config)
 
@@ -268,6 +271,57 @@ def test_plan_trains_like_the_reference(name: str) -> None:
         checks = outcome.schedule_check  # type: ignore[attr-defined]
         assert [c["schedule"] for c in checks] == ["ScheduleInterleaved1F1B"] * plan.pp
         assert all(c["matches"] is True for c in checks)
+
+
+#: bf16 runs (``plansim.validate.mixed_precision``) against the fp32 reference: bf16 rounding
+#: moved these losses by at most 8e-4; a learning step off by 2x or 1/2 (a gradient scaled
+#: twice, or lost) moves them by 4e-3 or more by the third step.
+BF16_TOLERANCE = 2e-3
+BF16 = Precision.BF16
+BF16_PLANS = {
+    # Megatron-LM's recipe (bf16 weights, fp32 main gradients and master weights) on DTensors
+    "tp2": (
+        LLAMA,
+        ParallelPlan(dp=1, tp=2, pp=1, micro_batch_size=2, global_batch_size=4, precision=BF16),
+    ),
+    # the same over a DP all-reduce of the fp32 main gradients, tied embeddings, recompute
+    "dp2-full": (
+        GPT,
+        ParallelPlan(
+            dp=2,
+            tp=1,
+            pp=1,
+            micro_batch_size=1,
+            global_batch_size=4,
+            recompute=Recompute.FULL,
+            precision=BF16,
+        ),
+    ),
+    # FSDP2's MixedPrecisionPolicy
+    "dp2-zero3": (
+        LLAMA,
+        ParallelPlan(
+            dp=2, tp=1, pp=1, micro_batch_size=1, global_batch_size=4, zero_stage=3, precision=BF16
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BF16_PLANS))
+def test_bf16_plan_trains_like_the_fp32_reference(name: str) -> None:
+    """Losses within bf16's rounding of the fp32 reference (its memory against plansim's:
+    ``tests/unit/test_validate_cli.py``; its bytes a parameter: ``test_mixed_precision.py``)."""
+    model, plan = BF16_PLANS[name]
+    measured = _run(model, plan, "sgd", dtype="bf16").measured  # type: ignore[attr-defined]
+    ref = reference_losses(
+        model,
+        global_batch_size=plan.global_batch_size,
+        num_steps=NUM_STEPS,
+        seed=0,
+        optimizer="sgd",
+    )
+    assert measured.losses == pytest.approx(ref, abs=BF16_TOLERANCE, rel=0)
+    assert measured.losses[1] != pytest.approx(measured.losses[0], abs=1e-4)
 
 
 def test_dp2_pp2_tp2_on_8_ranks() -> None:

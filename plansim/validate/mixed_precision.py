@@ -1,0 +1,95 @@
+"""bf16 mixed precision for the validate runner, as plansim prices it (torch).
+
+Two ways, one per kind of plan:
+
+* **ZeRO-0 (Megatron-LM's mixed precision).** What ``plansim.analytic.memory.state_bytes_per_param``
+  prices for bf16 (M02's table: 2 + 4 + 12 = 18 bytes a parameter):
+
+  - the working weights are bf16, the norms' too (Megatron-LM's ``Float16Module`` casts the
+    whole module);
+  - each parameter has an fp32 main gradient, alive all step (Megatron-LM's
+    ``DistributedDataParallel`` gradient buffer): as soon as backward has accumulated a
+    parameter's bf16 gradient, it is added to the main gradient and dropped (Megatron-LM's
+    gradient hook, ``param.main_grad.add_(param.grad.data)``, the path without fused
+    weight-gradient accumulation);
+  - the optimizer updates fp32 master weights with fp32 Adam states
+    (``Float16OptimizerWithFloat16Params``) and copies them into the bf16 weights after its
+    step;
+  - the data-parallel all-reduce averages the fp32 main gradients (Megatron-LM's default;
+    ``--grad-reduce-in-bf16`` is not run).
+
+* **ZeRO-2/3 over dp > 1 (PyTorch FSDP2).** ``MixedPrecisionPolicy(param_dtype=bf16,
+  reduce_dtype=fp32)``: FSDP2 keeps fp32 sharded parameters, gathers them in bf16, and
+  reduce-scatters fp32 gradients, which plansim prices as PyTorch FSDP's states
+  (``analytic.memory.rank_memory``: fp32 training's 16 bytes a parameter, sharded).
+
+ZeRO-1 (``ZeroRedundancyOptimizer`` would keep full fp32 master weights on every rank,
+where plansim shards them) and pipelining are not run in bf16
+(``plansim.validate.run_dtype.check_dtype_supported``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+#: torch dtype of each run dtype's working weights and activations.
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def fsdp_policy(dtype: str) -> Any:
+    """FSDP2's ``MixedPrecisionPolicy`` for ``dtype`` (None for fp32: FSDP2's default)."""
+    if dtype == "fp32":
+        return None
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[dtype], reduce_dtype=torch.float32)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+class MasterWeights:
+    """fp32 master weights and main gradients of bf16 model parameters (module docstring).
+
+    Attributes:
+        params: the bf16 model parameters (plain tensors or DTensors).
+        masters: one fp32 ``nn.Parameter`` per parameter, same placement; its ``.grad`` is the
+            main gradient, zeroed (not freed) after each step. The optimizer and the
+            data-parallel all-reduce work on these.
+    """
+
+    def __init__(self, params: list[nn.Parameter]) -> None:
+        self.params = params
+        self.masters = [nn.Parameter(p.detach().to(torch.float32)) for p in params]
+        for param, master in zip(params, self.masters, strict=True):
+            master.grad = torch.zeros_like(master)
+            param.register_post_accumulate_grad_hook(_accumulate_into(master))
+
+    @torch.no_grad()
+    def copy_to_model(self) -> None:
+        """Copy the master weights into the bf16 weights (after the optimizer step)."""
+        for param, master in zip(self.params, self.masters, strict=True):
+            _local(param).copy_(_local(master))
+
+    @torch.no_grad()
+    def zero_main_grads(self) -> None:
+        """Zero the main gradients in place, as Megatron-LM zeroes its gradient buffer."""
+        for master in self.masters:
+            assert master.grad is not None
+            _local(master.grad).zero_()
+
+
+def _accumulate_into(master: nn.Parameter) -> Callable[[torch.Tensor], None]:
+    def hook(param: torch.Tensor) -> None:
+        assert param.grad is not None and master.grad is not None
+        with torch.no_grad():
+            _local(master.grad).add_(_local(param.grad))
+        param.grad = None
+
+    return hook
