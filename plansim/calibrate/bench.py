@@ -70,6 +70,8 @@ def rank_main(rank: int, world: int, config: RankConfig, queue: Any) -> None:
         rank=rank,
         world_size=world,
         timeout=datetime.timedelta(seconds=config.pg_timeout_s),
+        # nccl: bind to this rank's GPU (NCCL otherwise guesses it from the rank, and warns)
+        device_id=device if config.backend == "nccl" else None,
     )
     bench = _Bench(rank=rank, world=world, device=device, plan=config.plan)
     rows = bench.memory_rows()

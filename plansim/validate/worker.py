@@ -323,13 +323,22 @@ def run_rank(config: RunConfig, progress: Progress) -> dict[str, Any]:
 def init_process_group(
     *, backend: str, rank: int, world: int, init_method: str, timeout_s: float
 ) -> None:
-    """init_process_group with a bounded timeout (every collective then fails after it)."""
+    """init_process_group with a bounded timeout (every collective then fails after it).
+
+    With nccl the process group is bound to this rank's current CUDA device (``device_id``,
+    set by the caller): without it NCCL guesses the device from the global rank and warns
+    that a heterogeneous rank-to-GPU mapping can hang (seen on the H100 runs).
+    """
+    options: dict[str, Any] = {}
+    if backend == "nccl":
+        options["device_id"] = torch.device("cuda", torch.cuda.current_device())
     dist.init_process_group(
         backend,
         init_method=init_method,
         rank=rank,
         world_size=world,
         timeout=timedelta(seconds=timeout_s),
+        **options,
     )
 
 

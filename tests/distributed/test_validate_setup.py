@@ -175,3 +175,21 @@ def test_scaled_width_keeps_the_ffn_ratio() -> None:
     gpt = dataclasses.replace(resolve_model("gpt3-175b"), name="gpt")
     scaled = scale_model(gpt, plan=PLAN, max_hidden_size=512).model
     assert scaled.ffn_hidden_size == 4 * scaled.hidden_size
+
+
+def test_nccl_process_groups_are_bound_to_the_ranks_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NCCL gets the rank's current CUDA device (``device_id``), gloo none: without it NCCL
+    guesses the GPU from the global rank and warns that a mapping can hang."""
+    import torch
+    import torch.distributed as dist
+
+    from plansim.validate import worker
+
+    calls: list[dict[str, object]] = []
+    monkeypatch.setattr(dist, "init_process_group", lambda *a, **k: calls.append(k))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    kwargs = {"rank": 0, "world": 1, "init_method": "env://", "timeout_s": 5.0}
+    worker.init_process_group(backend="nccl", **kwargs)
+    worker.init_process_group(backend="gloo", **kwargs)
+    assert calls[0]["device_id"] == torch.device("cuda", 3)
+    assert "device_id" not in calls[1]
