@@ -7,6 +7,14 @@ where Megatron-LM's vocab-parallel output layer computes V/tp columns: the last 
 forward gains the difference of the two GEMMs and its backward twice that (input- and
 weight-gradient GEMMs of the same size; ``layer_cost.gemm_time_s``).
 
+Loss time: plansim prices Megatron-LM's vocab-parallel cross-entropy op by op
+(``elementwise.cross_entropy_bytes``: 32 B a logit forward, 8 backward, plus the 16-bit cast
+each way). The runner's ``F.cross_entropy`` moves about as many bytes in all, split
+otherwise (:data:`RUNNER_LOSS_BYTES_PER_LOGIT`): its fused log-softmax forward moves 16 B a
+logit, its backward a dense zero-filled NLL gradient and the log-softmax backward, 20 B. The
+difference, on all V logits against Megatron-LM's V/tp, is added to the last stage's forward
+and backward (:func:`runner_loss_time_s`).
+
 Memory: plansim's memory model holds one fp32 copy of the logits at the last stage (Megatron-LM's
 vocab-parallel cross-entropy works in place on the fp32 logits, 4*s*b*V/tp bytes;
 ``analytic.memory.transient_bytes``). The runner's loss (``plansim.validate.model.loss_fn``)
@@ -24,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from plansim.analytic.elementwise import cross_entropy_bytes
 from plansim.analytic.flops import logits_forward_gemm
 from plansim.analytic.layer_cost import cp_local_model, gemm_time_s
 from plansim.analytic.sustained import job_compute_profile
@@ -34,6 +43,18 @@ from plansim.specs.work import PipelineWork, Segment, lengthen_first
 
 #: fp32 logits-sized tensors alive at the start of the runner's backward (module docstring).
 RUNNER_LOSS_COPIES = 3
+#: HBM bytes a logit of the runner's ``F.cross_entropy`` on fp32 logits, forward and backward,
+#: kernel by kernel as torch runs it on a GPU (the 16-bit -> fp32 cast and back, 6 B each
+#: way, come on top in bf16). Forward: the log-softmax (``cunn_SoftMaxForward``: a row of
+#: the vocabulary is read three times, for its max, its sum of exponentials and the output,
+#: and written once) = 16 B; the NLL reads one logit per token. Backward: the NLL gradient
+#: (dense, zero-filled: write 4) and the log-softmax backward (the incoming gradient read
+#: twice, for its row sum and the output, the saved log-probabilities once, one write: 16) =
+#: 20 B. Measured on one H100 (benchmarks/gpu_runs/h100-2026-11-27-bf16/kernels_gpt_names.csv,
+#: 4096 x 50304 logits, bf16 run): log-softmax forward 1.09 ms and backward 1.15 ms, 15.1
+#: and 15.9 B a logit at the profile's 2848 GB/s; the fill 0.25 ms (4.2 B), the cast back
+#: 0.40 ms (5.5 B).
+RUNNER_LOSS_BYTES_PER_LOGIT = (16.0, 20.0)
 
 
 def runner_loss_extra_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
@@ -52,6 +73,54 @@ def with_runner_loss(work: PipelineWork, model: ModelSpec, plan: ParallelPlan) -
     last = ranks[-1]
     ranks[-1] = dataclasses.replace(last, static_bytes=last.static_bytes + extra)
     return dataclasses.replace(work, ranks=tuple(ranks))
+
+
+def runner_loss_time_s(
+    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
+) -> tuple[float, float]:
+    """(forward, backward) seconds per micro-batch that the runner's loss takes beyond
+    plansim's Megatron-LM loss on the last stage: :data:`RUNNER_LOSS_BYTES_PER_LOGIT` on all
+    V logits of each token less ``elementwise.cross_entropy_bytes`` on V/tp, at the
+    profile's streaming rate (as ``layer_cost.edge_times`` prices the loss). Negative where
+    the runner moves less (the forward at tp 1)."""
+    tokens = model.seq_length / plan.cp * plan.micro_batch_size
+    act = float(plan.precision.activation_bytes)
+    cast = 6.0 if act == 2.0 else 0.0  # 16-bit -> fp32 and back: read 2 + write 4
+    megatron = cross_entropy_bytes(act)
+    rate = profile.streaming_bytes_per_s()
+    whole, shard = tokens * model.vocab_size, tokens * model.vocab_size / plan.tp
+    forward, backward = (
+        ((runner + cast) * whole - ours * shard) / rate
+        for runner, ours in zip(RUNNER_LOSS_BYTES_PER_LOGIT, megatron, strict=True)
+    )
+    return forward, backward
+
+
+def with_runner_loss_time(
+    work: PipelineWork, model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
+) -> PipelineWork:
+    """``work`` with :func:`runner_loss_time_s` on the last stage's forward and backward (and
+    input-gradient backward)."""
+    forward, backward = runner_loss_time_s(model, plan, profile)
+    return _lengthen_last(work, forward=forward, backward=backward)
+
+
+def _lengthen_last(work: PipelineWork, *, forward: float, backward: float) -> PipelineWork:
+    """``work`` with ``forward`` / ``backward`` seconds more on the last stage's first compute
+    segment of its forward / backward and input-gradient backward."""
+    stages = list(work.stages)
+    last = stages[-1]
+
+    def compute(seg: Segment) -> bool:
+        return seg.stream == "compute"
+
+    stages[-1] = dataclasses.replace(
+        last,
+        forward=lengthen_first(last.forward, forward, compute),
+        backward=lengthen_first(last.backward, backward, compute),
+        backward_input=lengthen_first(last.backward_input, backward, compute),
+    )
+    return dataclasses.replace(work, stages=tuple(stages))
 
 
 def replicated_head_extra_s(
@@ -78,16 +147,4 @@ def with_replicated_head(
     extra = replicated_head_extra_s(model, plan, profile)
     if extra == 0.0:
         return work
-    stages = list(work.stages)
-    last = stages[-1]
-
-    def compute(seg: Segment) -> bool:
-        return seg.stream == "compute"
-
-    stages[-1] = dataclasses.replace(
-        last,
-        forward=lengthen_first(last.forward, extra, compute),
-        backward=lengthen_first(last.backward, 2.0 * extra, compute),
-        backward_input=lengthen_first(last.backward_input, 2.0 * extra, compute),
-    )
-    return dataclasses.replace(work, stages=tuple(stages))
+    return _lengthen_last(work, forward=extra, backward=2.0 * extra)

@@ -32,7 +32,11 @@ from plansim.specs.work import PipelineWork, Segment, lengthen_first
 from plansim.validate.eager_layer import LayerExtra, eager_layer_extra
 from plansim.validate.executed_dp import executes_flat_all_reduce, with_executed_dp
 from plansim.validate.executed_fsdp import executed_zero_plan, runs_per_step
-from plansim.validate.executed_loss import with_replicated_head, with_runner_loss
+from plansim.validate.executed_loss import (
+    with_replicated_head,
+    with_runner_loss,
+    with_runner_loss_time,
+)
 from plansim.validate.framework_overhead import (
     Extra,
     fsdp_unit_extra,
@@ -202,7 +206,7 @@ def _resimulated(
     the eager layer's extra compute, DTensor's all-reduce and FSDP2's unit overheads) on
     the stage's forward and backward (its forward figures again in backward under full
     recomputation), and the runner's output layer and loss on the last stage (replicated over
-    TP, torch's cross-entropy memory: ``executed_loss``).
+    TP, torch's cross-entropy time and memory: ``executed_loss``).
 
     ``torch.distributed.pipelining`` posts each send with ``isend`` (``_batch_p2p``) and
     waits for the sends only later in the step, so the sender goes straight on; the
@@ -224,6 +228,7 @@ def _resimulated(
     work = with_executed_dp(work, model, plan, profile)
     work = with_runner_loss(work, model, plan)
     work = with_replicated_head(work, model, plan, profile)
+    work = with_runner_loss_time(work, model, plan, profile)
     actions = build_actions(
         plan.schedule, num_ranks=plan.pp, num_microbatches=plan.num_microbatches, vpp=plan.vpp
     )

@@ -17,8 +17,10 @@ from plansim.specs.plan import ParallelPlan
 from plansim.validate.executed_loss import (
     replicated_head_extra_s,
     runner_loss_extra_bytes,
+    runner_loss_time_s,
     with_replicated_head,
     with_runner_loss,
+    with_runner_loss_time,
 )
 from tests.unit.synthetic import SMALL_GPT
 
@@ -66,3 +68,26 @@ def test_the_replicated_output_layer_costs_the_whole_vocabulary_on_every_tp_rank
     last, new = work.stages[-1], after.stages[-1]
     assert seconds(new.forward) - seconds(last.forward) == pytest.approx(extra)
     assert seconds(new.backward) - seconds(last.backward) == pytest.approx(2 * extra)
+
+
+def test_the_runners_loss_moves_its_bytes_split_as_torch_runs_it() -> None:
+    """torch's log-softmax moves 16 B a logit forward and, with the NLL's dense gradient, 20
+    backward (plus the bf16 cast each way), on all V logits; plansim's Megatron-LM loss 32
+    and 8 (plus the cast) on V/tp. The difference lands on the last stage."""
+    profile = load_profile("h100-sxm5-80gb")
+    model = dataclasses.replace(SMALL_GPT, vocab_size=32768, hidden_size=1024, seq_length=1024)
+    plan = ParallelPlan(tp=1, pp=2, dp=1, micro_batch_size=2, global_batch_size=8)
+    logits, rate = 2 * 1024 * 32768, profile.streaming_bytes_per_s()
+    forward, backward = runner_loss_time_s(model, plan, profile)
+    assert forward == pytest.approx((22 - 38) * logits / rate)  # bf16: less forward
+    assert backward == pytest.approx((26 - 14) * logits / rate)  # and more backward
+    tp4 = dataclasses.replace(plan, tp=4)
+    forward4, backward4 = runner_loss_time_s(model, tp4, profile)
+    assert forward4 == pytest.approx((22 - 38 / 4) * logits / rate)  # all V on every TP rank
+    assert backward4 == pytest.approx((26 - 14 / 4) * logits / rate)
+    work = build_pipeline_work(model, plan, profile)
+    after = with_runner_loss_time(work, model, plan, profile)
+    assert after.stages[0] == work.stages[0]
+    last, new = work.stages[-1], after.stages[-1]
+    assert new.forward[0].duration_s - last.forward[0].duration_s == pytest.approx(forward)
+    assert new.backward[0].duration_s - last.backward[0].duration_s == pytest.approx(backward)

@@ -12,7 +12,7 @@ from plansim.catalog import resolve_model
 from plansim.planner.evaluate import Evaluation, evaluate
 from plansim.specs.model import Activation
 from plansim.specs.plan import ParallelPlan
-from plansim.validate.executed_loss import replicated_head_extra_s
+from plansim.validate.executed_loss import replicated_head_extra_s, runner_loss_time_s
 from plansim.validate.simulated import (
     dtensor_backward_all_reduces,
     executed_model,
@@ -42,6 +42,8 @@ def test_simulated_tp_plan_pays_the_extra_all_reduces() -> None:
     got = simulate_plan(GPT, PLAN, profile, dtype="bf16")
     # and the runner's output layer, replicated over TP: forward once, backward twice
     head_s = 3 * replicated_head_extra_s(GPT, PLAN, profile) * PLAN.num_microbatches
+    # and its torch cross-entropy on all V logits, not Megatron-LM's on V/tp
+    head_s += sum(runner_loss_time_s(GPT, PLAN, profile)) * PLAN.num_microbatches
     # 2 more all-reduces per layer (4 vs Megatron's 2) of b*s*h bf16 activation gradients,
     # for every layer of the 2 micro-batches' backward, all on the critical path (pp = 1)
     groups = layout_groups(PLAN, gpus_per_node=profile.gpus_per_node)
