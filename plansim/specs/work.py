@@ -90,6 +90,26 @@ def lengthen_first(
     return tuple(out)
 
 
+def lengthen_longest(
+    segments: tuple[Segment, ...], added_s: float, match: Callable[[Segment], bool]
+) -> tuple[Segment, ...]:
+    """``segments`` with ``added_s`` more (or less, when negative) on the longest one ``match``
+    accepts, the first of equals (unchanged when none does). For a change that belongs to a
+    pass's bulk rather than to a short segment before it (a pipeline action's own work).
+
+    Raises:
+        SpecError: the longest segment would go below zero seconds.
+    """
+    picked = [i for i, seg in enumerate(segments) if match(seg)]
+    if not picked:
+        return segments
+    longest = max(picked, key=lambda i: segments[i].duration_s)
+    out = list(segments)
+    seg = out[longest]
+    out[longest] = dataclasses.replace(seg, duration_s=seg.duration_s + added_s)
+    return tuple(out)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class P2P:
     """A point-to-point transfer between neighbouring pipeline stages, per micro-batch.

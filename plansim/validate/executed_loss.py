@@ -39,7 +39,7 @@ from plansim.analytic.sustained import job_compute_profile
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan
-from plansim.specs.work import PipelineWork, Segment, lengthen_first
+from plansim.specs.work import PipelineWork, Segment, lengthen_longest
 
 #: fp32 logits-sized tensors alive at the start of the runner's backward (module docstring).
 RUNNER_LOSS_COPIES = 3
@@ -106,8 +106,10 @@ def with_runner_loss_time(
 
 
 def _lengthen_last(work: PipelineWork, *, forward: float, backward: float) -> PipelineWork:
-    """``work`` with ``forward`` / ``backward`` seconds more on the last stage's first compute
-    segment of its forward / backward and input-gradient backward."""
+    """``work`` with ``forward`` / ``backward`` seconds more (less, when negative) on the
+    longest compute segment of the last stage's forward / backward and input-gradient
+    backward: the segment holding its layers, output layer and loss
+    (``specs.work.lengthen_longest``; a pipeline action's own short segment comes first)."""
     stages = list(work.stages)
     last = stages[-1]
 
@@ -116,9 +118,9 @@ def _lengthen_last(work: PipelineWork, *, forward: float, backward: float) -> Pi
 
     stages[-1] = dataclasses.replace(
         last,
-        forward=lengthen_first(last.forward, forward, compute),
-        backward=lengthen_first(last.backward, backward, compute),
-        backward_input=lengthen_first(last.backward_input, backward, compute),
+        forward=lengthen_longest(last.forward, forward, compute),
+        backward=lengthen_longest(last.backward, backward, compute),
+        backward_input=lengthen_longest(last.backward_input, backward, compute),
     )
     return dataclasses.replace(work, stages=tuple(stages))
 

@@ -14,6 +14,7 @@ from plansim.analytic.layer_cost import gemm_time_s
 from plansim.analytic.sustained import job_compute_profile
 from plansim.io.profiles import load_profile
 from plansim.specs.plan import ParallelPlan
+from plansim.specs.work import Segment
 from plansim.validate.executed_loss import (
     replicated_head_extra_s,
     runner_loss_extra_bytes,
@@ -91,3 +92,28 @@ def test_the_runners_loss_moves_its_bytes_split_as_torch_runs_it() -> None:
     last, new = work.stages[-1], after.stages[-1]
     assert new.forward[0].duration_s - last.forward[0].duration_s == pytest.approx(forward)
     assert new.backward[0].duration_s - last.backward[0].duration_s == pytest.approx(backward)
+
+
+def test_the_loss_change_lands_on_the_stages_bulk_not_on_a_pipeline_actions_segment() -> None:
+    """Under pipelining each stage pass of the validate simulation starts with a short compute
+    segment of torch.distributed.pipelining's own work (``simulated.PIPELINE_ACTION_KIND``);
+    the runner's loss, less forward at tp 1, changes the segment of the layers and loss."""
+    profile = load_profile("h100-sxm5-80gb")
+    model = dataclasses.replace(SMALL_GPT, vocab_size=32768, hidden_size=1024, seq_length=1024)
+    plan = ParallelPlan(tp=1, pp=2, dp=1, micro_batch_size=2, global_batch_size=8)
+    forward, backward = runner_loss_time_s(model, plan, profile)
+    assert forward < -1e-4
+    work = build_pipeline_work(model, plan, profile)
+    action = Segment(kind="pipeline_action", stream="compute", duration_s=1e-5)
+    last = work.stages[-1]
+    last = dataclasses.replace(
+        last,
+        forward=(action, *last.forward),
+        backward=(action, *last.backward),
+        backward_input=(action, *last.backward_input),
+    )
+    work = dataclasses.replace(work, stages=(*work.stages[:-1], last))
+    after = with_runner_loss_time(work, model, plan, profile).stages[-1]
+    assert after.forward[0] == action and after.backward[0] == action
+    assert after.forward[1].duration_s == pytest.approx(last.forward[1].duration_s + forward)
+    assert after.backward[1].duration_s == pytest.approx(last.backward[1].duration_s + backward)
