@@ -60,10 +60,10 @@ def test_the_h100_bf16_validations_stay_within_fifteen_percent(run: str) -> None
     """On the first H100 profile these were +14..+32% slow: its elementwise rates came from
     host-bound calibration items (1.2 / 0.7 TB/s where the kernels stream at 2.8). Recalibrated
     with device-bound items, and the runner's loss priced as torch runs it: +4.1..+10.3%,
-    every run slow. The rest is the soak's power-limit
-    factor (0.864): at these runs' GEMM share of the device time (about 45%) the GPU holds
-    its burst rate (``duty.csv``: no slowdown up to a 50% share, 0.93 at 75%, 0.88 at 100%),
-    which plansim does not model. Memory within 2.0%."""
+    every run slow. The rest is mostly the soak's power-limit factor (0.864): these runs'
+    GEMMs ran at the burst rate, at a GEMM share of the device time of about 45% (``duty.csv``:
+    no slowdown up to a 50% share, 0.93 at 75%, 0.88 at 100%) and in under a second of
+    measured steps; plansim does not model either. Memory within 2.0%."""
     measured_ms, _error_pct = BF16_VALIDATIONS[run]
     tool = _module("resimulate_validation")
     row = tool.resimulate(BF16_RUNS / run, PROFILE)
