@@ -107,3 +107,42 @@ def test_the_mechanism_benchmark_runs_on_a_cpu(tmp_path: Path) -> None:
         "reentrant",
     ]
     assert (table["seconds"] > 0).all()
+
+
+def test_the_duty_cycle_benchmark_runs_on_a_cpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--part duty``: the burst row and one row per (filler, share) with a positive rate."""
+    pytest.importorskip("torch")
+    bench = _module("bench_gpu_mechanisms")
+    monkeypatch.setattr(bench, "IDLE_S", 0.0)  # the GPU's cool-down pauses
+    out = tmp_path / "d.csv"
+    args = ["--device", "cpu", "--part", "duty", "--gemm-n", "64", "--duty-soak-s", "0.05"]
+    assert bench.main([*args, "--out", str(out)]) == 0
+    table = pd.read_csv(out)
+    assert table["case"].iloc[0] == "burst"
+    shares = len(bench.DUTY_SHARES)
+    assert len(table) == 1 + shares + (shares - 1)  # copy at every share, idle below 100%
+    assert (table["tflops_per_s"] > 0).all()
+
+
+def test_the_kernel_profile_runs_on_a_cpu(tmp_path: Path) -> None:
+    """``profile_validate_kernels.py``: per (dtype, pass) the categories' op times, GEMMs
+    among them, and each pass's wall time; kernel names sort into their categories."""
+    pytest.importorskip("torch")
+    tool = _module("profile_validate_kernels")
+    out, names = tmp_path / "k.csv", tmp_path / "n.csv"
+    small = ["--num-layers", "1", "--hidden-size", "64", "--num-heads", "4", "--seq-len", "32"]
+    args = [*small, "--vocab-size", "128", "--mbs", "1", "--dtype", "fp32"]
+    assert tool.main([*args, "--out", str(out), "--kernels-out", str(names)]) == 0
+    table = pd.read_csv(out)
+    assert set(table["pass"]) == {"forward", "backward"}
+    assert "gemm" in set(table["category"]) and (table["pass_wall_s"] > 0).all()
+    assert len(pd.read_csv(names)) >= len(table)
+    assert tool.category("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT") == "gemm"
+    assert tool.category("cudnn_generated_fort_native_sdpa_sm90_flash_fprop") == "attention"
+    assert tool.category("GammaBetaBackwardCUDAKernelTemplate<c10::BFloat16>") == "norm"
+    assert tool.category("cunn_SoftMaxForward<4, float>") == "softmax_loss"
+    assert tool.category("vectorized_elementwise_kernel<GeluCUDAKernelImpl>") == (
+        "elementwise_other"
+    )
