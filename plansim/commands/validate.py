@@ -88,7 +88,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         choices=RUN_DTYPES,
         default="fp32",
         help="run dtype: fp32, or bf16 mixed precision (Megatron-LM's fp32 master weights and "
-        "main gradients; FSDP2's MixedPrecisionPolicy for ZeRO-2/3; pp 1)",
+        "main gradients; FSDP2's MixedPrecisionPolicy for ZeRO-2/3; not ZeRO-1)",
     )
     p.add_argument("--steps", type=int, default=3, help="measured steps (default 3)")
     p.add_argument("--warmup-steps", type=int, default=1, help="warm-up steps (default 1)")

@@ -23,8 +23,13 @@ Two ways, one per kind of plan:
   reduce-scatters fp32 gradients, which plansim prices as PyTorch FSDP's states
   (``analytic.memory.rank_memory``: fp32 training's 16 bytes a parameter, sharded).
 
-ZeRO-1 (``ZeroRedundancyOptimizer`` would keep full fp32 master weights on every rank,
-where plansim shards them) and pipelining are not run in bf16
+Under pipelining (pp > 1) each main gradient takes 1/m of every micro-batch's gradient
+(``torch.distributed.pipelining`` scales its stages' ``.grad`` by 1/m at the end of the
+step, where the loop of pp 1 scales the loss), and after the step the gradients that did
+not pass through autograd's accumulation are folded in: the zero-bubble schedule's
+weight-gradient step assigns ``.grad`` itself (``stage_backward_weight``), already scaled
+(:meth:`MasterWeights.fold_in_grads`). ZeRO-1 (``ZeroRedundancyOptimizer`` would keep full
+fp32 master weights on every rank, where plansim shards them) is not run in bf16
 (``plansim.validate.run_dtype.check_dtype_supported``).
 """
 
@@ -57,19 +62,44 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 class MasterWeights:
     """fp32 master weights and main gradients of bf16 model parameters (module docstring).
 
-    Attributes:
+    Args:
         params: the bf16 model parameters (plain tensors or DTensors).
+        grad_scale: factor on each gradient added into a main gradient (1/m under
+            pipelining, 1 where the loss is already scaled).
+
+    Attributes:
+        params: as given.
         masters: one fp32 ``nn.Parameter`` per parameter, same placement; its ``.grad`` is the
             main gradient, zeroed (not freed) after each step. The optimizer and the
             data-parallel all-reduce work on these.
     """
 
-    def __init__(self, params: list[nn.Parameter]) -> None:
+    def __init__(self, params: list[nn.Parameter], *, grad_scale: float = 1.0) -> None:
         self.params = params
         self.masters = [nn.Parameter(p.detach().to(torch.float32)) for p in params]
+        self._by_param = {id(p): m for p, m in zip(params, self.masters, strict=True)}
         for param, master in zip(params, self.masters, strict=True):
             master.grad = torch.zeros_like(master)
-            param.register_post_accumulate_grad_hook(_accumulate_into(master))
+            param.register_post_accumulate_grad_hook(_accumulate_into(master, grad_scale))
+
+    def master_of(self, param: torch.Tensor) -> nn.Parameter:
+        """The master weight of model parameter ``param``.
+
+        Raises:
+            KeyError: ``param`` is not one of :attr:`params`.
+        """
+        return self._by_param[id(param)]
+
+    @torch.no_grad()
+    def fold_in_grads(self) -> None:
+        """Add every ``.grad`` left on a model parameter into its main gradient and drop it
+        (the gradients that bypassed autograd's accumulation, e.g. the zero-bubble
+        weight-gradient step's, which pipelining has already scaled)."""
+        for param, master in zip(self.params, self.masters, strict=True):
+            if param.grad is not None:
+                assert master.grad is not None
+                _local(master.grad).add_(_local(param.grad))
+                param.grad = None
 
     @torch.no_grad()
     def copy_to_model(self) -> None:
@@ -85,11 +115,11 @@ class MasterWeights:
             _local(master.grad).zero_()
 
 
-def _accumulate_into(master: nn.Parameter) -> Callable[[torch.Tensor], None]:
+def _accumulate_into(master: nn.Parameter, scale: float) -> Callable[[torch.Tensor], None]:
     def hook(param: torch.Tensor) -> None:
         assert param.grad is not None and master.grad is not None
         with torch.no_grad():
-            _local(master.grad).add_(_local(param.grad))
+            _local(master.grad).add_(_local(param.grad), alpha=scale)
         param.grad = None
 
     return hook

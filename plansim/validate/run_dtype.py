@@ -2,7 +2,7 @@
 
 fp32: every plan the runner executes. bf16: mixed precision as plansim prices it
 (``plansim.validate.mixed_precision``: Megatron-LM's bf16 weights, fp32 main gradients and
-master weights for ZeRO-0; FSDP2's ``MixedPrecisionPolicy`` for ZeRO-2/3), with pp 1.
+master weights for ZeRO-0; FSDP2's ``MixedPrecisionPolicy`` for ZeRO-2/3), not ZeRO-1.
 """
 
 from __future__ import annotations
@@ -23,19 +23,13 @@ def check_dtype_supported(dtype: str, plan: ParallelPlan) -> None:
     """Raise ValidateError naming the field for a dtype the runner does not train in, or a
     plan it cannot run in that dtype.
 
-    bf16 needs pp 1 (the runner's pipeline stages pass fp32 activations) and not ZeRO-1 over
-    dp > 1 (``ZeroRedundancyOptimizer`` would keep every fp32 master weight on each rank,
-    where plansim shards them with the optimizer states).
+    bf16 is not run with ZeRO-1 over dp > 1 (``ZeroRedundancyOptimizer`` would keep every
+    fp32 master weight on each rank, where plansim shards them with the optimizer states).
     """
     if dtype not in RUN_DTYPES:
         raise ValidateError(f"dtype {dtype!r}; choose one of: {', '.join(RUN_DTYPES)}")
     if dtype == "fp32":
         return
-    if plan.pp > 1:
-        raise ValidateError(
-            f"plan.pp({plan.pp}) > 1 with dtype {dtype}: the runner pipelines in fp32 only; "
-            "use pp 1 or dtype fp32"
-        )
     if plan.zero_stage == 1 and plan.dp > 1:
         raise ValidateError(
             f"plan.zero_stage 1 with dtype {dtype}: ZeroRedundancyOptimizer keeps every fp32 "

@@ -55,7 +55,7 @@ class RunConfig:
         timeout_s: the whole run (start-up included) must end within it, seconds.
         seed: model initialisation and data seed.
         dtype: ``fp32`` or ``bf16`` (mixed precision as plansim prices it:
-            ``plansim.validate.mixed_precision``; pp 1 and ZeRO 0, 2 or 3).
+            ``plansim.validate.mixed_precision``; ZeRO 0, 2 or 3).
         optimizer: ``adamw`` (lr 1e-3, weight decay 0.01) or ``sgd`` (lr 1.0; the
             correctness tests use it: Adam is blind to a wrong gradient scale).
 

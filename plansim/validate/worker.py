@@ -115,7 +115,7 @@ class Trainer:
         optimizer: str,
         dtype: str = "fp32",
     ) -> None:
-        self.model_spec, self.plan, self.device_type = model, plan, device
+        self.model_spec, self.plan, self.device_type, self.dtype = model, plan, device, dtype
         index = torch.cuda.current_device() if device == "cuda" else None
         self.device = torch.device(device, index)
         mesh, self.coords = par.build_mesh(plan, device=device)
@@ -135,7 +135,9 @@ class Trainer:
             self.modules[stage] = par.apply_zero(part, plan, dp_mesh=dp_mesh, dtype=dtype)
         del full
         self.params = [p for m in self.modules.values() for p in m.parameters()]
-        self.master = MasterWeights(self.params) if cast_model else None
+        # pipelining scales .grad by 1/m after the step; the loop of pp 1 scales the loss
+        scale = 1.0 / plan.num_microbatches if plan.pp > 1 else 1.0
+        self.master = MasterWeights(self.params, grad_scale=scale) if cast_model else None
         #: what the optimizer and the DP all-reduce work on: the fp32 masters in bf16
         self.grad_params = self.master.masters if self.master is not None else self.params
         self.optimizer = par.build_optimizer(
@@ -149,7 +151,8 @@ class Trainer:
         if plan.pp == 1:
             return LoopExecutor(self.modules[0], plan=plan, recorder=self.recorder)
         seq = self.model_spec.seq_length // (plan.tp if plan.sequence_parallel else 1)
-        act_bytes = plan.micro_batch_size * seq * self.model_spec.hidden_size * 4
+        element_bytes = 4 if self.dtype == "fp32" else 2
+        act_bytes = plan.micro_batch_size * seq * self.model_spec.hidden_size * element_bytes
         return PipelineExecutor(
             self.modules,
             plan=plan,
@@ -187,8 +190,12 @@ class Trainer:
         """One training step: micro-batches, gradient sync, optimizer; returns mb losses."""
         rec = self.recorder
         losses = self.executor.step(tokens, targets)
+        if self.master is not None:
+            self.master.fold_in_grads()
         if self.tied_group is not None:
             weight = self._tied_weight()
+            if weight is not None and self.master is not None:
+                weight = self.master.master_of(weight)  # bf16: its fp32 main gradient
             assert weight is not None and weight.grad is not None
             grad = par.local(weight.grad)
             nbytes = float(grad.numel() * grad.element_size())

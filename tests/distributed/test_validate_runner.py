@@ -304,6 +304,45 @@ BF16_PLANS = {
             dp=2, tp=1, pp=1, micro_batch_size=1, global_batch_size=4, zero_stage=3, precision=BF16
         ),
     ),
+    # pipelining: main gradients take 1/m of each micro-batch's gradient
+    "pp2-1f1b": (
+        LLAMA,
+        ParallelPlan(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=4, precision=BF16),
+    ),
+    # tied embeddings over the pipeline: the two copies' fp32 main gradients are summed
+    "pp2-interleaved": (
+        GPT,
+        ParallelPlan(
+            dp=1,
+            tp=1,
+            pp=2,
+            vpp=2,
+            micro_batch_size=1,
+            global_batch_size=4,
+            schedule=Schedule.INTERLEAVED_1F1B,
+            precision=BF16,
+        ),
+    ),
+    # zero bubble: the weight-gradient step assigns .grad itself, folded in after the step
+    "pp2-zb-h1": (
+        GPT,
+        ParallelPlan(
+            dp=1,
+            tp=1,
+            pp=2,
+            micro_batch_size=1,
+            global_batch_size=4,
+            schedule=Schedule.ZB_H1,
+            precision=BF16,
+        ),
+    ),
+    # FSDP2 under pipelining in bf16
+    "dp2-pp2-zero3": (
+        GPT,
+        ParallelPlan(
+            dp=2, tp=1, pp=2, micro_batch_size=1, global_batch_size=8, zero_stage=3, precision=BF16
+        ),
+    ),
 }
 
 

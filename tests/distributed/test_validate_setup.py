@@ -60,7 +60,15 @@ def test_runner_module_does_not_import_torch() -> None:
         ({"num_steps": 0}, r"num_steps\(0\) must be >= 1"),
         ({"num_warmup_steps": -1}, r"num_warmup_steps\(-1\) must be >= 0"),
         ({"dtype": "fp16"}, "dtype 'fp16'; choose one of: fp32, bf16"),
-        ({"dtype": "bf16"}, r"plan.pp\(2\) > 1 with dtype bf16"),
+        (
+            {
+                "dtype": "bf16",
+                "plan": ParallelPlan(
+                    dp=2, tp=1, pp=1, zero_stage=1, micro_batch_size=1, global_batch_size=2
+                ),
+            },
+            r"plan.zero_stage 1 with dtype bf16: ZeroRedundancyOptimizer",
+        ),
         ({"optimizer": "lamb"}, "optimizer 'lamb'; choose one of: adamw, sgd"),
         ({"timeout_s": 0.0}, r"timeout_s\(0.0\) must be > 0"),
     ],

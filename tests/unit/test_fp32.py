@@ -25,6 +25,7 @@ from plansim.planner.evaluate import Evaluation, evaluate
 from plansim.specs.hardware import Curve
 from plansim.specs.plan import ParallelPlan, Precision
 from plansim.validate.eager_layer import eager_layer_extra
+from plansim.validate.executed_loss import runner_loss_time_s
 from plansim.validate.result import ValidateError
 from plansim.validate.simulated import run_plan, simulate_plan
 from tests.unit.synthetic import round_profile
@@ -100,9 +101,11 @@ def test_validation_simulates_the_run_in_its_own_precision() -> None:
     executed = run_plan(one, profile, dtype="fp32")
     direct = evaluate(MODEL, executed, profile)
     assert isinstance(direct, Evaluation)
-    # pp = 1, everything serial: + the eager layer's extra in every layer and micro-batch
+    # pp = 1, everything serial: + the eager layer's extra in every layer and micro-batch,
+    # and the runner's loss as torch runs it
     extra = eager_layer_extra(MODEL, executed, profile)
     per_mb = MODEL.num_layers * (extra.forward_s + extra.backward_s)
+    per_mb += sum(runner_loss_time_s(MODEL, executed, profile))
     assert simulate_plan(MODEL, one, profile, dtype="fp32").step_time_s == pytest.approx(
         direct.step_time_s + executed.num_microbatches * per_mb, rel=1e-12
     )

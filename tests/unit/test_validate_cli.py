@@ -125,9 +125,12 @@ def test_bad_inputs_give_one_clear_line(
     # fp32 and bf16 only, refused at the flag, not after start-up
     dtype = one_line_error(capsys, [*args_for(str(profile_file), out), "--dtype", "fp16"])
     assert "--dtype" in dtype and "'fp16'" in dtype and "'bf16'" in dtype
-    # the runner pipelines in fp32 only (the plan here is pp 2)
-    bf16 = one_line_error(capsys, [*args_for(str(profile_file), out), "--dtype", "bf16"])
-    assert "plan.pp(2) > 1 with dtype bf16" in bf16 and "use pp 1 or dtype fp32" in bf16
+    # ZeroRedundancyOptimizer would keep every fp32 master weight on each rank
+    zero1 = args_for(str(profile_file), out)
+    zero1[zero1.index("--pp") + 1] = "1"
+    zero1 += ["--zero", "1", "--dtype", "bf16"]
+    bf16 = one_line_error(capsys, zero1)
+    assert "plan.zero_stage 1 with dtype bf16" in bf16 and "or dtype fp32" in bf16
     assert not out.exists()  # nothing written, no process started
 
 
