@@ -9,6 +9,7 @@ dies or hangs ends the run with an error naming it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -278,13 +279,16 @@ def test_plan_trains_like_the_reference(name: str) -> None:
 #: twice, or lost) moves them by 4e-3 or more by the third step.
 BF16_TOLERANCE = 2e-3
 BF16 = Precision.BF16
+#: The fp32 plans above that the bf16 runs repeat: Megatron-LM's recipe on DTensors (tp2),
+#: under pipelining (main gradients take 1/m of each micro-batch's; tied embeddings over the
+#: pipeline sum their fp32 main gradients), and FSDP2's MixedPrecisionPolicy with and without
+#: pipelining.
+BF16_REPEATS = ("tp2", "pp2-1f1b", "pp2-interleaved", "dp2-zero3-selective", "dp2-pp2-zero3")
 BF16_PLANS = {
-    # Megatron-LM's recipe (bf16 weights, fp32 main gradients and master weights) on DTensors
-    "tp2": (
-        LLAMA,
-        ParallelPlan(dp=1, tp=2, pp=1, micro_batch_size=2, global_batch_size=4, precision=BF16),
-    ),
-    # the same over a DP all-reduce of the fp32 main gradients, tied embeddings, recompute
+    name: (PLANS[name][0], dataclasses.replace(PLANS[name][1], precision=BF16))
+    for name in BF16_REPEATS
+} | {
+    # the DP all-reduce of the fp32 main gradients, tied embeddings, full recompute
     "dp2-full": (
         GPT,
         ParallelPlan(
@@ -294,32 +298,6 @@ BF16_PLANS = {
             micro_batch_size=1,
             global_batch_size=4,
             recompute=Recompute.FULL,
-            precision=BF16,
-        ),
-    ),
-    # FSDP2's MixedPrecisionPolicy
-    "dp2-zero3": (
-        LLAMA,
-        ParallelPlan(
-            dp=2, tp=1, pp=1, micro_batch_size=1, global_batch_size=4, zero_stage=3, precision=BF16
-        ),
-    ),
-    # pipelining: main gradients take 1/m of each micro-batch's gradient
-    "pp2-1f1b": (
-        LLAMA,
-        ParallelPlan(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=4, precision=BF16),
-    ),
-    # tied embeddings over the pipeline: the two copies' fp32 main gradients are summed
-    "pp2-interleaved": (
-        GPT,
-        ParallelPlan(
-            dp=1,
-            tp=1,
-            pp=2,
-            vpp=2,
-            micro_batch_size=1,
-            global_batch_size=4,
-            schedule=Schedule.INTERLEAVED_1F1B,
             precision=BF16,
         ),
     ),
@@ -334,13 +312,6 @@ BF16_PLANS = {
             global_batch_size=4,
             schedule=Schedule.ZB_H1,
             precision=BF16,
-        ),
-    ),
-    # FSDP2 under pipelining in bf16
-    "dp2-pp2-zero3": (
-        GPT,
-        ParallelPlan(
-            dp=2, tp=1, pp=2, micro_batch_size=1, global_batch_size=8, zero_stage=3, precision=BF16
         ),
     ),
 }
