@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The checks a session lent one GPU runs, as one command: about 5 minutes on an H100 for all
-# five steps; each step's timeouts keep any three of them within the device tool's 10-minute
-# limit per command.
+# The checks a session lent one GPU runs: about 7 minutes on an H100 for all six steps, too
+# close to the device tool's 10-minute limit per command for one call; run them as two,
+# STEPS="1 2 3" and then STEPS="1 4 5 6" (step 1, about 1.5 minutes, makes the profile the
+# others validate on).
 #
 # From the repository root on the GPU machine, with a simpy wheel carried in .whl/ (the
 # machine's image has torch, numpy, pandas, matplotlib, PyYAML and tqdm, not simpy; see
@@ -22,12 +23,15 @@
 #                       and with full recompute on the merged profile: the validate runner
 #                       in fp32 (the datasheet profiles have no fp32 GEMM curve)
 # 5. mechanisms.csv     benchmarks/bench_gpu_mechanisms.py: fp32 vs bf16 sustained GEMM rate,
-#                       torch checkpoint early stop on / off / reentrant, cold vs warm GEMMs
+#                       torch checkpoint early stop on / off / reentrant, cold vs warm GEMMs,
+#                       the GEMM rate by GEMM share of the device's time (duty)
 # 6. validate_bf16.tgz  plansim validate in bf16 mixed precision (Megatron-LM's recipe:
 #                       plansim/validate/mixed_precision.py) of the same GPT with and without
 #                       full recompute, a 4-layer 4096-wide GPT, and 4 layers of Llama 3 8B
 #                       (GQA, SwiGLU, RoPE, vocabulary 128256, s 4096) on the merged profile
-# 7. session.log        everything printed
+# 7. kernels*.csv       benchmarks/profile_validate_kernels.py: one micro-batch of the validate
+#                       GPT, fp32 and bf16, kernel by kernel (step 6)
+# 8. session.log        everything printed
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -39,7 +43,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
     export PYTHONPATH=/tmp/plansim-site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-steps=" ${STEPS:-1 2 3 4 5} "
+steps=" ${STEPS:-1 2 3 4 5 6} "
 want() { [[ "$steps" == *" $1 "* ]]; }
 python3 -c "import simpy, torch; assert torch.cuda.is_available(), 'no GPU'" || return 1
 
@@ -57,14 +61,14 @@ measured="$OUT/$base-1gpu.yaml"
 echo "== $gpu: base profile $base"
 
 if want 1; then
-    echo "== 1/5 calibrate (one GPU, quick) into a copy of $base"
+    echo "== 1/6 calibrate (one GPU, quick) into a copy of $base"
     cp "hardware_profiles/$base.yaml" "$measured"
     timeout 200 python3 -m plansim calibrate --backend nccl --nproc 1 --device cuda --quick \
         --out "$measured" --name "$base-1gpu" --timeout 180
 fi
 
 if want 2; then
-    echo "== 2/5 GEMMs and attention of real layer shapes"
+    echo "== 2/6 GEMMs and attention of real layer shapes"
     profiles=(--profile "$base")
     [ -s "${measured%.yaml}.raw.csv" ] && profiles+=(--profile "$measured")
     timeout 120 python3 benchmarks/bench_layer_shapes.py --device cuda "${profiles[@]}" \
@@ -81,19 +85,19 @@ validate_gpt() {
     done
 }
 if want 3; then
-    echo "== 3/5 validate one GPU (fp32) against the merged profile"
+    echo "== 3/6 validate one GPU (fp32) against the merged profile"
     work=$(mktemp -d)
     validate_gpt fp32 "$work"
     tar czf "$OUT/validate.tgz" -C "$work" .
 fi
 
 if want 4; then
-    echo "== 4/5 mechanisms: sustained rate per dtype, checkpoint early stop, cold vs warm GEMMs"
-    timeout 120 python3 benchmarks/bench_gpu_mechanisms.py --device cuda --out "$OUT/mechanisms.csv"
+    echo "== 4/6 mechanisms: sustained rate per dtype, checkpoint early stop, cold vs warm GEMMs, duty"
+    timeout 200 python3 benchmarks/bench_gpu_mechanisms.py --device cuda --out "$OUT/mechanisms.csv"
 fi
 
 if want 5; then
-    echo "== 5/5 validate one GPU in bf16 mixed precision against the merged profile"
+    echo "== 5/6 validate one GPU in bf16 mixed precision against the merged profile"
     work=$(mktemp -d)
     validate_gpt bf16 "$work"
     timeout 60 python3 -m plansim validate --model gpt3-175b --num-layers 4 --hidden-size 4096 \
@@ -104,6 +108,12 @@ if want 5; then
         --tp 1 --pp 1 --mbs 1 --gbs 2 --backend nccl --nproc 1 --steps 5 --dtype bf16 \
         --profile "$measured" --out "$work/llama3-8b-l4-none"
     tar czf "$OUT/validate_bf16.tgz" -C "$work" .
+fi
+
+if want 6; then
+    echo "== 6/6 one micro-batch of the validate GPT, kernel by kernel (fp32, bf16)"
+    timeout 100 python3 benchmarks/profile_validate_kernels.py --device cuda \
+        --out "$OUT/kernels.csv" --kernels-out "$OUT/kernels_names.csv"
 fi
 echo "== done: $(ls "$OUT" | tr '\n' ' ')"
 }
