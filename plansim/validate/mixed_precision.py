@@ -103,16 +103,18 @@ class MasterWeights:
 
     @torch.no_grad()
     def copy_to_model(self) -> None:
-        """Copy the master weights into the bf16 weights (after the optimizer step)."""
-        for param, master in zip(self.params, self.masters, strict=True):
-            _local(param).copy_(_local(master))
+        """Copy the master weights into the bf16 weights (after the optimizer step), in
+        multi-tensor kernels (``torch._foreach_copy_``) as Megatron-LM's apex
+        ``multi_tensor_applier`` does, not one launch per tensor."""
+        torch._foreach_copy_([_local(p) for p in self.params], [_local(m) for m in self.masters])
 
     @torch.no_grad()
     def zero_main_grads(self) -> None:
-        """Zero the main gradients in place, as Megatron-LM zeroes its gradient buffer."""
-        for master in self.masters:
-            assert master.grad is not None
-            _local(master.grad).zero_()
+        """Zero the main gradients in place, as Megatron-LM zeroes its gradient buffer
+        (multi-tensor: ``torch._foreach_zero_``)."""
+        grads = [m.grad for m in self.masters]
+        assert all(g is not None for g in grads)
+        torch._foreach_zero_([_local(g) for g in grads if g is not None])
 
 
 def _accumulate_into(master: nn.Parameter, scale: float) -> Callable[[torch.Tensor], None]:
