@@ -47,6 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from plansim.analytic import flops as fl
+from plansim.specs.compute_terms import HostOverhead
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import PositionEmbedding
 from plansim.specs.plan import AttentionKernel, ParallelPlan, Recompute
@@ -205,6 +206,20 @@ def edge_ops(position_embedding: PositionEmbedding) -> tuple[PassOps, PassOps]:
     return PassOps(num_ops=EMBEDDING_OPS + (2 if learned else 0)), PassOps(num_ops=HEAD_OPS)
 
 
+def host_seconds(ops: PassOps, host: HostOverhead, *, backward: bool) -> float:
+    """Host seconds of ``ops`` in one pass: ops * per-op seconds + DTensor ops * the DTensor
+    extra + ops in a per-op selective checkpoint region * its extra, forward or backward
+    figures (an extra the profile lacks counts 0)."""
+    per_op = host.backward_op_s if backward else host.forward_op_s
+    dtensor = host.dtensor_backward_op_s if backward else host.dtensor_forward_op_s
+    sac = host.sac_backward_op_s if backward else host.sac_forward_op_s
+    return (
+        ops.num_ops * per_op
+        + ops.num_dtensor_ops * (dtensor or 0.0)
+        + ops.num_sac_ops * (sac or 0.0)
+    )
+
+
 def with_host_s(
     device_s: float, ops: PassOps, profile: HardwareProfile, *, backward: bool
 ) -> float:
@@ -219,11 +234,7 @@ def with_host_s(
     host = profile.host_overhead
     if host is None or ops.num_ops == 0:
         return device_s
-    per_op = host.backward_op_s if backward else host.forward_op_s
-    extra = host.dtensor_backward_op_s if backward else host.dtensor_forward_op_s
-    sac = host.sac_backward_op_s if backward else host.sac_forward_op_s
-    host_s = ops.num_ops * per_op + ops.num_dtensor_ops * (extra or 0.0)
-    host_s += ops.num_sac_ops * (sac or 0.0)
+    host_s = host_seconds(ops, host, backward=backward)
     return host.pass_s(
         device_s, host_s=host_s, num_ops=ops.num_ops, dispatch_s=profile.kernel_launch_s
     )

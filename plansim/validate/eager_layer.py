@@ -12,7 +12,11 @@ the difference per layer and prices it with the profile's own terms:
   ``op_overheads.layer_ops``), at the profile's host seconds per op, forward and backward,
   and the linears beyond plansim's weight GEMMs at the DTensor extra per op when tp > 1
   (``HardwareProfile.host_overhead``; nothing without it). Views, transposes and reshapes
-  launch no kernel and are not counted.
+  launch no kernel and are not counted. Where host and device are one processor (a CPU,
+  ``host_overhead.serial``) that time adds to the layer; on a GPU the host issues kernels
+  ahead of the device, so it shows only as far as it makes the pass host-bound:
+  max(device, host + extra) - max(device, host), with the layer's device and priced host
+  seconds as ``layer_cost`` has them (``HostOverhead.pass_s``).
 * device: q, k and v as three GEMMs instead of one (``layer_cost.gemm_time_s`` of each),
   forward once and backward twice (input and weight gradients).
 """
@@ -24,8 +28,10 @@ from dataclasses import dataclass
 
 from plansim.analytic import flops as fl
 from plansim.analytic.elementwise import layer_elementwise_traffic
-from plansim.analytic.layer_cost import gemm_time_s, layer_gemms
-from plansim.analytic.op_overheads import layer_ops
+from plansim.analytic.layer_cost import gemm_time_s, layer_gemms, layer_pass_times
+from plansim.analytic.op_overheads import PassOps, host_seconds, layer_ops
+from plansim.analytic.ranks import layout_groups
+from plansim.analytic.sustained import job_compute_profile
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import Activation, ModelSpec, PositionEmbedding
 from plansim.specs.plan import ParallelPlan, Recompute
@@ -83,18 +89,39 @@ def eager_layer_extra(model: ModelSpec, plan: ParallelPlan, profile: HardwarePro
     weights = sum(1 for g in gemms if g.name not in fl.ATTENTION_CORE_GEMMS)
     extra_ops = max(0, eager.num_ops - priced.num_ops)
     extra_linears = max(0, eager.num_linears - weights) if plan.tp > 1 else 0
-    forward_s = backward_s = 0.0
-    host = profile.host_overhead
-    if host is not None:
-        forward_s = extra_ops * host.forward_op_s
-        backward_s = extra_ops * host.backward_op_s
-        forward_s += extra_linears * (host.dtensor_forward_op_s or 0.0)
-        backward_s += extra_linears * (host.dtensor_backward_op_s or 0.0)
-        if plan.recompute is Recompute.SELECTIVE_OP:  # the extra ops are in the region too
-            forward_s += extra_ops * (host.sac_forward_op_s or 0.0)
-            backward_s += extra_ops * (host.sac_backward_op_s or 0.0)
     split = _qkv_split_s(model, plan, profile, gemms)
+    host = profile.host_overhead
+    if host is None:
+        return LayerExtra(forward_s=split, backward_s=2.0 * split)
+    sac = plan.recompute is Recompute.SELECTIVE_OP  # the extra ops are in the region too
+    extra = PassOps(
+        num_ops=extra_ops, num_dtensor_ops=extra_linears, num_sac_ops=extra_ops if sac else 0
+    )
+    forward_s = host_seconds(extra, host, backward=False)
+    backward_s = host_seconds(extra, host, backward=True)
+    if not host.serial:  # GPU: the extra host time hides behind the device's work
+        device = _device_s(model, plan, profile)
+        priced_fwd, priced_bwd = (host_seconds(priced, host, backward=b) for b in (False, True))
+        forward_s = _exposed(device[0] + split, priced_fwd, forward_s)
+        backward_s = _exposed(device[1] + 2.0 * split, priced_bwd, backward_s)
     return LayerExtra(forward_s=forward_s + split, backward_s=backward_s + 2.0 * split)
+
+
+def _device_s(
+    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
+) -> tuple[float, float]:
+    """Device seconds of plansim's layer, forward and backward, at the job's sustained rate
+    (``layer_cost.layer_pass_times`` on the profile without its host terms)."""
+    bare = dataclasses.replace(job_compute_profile(profile, plan.num_gpus), host_overhead=None)
+    groups = layout_groups(plan, gpus_per_node=profile.gpus_per_node)
+    times = layer_pass_times(model, plan, bare, groups)
+    return times.forward_s, times.backward_input_s + times.backward_weight_s
+
+
+def _exposed(device_s: float, host_s: float, extra_s: float) -> float:
+    """Seconds ``extra_s`` more host work adds to a pass whose device and host take
+    ``device_s`` and ``host_s`` when the host runs ahead (``HostOverhead.pass_s``)."""
+    return max(device_s, host_s + extra_s) - max(device_s, host_s)
 
 
 def _qkv_split_s(

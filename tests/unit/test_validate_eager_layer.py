@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from plansim.analytic.layer_cost import gemm_time_s, layer_gemms
+from plansim.analytic.layer_cost import gemm_time_s, layer_gemms, layer_pass_times
+from plansim.analytic.ranks import layout_groups
 from plansim.specs.compute_terms import HostOverhead
 from plansim.specs.hardware import Curve
 from plansim.specs.model import ModelSpec
@@ -79,3 +80,29 @@ def test_gelu_layer_pays_for_separate_q_k_v() -> None:
     # and 6 DTensor linears against 4 weight GEMMs
     assert two.forward_s == pytest.approx(split2 + 2 * 1e-5 + 2 * 1e-4)
     assert two.backward_s == pytest.approx(2 * split2 + 2 * 2e-5 + 2 * 3e-4)
+
+
+def test_on_a_gpu_the_extra_ops_host_time_hides_behind_the_device() -> None:
+    """A GPU's host issues kernels ahead of the device (``HostOverhead.pass_s``: max), so the
+    eager layer's extra ops cost nothing while the pass stays device-bound, and only the part
+    beyond the device's time when they make it host-bound; on a CPU they add up."""
+    plan = ParallelPlan(dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=1)
+    base = round_profile()
+    split = eager_layer_extra(GPT, plan, base)
+    bare = dataclasses.replace(base, host_overhead=None)
+    groups = layout_groups(plan, gpus_per_node=base.gpus_per_node)
+    times = layer_pass_times(GPT, plan, bare, groups)
+    device = times.forward_s + split.forward_s  # plansim's layer + the split q, k, v GEMMs
+
+    def extra(per_op_s: float, *, serial: bool) -> float:
+        host = HostOverhead(serial=serial, forward_op_s=per_op_s, backward_op_s=per_op_s)
+        profile = dataclasses.replace(base, host_overhead=host)
+        return eager_layer_extra(GPT, plan, profile).forward_s - split.forward_s
+
+    # 12 eager ops against plansim's 10: 2 extra
+    assert extra(1e-9, serial=False) == 0.0  # device-bound: hidden
+    assert extra(1e-9, serial=True) == pytest.approx(2e-9)
+    fast = device / 11  # 10 ops' host time under the device's, 12 ops' over it
+    assert extra(fast, serial=False) == pytest.approx(12 * fast - device)
+    slow = device  # host-bound already: every extra op shows
+    assert extra(slow, serial=False) == pytest.approx(2 * slow)
