@@ -63,9 +63,10 @@ def test_the_h100_bf16_validations_stay_within_fifteen_percent(run: str) -> None
     extra host time hidden behind the device: -5.2..+6.2%. The GPT runs' rest is mostly the
     soak's power-limit factor (0.864): their GEMMs ran at the burst rate, at a GEMM share of
     the device time of about 45% (``duty.csv``: no slowdown up to a 50% share, 0.93 at 75%,
-    0.88 at 100%) and in under a second of measured steps; plansim models neither. Llama's
-    RoPE (30 small ops in a row) leaves the device idle locally, which the per-pass max
-    misses. Memory within 2.0%."""
+    0.88 at 100%) and in under a second of measured steps; plansim models neither. The Llama
+    run's forward idles the device for about 5 ms a micro-batch for reasons not known
+    (RoPE's 30 small ops in a row? the allocator and 2.1 GB logits copies?). Memory within
+    2.0%."""
     measured_ms, _error_pct = BF16_VALIDATIONS[run]
     tool = _module("resimulate_validation")
     row = tool.resimulate(BF16_RUNS / run, PROFILE)
