@@ -248,6 +248,18 @@ _BUFFER_ACCESSES = {
 }
 
 
+def logits_cast_bytes(activation_bytes: float) -> float:
+    """HBM bytes a logit of the 16-bit -> fp32 cast before the loss (read 2, write 4), and as
+    many for the cast of its gradient back; 0 when the logits are fp32 already.
+
+    Raises:
+        SpecError: ``activation_bytes`` is not 2 or 4.
+    """
+    if activation_bytes not in (2.0, 4.0):
+        raise SpecError(f"activation_bytes must be 2 or 4 (got {activation_bytes})")
+    return 6.0 if activation_bytes == 2.0 else 0.0
+
+
 def cross_entropy_bytes(activation_bytes: float) -> tuple[float, float]:
     """HBM bytes per logit of the loss, forward and backward, kernel by kernel as Megatron-LM's
     ``_VocabParallelCrossEntropy`` (``megatron/mpu/cross_entropy.py``, later
@@ -267,7 +279,5 @@ def cross_entropy_bytes(activation_bytes: float) -> tuple[float, float]:
     Raises:
         SpecError: ``activation_bytes`` is not 2 or 4.
     """
-    if activation_bytes not in (2.0, 4.0):
-        raise SpecError(f"activation_bytes must be 2 or 4 (got {activation_bytes})")
-    cast = 6.0 if activation_bytes == 2.0 else 0.0  # 16-bit <-> fp32: read 2 + write 4
+    cast = logits_cast_bytes(activation_bytes)
     return cast + 4.0 + 8.0 + 8.0 + 4.0 + 8.0, 8.0 + cast

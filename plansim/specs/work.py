@@ -81,13 +81,8 @@ def lengthen_first(
 ) -> tuple[Segment, ...]:
     """``segments`` with ``added_s`` more on the first one ``match`` accepts (unchanged when
     none does)."""
-    out, done = [], False
-    for seg in segments:
-        if not done and match(seg):
-            seg = dataclasses.replace(seg, duration_s=seg.duration_s + added_s)
-            done = True
-        out.append(seg)
-    return tuple(out)
+    first = next((i for i, seg in enumerate(segments) if match(seg)), None)
+    return segments if first is None else _lengthened(segments, first, added_s)
 
 
 def lengthen_longest(
@@ -104,10 +99,13 @@ def lengthen_longest(
     if not picked:
         return segments
     longest = max(picked, key=lambda i: segments[i].duration_s)
-    out = list(segments)
-    seg = out[longest]
-    out[longest] = dataclasses.replace(seg, duration_s=seg.duration_s + added_s)
-    return tuple(out)
+    return _lengthened(segments, longest, added_s)
+
+
+def _lengthened(segments: tuple[Segment, ...], index: int, added_s: float) -> tuple[Segment, ...]:
+    seg = segments[index]
+    longer = dataclasses.replace(seg, duration_s=seg.duration_s + added_s)
+    return (*segments[:index], longer, *segments[index + 1 :])
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

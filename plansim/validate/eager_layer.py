@@ -32,6 +32,7 @@ from plansim.analytic.layer_cost import gemm_time_s, layer_gemms, layer_pass_tim
 from plansim.analytic.op_overheads import PassOps, host_seconds, layer_ops
 from plansim.analytic.ranks import layout_groups
 from plansim.analytic.sustained import job_compute_profile
+from plansim.specs.compute_terms import HostOverhead
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import Activation, ModelSpec, PositionEmbedding
 from plansim.specs.plan import ParallelPlan, Recompute
@@ -102,8 +103,8 @@ def eager_layer_extra(model: ModelSpec, plan: ParallelPlan, profile: HardwarePro
     if not host.serial:  # GPU: the extra host time hides behind the device's work
         device = _device_s(model, plan, profile)
         priced_fwd, priced_bwd = (host_seconds(priced, host, backward=b) for b in (False, True))
-        forward_s = _exposed(device[0] + split, priced_fwd, forward_s)
-        backward_s = _exposed(device[1] + 2.0 * split, priced_bwd, backward_s)
+        forward_s = _exposed(host, device[0] + split, priced_fwd, forward_s)
+        backward_s = _exposed(host, device[1] + 2.0 * split, priced_bwd, backward_s)
     return LayerExtra(forward_s=forward_s + split, backward_s=backward_s + 2.0 * split)
 
 
@@ -118,10 +119,16 @@ def _device_s(
     return times.forward_s, times.backward_input_s + times.backward_weight_s
 
 
-def _exposed(device_s: float, host_s: float, extra_s: float) -> float:
+def _exposed(host: HostOverhead, device_s: float, host_s: float, extra_s: float) -> float:
     """Seconds ``extra_s`` more host work adds to a pass whose device and host take
-    ``device_s`` and ``host_s`` when the host runs ahead (``HostOverhead.pass_s``)."""
-    return max(device_s, host_s + extra_s) - max(device_s, host_s)
+    ``device_s`` and ``host_s`` when the host runs ahead: the difference of two
+    ``HostOverhead.pass_s`` (asynchronous; its op count and bare dispatch enter only the
+    serial case)."""
+
+    def pass_s(host_total_s: float) -> float:
+        return host.pass_s(device_s, host_s=host_total_s, num_ops=0, dispatch_s=0.0)
+
+    return pass_s(host_s + extra_s) - pass_s(host_s)
 
 
 def _qkv_split_s(

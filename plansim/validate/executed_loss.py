@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from plansim.analytic.elementwise import cross_entropy_bytes
+from plansim.analytic.elementwise import cross_entropy_bytes, logits_cast_bytes
 from plansim.analytic.flops import logits_forward_gemm
 from plansim.analytic.layer_cost import cp_local_model, gemm_time_s
 from plansim.analytic.sustained import job_compute_profile
@@ -57,11 +57,15 @@ RUNNER_LOSS_COPIES = 3
 RUNNER_LOSS_BYTES_PER_LOGIT = (16.0, 20.0)
 
 
+def _logits(model: ModelSpec, plan: ParallelPlan) -> float:
+    """Logits of one micro-batch on a rank that holds the whole vocabulary: (s/cp) * b * V."""
+    return model.seq_length / plan.cp * plan.micro_batch_size * model.vocab_size
+
+
 def runner_loss_extra_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
     """Bytes the runner's last stage holds at its loss beyond plansim's one fp32 logits copy
     of 4*s*b*V/tp: 3 x 4*s*b*V - 4*s*b*V/tp."""
-    tokens = model.seq_length / plan.cp * plan.micro_batch_size
-    copy = 4.0 * tokens * model.vocab_size
+    copy = 4.0 * _logits(model, plan)
     return RUNNER_LOSS_COPIES * copy - copy / plan.tp
 
 
@@ -83,12 +87,12 @@ def runner_loss_time_s(
     V logits of each token less ``elementwise.cross_entropy_bytes`` on V/tp, at the
     profile's streaming rate (as ``layer_cost.edge_times`` prices the loss). Negative where
     the runner moves less (the forward at tp 1)."""
-    tokens = model.seq_length / plan.cp * plan.micro_batch_size
     act = float(plan.precision.activation_bytes)
-    cast = 6.0 if act == 2.0 else 0.0  # 16-bit -> fp32 and back: read 2 + write 4
+    cast = logits_cast_bytes(act)
     megatron = cross_entropy_bytes(act)
     rate = profile.streaming_bytes_per_s()
-    whole, shard = tokens * model.vocab_size, tokens * model.vocab_size / plan.tp
+    whole = _logits(model, plan)
+    shard = whole / plan.tp
     forward, backward = (
         ((runner + cast) * whole - ours * shard) / rate
         for runner, ours in zip(RUNNER_LOSS_BYTES_PER_LOGIT, megatron, strict=True)

@@ -166,18 +166,16 @@ def state_tensors(modules: Iterable[Any], optimizer: Any) -> list[torch.Tensor]:
     own parameters too: the fp32 master weights of a bf16 run; a tensor listed twice is
     counted once by :class:`LiveBytes`)."""
     out: list[torch.Tensor] = []
-    for module in modules:
-        for param in module.parameters():
-            out.append(param)
-            if param.grad is not None:
-                out.append(param.grad)
-        out.extend(module.buffers())
     inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer wraps one
-    for group in inner.param_groups:  # bf16: the fp32 master weights and main gradients
-        for param in group["params"]:
-            out.append(param)
-            if param.grad is not None:
-                out.append(param.grad)
+    modules = list(modules)
+    params = [p for module in modules for p in module.parameters()]
+    params += [p for group in inner.param_groups for p in group["params"]]  # bf16: masters
+    for param in params:
+        out.append(param)
+        if param.grad is not None:
+            out.append(param.grad)
+    for module in modules:
+        out.extend(module.buffers())
     for state in inner.state.values():
         out.extend(v for v in state.values() if isinstance(v, torch.Tensor))
     return out

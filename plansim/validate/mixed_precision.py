@@ -40,7 +40,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
+
+from plansim.validate.parallelize import local
 
 #: torch dtype of each run dtype's working weights and activations.
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -55,8 +56,10 @@ def fsdp_policy(dtype: str) -> Any:
     return MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[dtype], reduce_dtype=torch.float32)
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+def _main_grad(master: nn.Parameter) -> torch.Tensor:
+    """The local shard of ``master``'s main gradient (allocated with the master)."""
+    assert master.grad is not None
+    return local(master.grad)
 
 
 class MasterWeights:
@@ -97,8 +100,7 @@ class MasterWeights:
         weight-gradient step's, which pipelining has already scaled)."""
         for param, master in zip(self.params, self.masters, strict=True):
             if param.grad is not None:
-                assert master.grad is not None
-                _local(master.grad).add_(_local(param.grad))
+                _main_grad(master).add_(local(param.grad))
                 param.grad = None
 
     @torch.no_grad()
@@ -106,22 +108,20 @@ class MasterWeights:
         """Copy the master weights into the bf16 weights (after the optimizer step), in
         multi-tensor kernels (``torch._foreach_copy_``) as Megatron-LM's apex
         ``multi_tensor_applier`` does, not one launch per tensor."""
-        torch._foreach_copy_([_local(p) for p in self.params], [_local(m) for m in self.masters])
+        torch._foreach_copy_([local(p) for p in self.params], [local(m) for m in self.masters])
 
     @torch.no_grad()
     def zero_main_grads(self) -> None:
         """Zero the main gradients in place, as Megatron-LM zeroes its gradient buffer
         (multi-tensor: ``torch._foreach_zero_``)."""
-        grads = [m.grad for m in self.masters]
-        assert all(g is not None for g in grads)
-        torch._foreach_zero_([_local(g) for g in grads if g is not None])
+        torch._foreach_zero_([_main_grad(m) for m in self.masters])
 
 
 def _accumulate_into(master: nn.Parameter, scale: float) -> Callable[[torch.Tensor], None]:
     def hook(param: torch.Tensor) -> None:
-        assert param.grad is not None and master.grad is not None
+        assert param.grad is not None
         with torch.no_grad():
-            _local(master.grad).add_(_local(param.grad), alpha=scale)
+            _main_grad(master).add_(local(param.grad), alpha=scale)
         param.grad = None
 
     return hook

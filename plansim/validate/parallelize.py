@@ -39,10 +39,10 @@ from plansim.specs.layer_split import pipeline_layer_counts
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan, Recompute
 from plansim.validate.executed_fsdp import reshard_after_forward
-from plansim.validate.mixed_precision import fsdp_policy
 from plansim.validate.model import Block, StageModule
 from plansim.validate.op_sac import op_selective_checkpoint
 from plansim.validate.result import ValidateError
+from plansim.validate.run_dtype import uses_fsdp
 
 #: AdamW hyper-parameters of every validation run (the reference uses the same). AdamW runs
 #: fused (one kernel over all tensors, as Megatron-LM's and Apex's FusedAdam): the unfused
@@ -204,9 +204,11 @@ def apply_zero(
     (``plansim.validate.executed_fsdp.reshard_after_forward``). Each block is a unit, then
     the stage root. ``dtype`` bf16: FSDP2's mixed precision (``mixed_precision.fsdp_policy``).
     """
-    if plan.zero_stage < 2 or plan.dp == 1:
+    if not uses_fsdp(plan):
         return stage
     from torch.distributed.fsdp import fully_shard
+
+    from plansim.validate.mixed_precision import fsdp_policy  # it imports local from here
 
     options: dict[str, Any] = {"reshard_after_forward": reshard_after_forward(plan)}
     policy = fsdp_policy(dtype)

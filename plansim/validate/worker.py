@@ -151,7 +151,7 @@ class Trainer:
         if plan.pp == 1:
             return LoopExecutor(self.modules[0], plan=plan, recorder=self.recorder)
         seq = self.model_spec.seq_length // (plan.tp if plan.sequence_parallel else 1)
-        element_bytes = 4 if self.dtype == "fp32" else 2
+        element_bytes = TORCH_DTYPES[self.dtype].itemsize
         act_bytes = plan.micro_batch_size * seq * self.model_spec.hidden_size * element_bytes
         return PipelineExecutor(
             self.modules,
