@@ -27,9 +27,9 @@ import torch
 import torch.distributed as dist
 
 from plansim.calibrate.bench_collective import collective_call
-from plansim.calibrate.bench_elementwise import elementwise_layer
 from plansim.calibrate.bench_host import host_op_chain
-from plansim.calibrate.bench_overlap import DTYPES, overlap_rows
+from plansim.calibrate.bench_kernels import LOCAL_CALLS
+from plansim.calibrate.bench_overlap import overlap_rows
 from plansim.calibrate.bench_pipeline import pipeline_chain
 from plansim.calibrate.bench_sustained import sustained_rows
 from plansim.calibrate.cold_timer import ColdTimer
@@ -300,80 +300,15 @@ class _Bench:
 
     # ------------------------------------------------------------------ builders
     def _build(self, item: Item) -> Fn:
-        builders: dict[str, Callable[[Item], Fn]] = {
-            "gemm": self._gemm,
-            "attention": self._attention,
-            "stream": self._stream,
-            "launch": self._launch,
-            "host_op": self._host_op,
-            "adam": self._adam,
-            "elementwise": lambda i: elementwise_layer(
-                i.shape, dtype=DTYPES[i.dtype], device=self.device, backward=i.op != "layer_fwd"
-            ),
-            "copy": self._copy,
-            "collective": self._collective,
-        }
-        return builders[item.kind](item)
-
-    def _gemm(self, item: Item) -> Fn:
-        m, n, k = item.shape
-        if item.dtype == "fp8":
-            return self._gemm_fp8(m, n, k)
-        dtype = DTYPES[item.dtype]
-        a = torch.randn(m, k, device=self.device).to(dtype)
-        b = torch.randn(k, n, device=self.device).to(dtype)
-        out = torch.empty(m, n, device=self.device, dtype=dtype)
-        return lambda: torch.matmul(a, b, out=out)
-
-    def _gemm_fp8(self, m: int, n: int, k: int) -> Fn:
-        fp8 = torch.float8_e4m3fn
-        a = torch.randn(m, k, device=self.device).to(fp8)
-        b = torch.randn(n, k, device=self.device).to(fp8).t()  # column-major, as cuBLASLt wants
-        scale = torch.ones((), device=self.device)
-        return lambda: torch._scaled_mm(
-            a, b, scale_a=scale, scale_b=scale, out_dtype=torch.bfloat16
-        )
-
-    def _attention(self, item: Item) -> Fn:
-        batch, heads, seq, head_dim = item.shape
-        dtype = DTYPES[item.dtype]
-        backward = item.op == "sdpa_fwd_bwd"
-        q, k, v = (
-            torch.randn(
-                batch, heads, seq, head_dim, device=self.device, dtype=dtype
-            ).requires_grad_(backward)
-            for _ in range(3)
-        )
-        sdpa = torch.nn.functional.scaled_dot_product_attention
-        if not backward:
-
-            def forward() -> None:
-                with torch.no_grad():
-                    sdpa(q, k, v, is_causal=True)
-
-            return forward
-        grad = torch.randn(batch, heads, seq, head_dim, device=self.device, dtype=dtype)
-
-        def forward_backward() -> None:
-            sdpa(q, k, v, is_causal=True).backward(grad)
-            q.grad = k.grad = v.grad = None
-
-        return forward_backward
-
-    def _stream(self, item: Item) -> Fn:
-        (n,) = item.shape
-        a, b, c = (torch.rand(n, device=self.device) for _ in range(3))
-        kernels: dict[str, Fn] = {
-            "copy": lambda: c.copy_(a),
-            "scale": lambda: torch.mul(a, 3.0, out=c),
-            "add": lambda: torch.add(a, b, out=c),
-            "triad": lambda: torch.add(a, b, alpha=3.0, out=c),
-        }
-        return kernels[item.op]
-
-    def _launch(self, item: Item) -> Fn:
-        x = torch.ones(item.shape, device=self.device)
-        return lambda: torch.add(x, x)
+        if item.kind in LOCAL_CALLS:
+            return LOCAL_CALLS[item.kind](item, self.device)
+        if item.kind == "collective":
+            return collective_call(
+                item, group=self.groups[item.group_size], rank=self.rank, device=self.device
+            )
+        if item.kind == "host_op":
+            return self._host_op(item)
+        raise KeyError(item.kind)
 
     def _host_op(self, item: Item) -> Fn:
         """The tiny-op chain of ``item`` (:func:`.bench_host.host_op_chain`), or its pipeline
@@ -381,26 +316,6 @@ class _Bench:
         if item.op in PIPELINE_OPS:
             return pipeline_chain(item, device=self.device, world=self.world)
         return host_op_chain(item, device=self.device, world=self.world, meshes=self.meshes)
-
-    def _adam(self, item: Item) -> Fn:
-        (n,) = item.shape
-        param = torch.nn.Parameter(torch.randn(n))  # host Adam (offload): always on the CPU
-        param.grad = torch.randn(n)
-        optimizer = torch.optim.Adam([param], lr=1e-4, foreach=True)
-        return optimizer.step
-
-    def _copy(self, item: Item) -> Fn:
-        (size,) = item.shape
-        host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
-        dev = torch.empty(size, dtype=torch.uint8, device=self.device)
-        if item.op == "h2d":
-            return lambda: dev.copy_(host, non_blocking=True)
-        return lambda: host.copy_(dev, non_blocking=True)
-
-    def _collective(self, item: Item) -> Fn:
-        return collective_call(
-            item, group=self.groups[item.group_size], rank=self.rank, device=self.device
-        )
 
 
 def _busy(item: Item) -> bool:
