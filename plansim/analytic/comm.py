@@ -57,7 +57,8 @@ import math
 
 from plansim.analytic.ranks import GroupSpan
 from plansim.errors import SpecError
-from plansim.specs.hardware import HardwareProfile, bus_factor
+from plansim.specs.curves import bus_factor
+from plansim.specs.hardware import HardwareProfile
 
 
 def collective_time_s(

@@ -53,7 +53,7 @@ from plansim.analytic.grad_buckets import grad_buckets
 from plansim.analytic.layer_cost import PassTimes
 from plansim.analytic.link_tags import with_links
 from plansim.analytic.memo import Memo, fields_getter, memoised
-from plansim.analytic.offload import with_host_grad_accumulation, with_param_fetch
+from plansim.analytic.offload_microbatch import with_host_grad_accumulation, with_param_fetch
 from plansim.analytic.pipeline_send import pipeline_send
 from plansim.analytic.rank_work import ParamGatherCover, gather_cover, rank_work, segments
 from plansim.analytic.stage_compute import pass_inputs

@@ -19,8 +19,9 @@ With ``nvme`` (ZeRO-Infinity, Rajbhandari et al. SC21 §5) the fp32 master weigh
 v (12 bytes per parameter) live on NVMe: CPU Adam reads them first (``nvme_read``) and
 writes them back after (``nvme_write``).
 
-**Gradient accumulation through the host** (:func:`with_host_grad_accumulation`): with the
-optimizer offloaded, DeepSpeed accumulates the gradient shard in host memory. Stage 3
+**Gradient accumulation through the host**
+(``plansim.analytic.offload_microbatch.with_host_grad_accumulation``): with the optimizer
+offloaded, DeepSpeed accumulates the gradient shard in host memory. Stage 3
 (``partition_grads`` in ``stage3.py``: its gradient partitions are a pinned host buffer,
 ``self.device`` = cpu) copies each micro-batch's reduced shard there, or brings the buffer to
 the GPU, adds and copies it back ("adding directly to cpu is very slow"), keeping a GPU copy:
@@ -57,17 +58,13 @@ delayed parameter update of ZeRO-Offload (DPU, §4.3) is out of scope.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import replace
-
-from plansim.analytic.grad_buckets import stage_parameters as stage_param_counts
 from plansim.analytic.memory import plan_state_bytes, rank_parameters
 from plansim.analytic.ranks import dp_cp_size
 from plansim.errors import SpecError
 from plansim.specs.hardware import HardwareProfile, HostSpec
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import OffloadDevice, ParallelPlan, Schedule
-from plansim.specs.work import Segment, StageWork
+from plansim.specs.plan import OffloadDevice, ParallelPlan
+from plansim.specs.work import Segment
 from plansim.units import bytes_to_gib
 
 #: Host bytes per offloaded parameter: fp32 master 4 + Adam m 4 + v 4 (ZeRO paper K = 12)
@@ -204,7 +201,7 @@ def host_memory_rejection(
     )
 
 
-def _copy(kind: str, num_bytes: float, profile: HardwareProfile) -> Segment:
+def host_copy(kind: str, num_bytes: float, profile: HardwareProfile) -> Segment:
     """A host <-> device copy over the rank's PCIe link (one direction's rate)."""
     return Segment(
         kind=kind,
@@ -215,7 +212,9 @@ def _copy(kind: str, num_bytes: float, profile: HardwareProfile) -> Segment:
     )
 
 
-def _nvme(kind: str, num_bytes: float, plan: ParallelPlan, profile: HardwareProfile) -> Segment:
+def nvme_transfer(
+    kind: str, num_bytes: float, plan: ParallelPlan, profile: HardwareProfile
+) -> Segment:
     """NVMe read or write of ``num_bytes`` at this GPU's share of the node's bandwidth."""
     host = require_host(plan, profile)
     rate = host.nvme_read_bytes_per_s if kind == "nvme_read" else host.nvme_write_bytes_per_s
@@ -242,10 +241,10 @@ def host_step_segments(
     host = require_host(plan, profile)
     half = plan_state_bytes(plan).param * local_params  # 16-bit shard
     nvme = plan.offload_optimizer is OffloadDevice.NVME
-    segs = [_copy("offload_d2h", BOUNDARY_GRAD_BYTES * local_params, profile)]
+    segs = [host_copy("offload_d2h", BOUNDARY_GRAD_BYTES * local_params, profile)]
     if nvme:
         segs.append(
-            _nvme("nvme_read", NVME_OPTIMIZER_BYTES_PER_PARAM * local_params, plan, profile)
+            nvme_transfer("nvme_read", NVME_OPTIMIZER_BYTES_PER_PARAM * local_params, plan, profile)
         )
     segs.append(
         Segment(kind="cpu_adam", stream=STREAM, duration_s=local_params / host.adam_params_per_s)
@@ -254,9 +253,9 @@ def host_step_segments(
     if plan.offload_param is OffloadDevice.NVME:
         written += half  # the updated 16-bit shard goes back to NVMe, not to the GPU
     if written:
-        segs.append(_nvme("nvme_write", written, plan, profile))
+        segs.append(nvme_transfer("nvme_write", written, plan, profile))
     if plan.offload_param is OffloadDevice.NONE:
-        segs.append(_copy("offload_h2d", half, profile))
+        segs.append(host_copy("offload_h2d", half, profile))
     return tuple(segs)
 
 
@@ -284,119 +283,7 @@ def with_offload(
     if plan.offload_optimizer is not OffloadDevice.NONE:
         return host_step_segments(plan, profile, local_params=local_params) + rest
     half = plan_state_bytes(plan).param * local_params
-    back = _copy("offload_d2h", half, profile)
+    back = host_copy("offload_d2h", half, profile)
     if plan.offload_param is OffloadDevice.NVME:
-        return (*step, back, _nvme("nvme_write", half, plan, profile), *rest)
+        return (*step, back, nvme_transfer("nvme_write", half, plan, profile), *rest)
     return (*step, back, *rest)
-
-
-def accumulates_on_host(plan: ParallelPlan) -> bool:
-    """True when the accumulating gradient shard lives in host memory: the optimizer
-    offloaded with ZeRO-3, or with ZeRO-2 and more than one micro-batch (module docstring)."""
-    if plan.offload_optimizer is OffloadDevice.NONE:
-        return False
-    return plan.zero_stage == 3 or (plan.zero_stage == 2 and plan.num_microbatches > 1)
-
-
-def host_accumulation_bytes_per_param(plan: ParallelPlan) -> float:
-    """Bytes per parameter of the gradient shard copied each way (device -> host and
-    host -> device) per micro-batch to accumulate on the host: one 16-bit copy for ZeRO-3,
-    (m - 1) / m of one for ZeRO-2 (the module docstring's average), 0 otherwise."""
-    if not accumulates_on_host(plan):
-        return 0.0
-    copy = plan_state_bytes(plan).param
-    if plan.zero_stage == 3:
-        return copy
-    m = plan.num_microbatches
-    return copy * (m - 1) / m
-
-
-def with_host_grad_accumulation(
-    stages: list[StageWork], *, model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
-) -> list[StageWork]:
-    """``stages`` with each micro-batch's host accumulation of the stage's gradient shard
-    (``offload_d2h`` then ``offload_h2d``, :func:`host_accumulation_bytes_per_param` x the
-    shard) after its reduce-scatter: at the end of the backward, or of the weight-gradient
-    pass with a split backward. The same list when nothing accumulates on the host. Stages
-    that were one object stay one.
-    """
-    per_param = host_accumulation_bytes_per_param(plan)
-    if per_param == 0.0:
-        return stages
-    split = plan.schedule is Schedule.ZB_H1
-
-    def accumulate(s: int, st: StageWork) -> StageWork:
-        shard = stage_parameters(model, plan, stage=s) / dp_cp_size(plan) * per_param
-        copies = (_copy("offload_d2h", shard, profile), _copy("offload_h2d", shard, profile))
-        if split:
-            return replace(st, backward_weight=st.backward_weight + copies)
-        return replace(st, backward=st.backward + copies)
-
-    return _rewrite_stages(stages, accumulate)
-
-
-def param_fetch_segments(
-    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, *, stage: int
-) -> tuple[Segment, ...]:
-    """Segments that bring stage ``stage``'s 16-bit parameter shard to the GPU before one of
-    its parameter all-gathers (empty without ``offload_param``): an NVMe read (``nvme``),
-    then the host -> device copy. Shard = :func:`stage_parameters` x 2 bytes / (dp * cp).
-
-    Raises:
-        SpecError: the profile lacks the host section (or NVMe figures) the plan needs.
-    """
-    if plan.offload_param is OffloadDevice.NONE:
-        return ()
-    require_host(plan, profile)
-    params = stage_parameters(model, plan, stage=stage)
-    shard = params * plan_state_bytes(plan).param / dp_cp_size(plan)
-    fetch = _copy("offload_h2d", shard, profile)
-    if plan.offload_param is OffloadDevice.NVME:
-        return (_nvme("nvme_read", shard, plan, profile), fetch)
-    return (fetch,)
-
-
-def stage_parameters(model: ModelSpec, plan: ParallelPlan, *, stage: int) -> float:
-    """Parameters of model chunk ``stage`` on one TP rank
-    (``plansim.analytic.grad_buckets.stage_parameters``, the same sharding rules as
-    ``plansim.analytic.memory.rank_parameters``)."""
-    return stage_param_counts(model, plan, stage=stage).total
-
-
-def with_param_fetch(
-    stages: list[StageWork], *, model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
-) -> list[StageWork]:
-    """``stages`` with :func:`param_fetch_segments` before each forward, backward and
-    input-gradient action (where ZeRO-3 gathers the stage's parameters); the same list
-    without ``offload_param``. Stages that were one object stay one.
-
-    Raises:
-        SpecError: the profile lacks the host section (or NVMe figures) the plan needs.
-    """
-    if plan.offload_param is OffloadDevice.NONE:
-        return stages
-
-    def fetch_first(s: int, st: StageWork) -> StageWork:
-        fetch = param_fetch_segments(model, plan, profile, stage=s)
-        return replace(
-            st,
-            forward=fetch + st.forward,
-            backward=fetch + st.backward,
-            backward_input=fetch + st.backward_input,
-        )
-
-    return _rewrite_stages(stages, fetch_first)
-
-
-def _rewrite_stages(
-    stages: list[StageWork], rewrite: Callable[[int, StageWork], StageWork]
-) -> list[StageWork]:
-    """``rewrite(s, stage)`` of each stage, called once per distinct stage object (with the
-    index where it first appears), so stages that were one object stay one."""
-    done: dict[int, StageWork] = {}
-    out = []
-    for s, st in enumerate(stages):
-        if id(st) not in done:
-            done[id(st)] = rewrite(s, st)
-        out.append(done[id(st)])
-    return out

@@ -39,7 +39,8 @@ from statistics import NormalDist
 
 from plansim.errors import SpecError
 from plansim.specs.compute_terms import AttentionEfficiency
-from plansim.specs.hardware import Curve, HardwareProfile
+from plansim.specs.curves import Curve
+from plansim.specs.hardware import HardwareProfile
 
 #: Blom's (1958) plotting position constants for normal order statistics.
 _BLOM_A = 0.375

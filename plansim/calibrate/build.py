@@ -62,7 +62,8 @@ from plansim.calibrate.plan import CPU_SHARE_OK
 from plansim.calibrate.run_info import RunInfo
 from plansim.io.profiles import ProfileUpdate
 from plansim.specs.compute_terms import AttentionEfficiency, HostOverhead
-from plansim.specs.hardware import COLLECTIVES, CollectiveCurve, Curve, HardwareProfile
+from plansim.specs.curves import COLLECTIVES, CollectiveCurve, Curve
+from plansim.specs.hardware import HardwareProfile
 
 #: Allocator fragmentation share of capacity added to the reserve (README "Memory reserve").
 FRAGMENTATION_FRACTION = 0.05

@@ -2,7 +2,7 @@
 
 Two models, both stated in ``hardware_profiles/README.md``:
 
-* **Collectives** (nccl-tests busbw definition, ``plansim.specs.hardware.CollectiveCurve``):
+* **Collectives** (nccl-tests busbw definition, ``plansim.specs.curves.CollectiveCurve``):
   ``t(S) = alpha + S * f(n) / busbw(S)``. :func:`fit_alpha_beta` fits the straight line
   ``t = alpha + beta * S`` by least squares on *relative* residuals (every size counts the
   same, from 8 B to GiB). :func:`fit_collective` keeps that alpha as the latency and stores,
@@ -11,7 +11,7 @@ Two models, both stated in ``hardware_profiles/README.md``:
   the measured time at every such size and interpolates in log-log between them.
 * **Rates** (GEMM FLOP/s, bytes/s): :func:`fit_efficiency` bins measurements by work in
   octaves, takes the median rate per bin and divides by a peak (the best bin unless a peak is
-  given): ``fraction_of_peak`` over ``work`` for ``plansim.specs.hardware.Curve``.
+  given): ``fraction_of_peak`` over ``work`` for ``plansim.specs.curves.Curve``.
 * **Fused attention** (:func:`fit_attention`): per measured size, the forward's rate and
   the backward's (forward + backward time less the forward's, for twice the forward FLOPs),
   each over the GEMM peak: ``plansim.specs.compute_terms.AttentionEfficiency``.
@@ -33,7 +33,7 @@ import numpy.typing as npt
 
 from plansim.errors import PlansimError, SpecError
 from plansim.specs.compute_terms import AttentionEfficiency
-from plansim.specs.hardware import CollectiveCurve, Curve, bus_factor
+from plansim.specs.curves import CollectiveCurve, Curve, bus_factor
 
 Array = npt.NDArray[np.float64]
 

@@ -34,7 +34,8 @@ from plansim.calibrate.fit import CollectiveFit, fit_collective
 from plansim.calibrate.nccl_tests import NcclTestsLog, NcclTestsRun
 from plansim.errors import InputFileError
 from plansim.io.profiles import ProfileUpdate
-from plansim.specs.hardware import CollectiveCurve, Curve, HardwareProfile
+from plansim.specs.curves import CollectiveCurve, Curve
+from plansim.specs.hardware import HardwareProfile
 
 TIERS = ("intra-node", "inter-node")
 _INTER_NODE_PREFERENCE = ("all_reduce", "reduce_scatter", "all_gather", "sendrecv")

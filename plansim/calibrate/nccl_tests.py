@@ -52,7 +52,7 @@ __all__ = [
     "read_nccl_tests_log",
 ]
 
-#: nccl-tests binary -> plansim collective name (``plansim.specs.hardware.COLLECTIVES``).
+#: nccl-tests binary -> plansim collective name (``plansim.specs.curves.COLLECTIVES``).
 BINARIES = {
     "all_reduce_perf": "all_reduce",
     "all_gather_perf": "all_gather",

@@ -42,7 +42,7 @@ import dataclasses
 from plansim.analytic.elementwise import gelu_layer_bytes
 from plansim.calibrate.plan_types import Item, Plan
 from plansim.calibrate.timing import FULL, QUICK
-from plansim.specs.hardware import COLLECTIVES
+from plansim.specs.curves import COLLECTIVES
 
 #: dtypes measured for GEMMs and attention; fp8 only where the device has it.
 GEMM_DTYPES = ("fp32", "bf16", "fp16")

@@ -19,7 +19,8 @@ from plansim.errors import SpecError
 from plansim.io.profile_parse import _Ctx, _curve, _mapping, _number, _numbers, _require
 from plansim.io.profile_schema import ATTENTION_KEYS, FRACTION_CURVES, HOST_OVERHEAD_SCALARS
 from plansim.specs.compute_terms import AttentionEfficiency, HostOverhead
-from plansim.specs.hardware import Curve, HardwareProfile
+from plansim.specs.curves import Curve
+from plansim.specs.hardware import HardwareProfile
 
 #: Keys of ``host_overhead:`` in file order; the first three are required in the section.
 HOST_OVERHEAD_KEYS = ("serial", *(s.key for s in HOST_OVERHEAD_SCALARS))

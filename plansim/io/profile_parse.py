@@ -25,7 +25,8 @@ from plansim.io.profile_schema import (
     TOP,
     TOP_LEVEL_KEYS,
 )
-from plansim.specs.hardware import COLLECTIVES, CollectiveCurve, Curve, HardwareProfile, HostSpec
+from plansim.specs.curves import COLLECTIVES, CollectiveCurve, Curve
+from plansim.specs.hardware import HardwareProfile, HostSpec
 from plansim.units import gb_per_s_to_bytes_per_s, tflops_to_flops_per_s, us_to_s
 
 

@@ -36,7 +36,8 @@ from plansim.io.profile_schema import (
     TOP_LEVEL_KEYS,
 )
 from plansim.specs.compute_terms import AttentionEfficiency, HostOverhead
-from plansim.specs.hardware import COLLECTIVES, CollectiveCurve, Curve, HardwareProfile, HostSpec
+from plansim.specs.curves import COLLECTIVES, CollectiveCurve, Curve
+from plansim.specs.hardware import HardwareProfile, HostSpec
 from plansim.units import (
     bytes_per_s_to_gb_per_s,
     flops_per_s_to_tflops,

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from plansim.errors import SpecError
 
 if TYPE_CHECKING:
-    from plansim.specs.hardware import Curve
+    from plansim.specs.curves import Curve
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

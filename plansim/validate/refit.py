@@ -57,7 +57,8 @@ import pandas as pd
 
 from plansim.io.profiles import merge_profile, profiles_dir
 from plansim.sim import timeline as tl
-from plansim.specs.hardware import CollectiveCurve, Curve, HardwareProfile
+from plansim.specs.curves import CollectiveCurve, Curve
+from plansim.specs.hardware import HardwareProfile
 from plansim.validate.compare import CATEGORY_KINDS, Comparison, compare, simulate_plan
 from plansim.validate.executed_dp import executes_flat_all_reduce
 from plansim.validate.refit_pipeline import refit_pipeline

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from plansim.catalog import resolve_model
-from plansim.specs.hardware import CollectiveCurve, Curve, HardwareProfile
+from plansim.specs.curves import CollectiveCurve, Curve
+from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import Activation, ModelSpec
 
 #: A 4-layer, 64-wide GPT-style model small enough for by-hand oracles.

@@ -37,7 +37,8 @@ from plansim.calibrate.rebuild import rebuild
 from plansim.errors import InputFileError, SpecError
 from plansim.io.profiles import load_profile, profile_from_dict, profile_to_dict, write_profile
 from plansim.specs.compute_terms import AttentionEfficiency
-from plansim.specs.hardware import Curve, HardwareProfile
+from plansim.specs.curves import Curve
+from plansim.specs.hardware import HardwareProfile
 from plansim.specs.plan import AttentionKernel, ParallelPlan, Precision
 from tests.unit.synthetic import TINY_MODEL, round_profile
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from plansim.calibrate.fit import FitError, fit_alpha_beta, fit_collective, fit_efficiency
-from plansim.specs.hardware import bus_factor
+from plansim.specs.curves import bus_factor
 
 SIZES = [float(2**e) for e in range(3, 34)]  # 8 B .. 8 GiB
 

@@ -20,7 +20,7 @@ from plansim.calibrate.nccl_tests import (
     read_nccl_tests_log,
 )
 from plansim.errors import InputFileError
-from plansim.specs.hardware import bus_factor
+from plansim.specs.curves import bus_factor
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nccl_tests"
 GIB = 2**30

@@ -30,7 +30,7 @@ from plansim.io.profiles import (
     profiles_dir,
     write_profile,
 )
-from plansim.specs.hardware import COLLECTIVES, CollectiveCurve, Curve
+from plansim.specs.curves import COLLECTIVES, CollectiveCurve, Curve
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nccl_tests"
 MIB = 2**20

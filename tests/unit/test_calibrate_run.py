@@ -17,7 +17,7 @@ from plansim.calibrate.progress import Progress
 from plansim.calibrate.raw import raw_path, read_raw
 from plansim.cli import main
 from plansim.io.profiles import load_profile
-from plansim.specs.hardware import COLLECTIVES
+from plansim.specs.curves import COLLECTIVES
 
 
 def _fail_on_rank_one(rank: int, world: int, queue: Any) -> None:

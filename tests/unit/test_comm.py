@@ -7,7 +7,8 @@ import pytest
 from plansim.analytic.comm import collective_time_s, p2p_time_s, ring_latency_s
 from plansim.analytic.ranks import GroupSpan, group_span, layout_groups
 from plansim.errors import SpecError
-from plansim.specs.hardware import LinkTier, bus_factor
+from plansim.specs.curves import bus_factor
+from plansim.specs.hardware import LinkTier
 from plansim.specs.plan import ParallelPlan
 from tests.unit.synthetic import round_profile
 

@@ -22,7 +22,7 @@ from plansim.analytic.stored_activations import microbatch_activation_bytes
 from plansim.cli import main
 from plansim.io.profiles import load_profile
 from plansim.planner.evaluate import Evaluation, evaluate
-from plansim.specs.hardware import Curve
+from plansim.specs.curves import Curve
 from plansim.specs.plan import ParallelPlan, Precision
 from plansim.validate.eager_layer import eager_layer_extra
 from plansim.validate.executed_loss import runner_loss_time_s

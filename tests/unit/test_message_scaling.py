@@ -19,7 +19,8 @@ from plansim.analytic.ranks import GroupSpan
 from plansim.calibrate.nccl_tests import read_nccl_tests_log
 from plansim.cli import main
 from plansim.io.profiles import load_profile, profiles_dir, write_profile
-from plansim.specs.hardware import Curve, HardwareProfile
+from plansim.specs.curves import Curve
+from plansim.specs.hardware import HardwareProfile
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "nccl_tests"
 LOG = FIXTURE / "all_reduce_perf_n02_h100_2nodes.log"

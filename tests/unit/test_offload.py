@@ -20,12 +20,8 @@ from plansim.analytic.memory import (
     state_bytes_per_param,
     transient_bytes,
 )
-from plansim.analytic.offload import (
-    host_bytes_per_node,
-    host_step_segments,
-    offload_choices,
-    stage_parameters,
-)
+from plansim.analytic.offload import host_bytes_per_node, host_step_segments, offload_choices
+from plansim.analytic.offload_microbatch import stage_parameters
 from plansim.analytic.params import count_parameters
 from plansim.calibrate.build import build_update
 from plansim.calibrate.raw import read_raw

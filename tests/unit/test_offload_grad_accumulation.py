@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from plansim.analytic.cost import build_pipeline_work
-from plansim.analytic.offload import (
-    BOUNDARY_GRAD_BYTES,
+from plansim.analytic.offload import BOUNDARY_GRAD_BYTES
+from plansim.analytic.offload_microbatch import (
     accumulates_on_host,
     host_accumulation_bytes_per_param,
     stage_parameters,

@@ -15,7 +15,8 @@ import pytest
 
 from plansim.cli import main
 from plansim.io.profiles import list_profiles, load_profile
-from plansim.specs.hardware import COLLECTIVES, CollectiveCurve, HardwareProfile, bus_factor
+from plansim.specs.curves import COLLECTIVES, CollectiveCurve, bus_factor
+from plansim.specs.hardware import HardwareProfile
 
 NAME = "mi300x-192gb"
 

@@ -28,7 +28,8 @@ from plansim.io.profiles import (
     profiles_dir,
     write_profile,
 )
-from plansim.specs.hardware import COLLECTIVES, HardwareProfile
+from plansim.specs.curves import COLLECTIVES
+from plansim.specs.hardware import HardwareProfile
 from plansim.units import bytes_to_gib
 
 SHIPPED = (

@@ -23,7 +23,8 @@ from plansim.io.profiles import (
     profiles_dir,
     write_profile,
 )
-from plansim.specs.hardware import Curve, HardwareProfile
+from plansim.specs.curves import Curve
+from plansim.specs.hardware import HardwareProfile
 
 #: N16 rows C0172-C0177: (nodes, reduce_scatter busbw GB/s).
 N16 = ((4, 360), (8, 345), (16, 320), (32, 300), (64, 280), (128, 260))

@@ -17,7 +17,8 @@ import pytest
 from plansim.errors import InputFileError
 from plansim.io.profiles import SCALAR_KEYS, load_profile, write_profile
 from plansim.sim import timeline as tl
-from plansim.specs.hardware import COLLECTIVES, CollectiveCurve, Curve, HardwareProfile
+from plansim.specs.curves import COLLECTIVES, CollectiveCurve, Curve
+from plansim.specs.hardware import HardwareProfile
 from plansim.specs.plan import ParallelPlan, Schedule
 from plansim.validate.compare import (
     compare,

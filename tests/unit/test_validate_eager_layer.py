@@ -9,7 +9,7 @@ import pytest
 from plansim.analytic.layer_cost import gemm_time_s, layer_gemms, layer_pass_times
 from plansim.analytic.ranks import layout_groups
 from plansim.specs.compute_terms import HostOverhead
-from plansim.specs.hardware import Curve
+from plansim.specs.curves import Curve
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan
 from plansim.validate.eager_layer import eager_layer_extra, eager_layer_ops
