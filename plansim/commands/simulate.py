@@ -29,6 +29,12 @@ from plansim.commands.common import (
 from plansim.errors import SpecError, require_positive_int
 from plansim.io.outputs import check_writable
 from plansim.planner.evaluate import Evaluation, Rejected, evaluate
+from plansim.planner.sensitivity import sensitivity
+from plansim.report.sensitivity_table import (
+    sensitivity_dict,
+    sensitivity_summary,
+    sensitivity_table,
+)
 from plansim.report.tables import (
     evaluation_dict,
     memory_table,
@@ -167,6 +173,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     add_pipeline_split_args(p)
     add_bf16_layer_args(p)
     p.add_argument("--format", choices=["table", "json"], default="table")
+    p.add_argument(
+        "--sensitivity",
+        action="store_true",
+        help="also report what the step time rests on: its elasticity to each profile term "
+        "(GEMM rate, HBM, NVLink, network, latencies, host, PCIe; each made 10%% faster "
+        "and the plan simulated again) and the provenance of the figures behind each",
+    )
     out = p.add_argument_group("outputs (written only when the plan fits)")
     out.add_argument(
         "--trace",
@@ -278,6 +291,7 @@ def run(args: argparse.Namespace) -> int:
     dtype = plan.precision.value
     pace = dtype_pace_fraction(profile, plan.num_gpus, dtype)
     layer = layer_wall_times(model, plan, profile)
+    sens = sensitivity(model, plan, profile, base=outcome) if args.sensitivity else None
     if args.format == "json":
         doc = {"status": "ok", "model": model.name, "profile": profile.name}
         doc.update(evaluation_dict(outcome))
@@ -287,6 +301,8 @@ def run(args: argparse.Namespace) -> int:
         }
         doc["layer_forward_ms"] = 1e3 * layer.forward_s
         doc["layer_backward_ms"] = 1e3 * layer.backward_s
+        if sens is not None:
+            doc["sensitivity"] = sensitivity_dict(sens)
         out.write(json.dumps(doc, indent=2) + "\n")
         return 0
     out.write(f"{model.name} on {plan.num_gpus} x {profile.name}: {plan.label()}\n\n")
@@ -306,6 +322,10 @@ def run(args: argparse.Namespace) -> int:
     )
     if pace < 1.0:
         out.write(_pace_note(profile, plan.num_gpus, pace, dtype=dtype))
+    if sens is not None:
+        out.write(f"\nwhat the step time rests on ({profile.name}'s terms):\n")
+        out.write(render(sensitivity_table(sens), "table"))
+        out.write(sensitivity_summary(sens))
     return 0
 
 

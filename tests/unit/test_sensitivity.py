@@ -1,0 +1,217 @@
+"""Sensitivity of a step time to the profile's terms (``plansim.specs.profile_terms``,
+``plansim.planner.sensitivity``, ``plansim simulate --sensitivity``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+
+from plansim.catalog import resolve_model
+from plansim.cli import main
+from plansim.errors import SpecError
+from plansim.io.profiles import load_profile
+from plansim.planner.evaluate import Evaluation, evaluate
+from plansim.planner.sensitivity import SPEED_UP, sensitivity
+from plansim.specs.hardware import HardwareProfile
+from plansim.specs.model import ModelSpec
+from plansim.specs.plan import OffloadDevice, ParallelPlan, Recompute
+from plansim.specs.profile_terms import (
+    PROFILE_TERMS,
+    TERM_NAMES,
+    faster,
+    provenance_class,
+    term_sources,
+)
+from tests.unit.synthetic import TINY_MODEL, round_profile
+
+#: A model big enough that its DP all-reduce is bandwidth-bound on the round profile.
+WIDE = dataclasses.replace(
+    TINY_MODEL, hidden_size=1024, ffn_hidden_size=4096, seq_length=1024, num_attention_heads=8,
+    num_query_groups=8,
+)  # fmt: skip
+
+
+def _evaluated(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile) -> Evaluation:
+    outcome = evaluate(model, plan, profile)
+    assert isinstance(outcome, Evaluation), outcome
+    return outcome
+
+
+def _all_faster(profile: HardwareProfile, factor: float) -> HardwareProfile:
+    for term in TERM_NAMES:
+        profile = faster(profile, term, factor)
+    return profile
+
+
+ONE_NODE_CASES = [
+    pytest.param(
+        "h100-sxm5-80gb-1gpu",
+        dataclasses.replace(resolve_model("llama3-8b"), num_layers=4),
+        ParallelPlan(tp=1, pp=1, dp=1, micro_batch_size=1, global_batch_size=2),
+        id="measured-1gpu-host-elementwise-attention",
+    ),
+    pytest.param(
+        "h100-sxm5-80gb",
+        resolve_model("llama3-8b"),
+        ParallelPlan(
+            tp=2,
+            pp=2,
+            dp=2,
+            micro_batch_size=1,
+            global_batch_size=16,
+            zero_stage=1,
+            recompute=Recompute.FULL,
+            overlap_grad_reduce=True,
+        ),
+        id="datasheet-tp-pp-dp",
+    ),
+    pytest.param(
+        "cpu-2core-gloo",
+        WIDE,
+        ParallelPlan(tp=1, pp=2, dp=1, micro_batch_size=1, global_batch_size=4),
+        id="serial-host-cpu",
+    ),
+    pytest.param(
+        "h100-sxm5-80gb-1gpu",
+        dataclasses.replace(resolve_model("llama3-8b"), num_layers=4),
+        ParallelPlan(
+            tp=1,
+            pp=1,
+            dp=1,
+            micro_batch_size=1,
+            global_batch_size=2,
+            zero_stage=3,
+            offload_optimizer=OffloadDevice.CPU,
+        ),
+        id="offload-pcie-cpu-adam",
+    ),
+]
+
+
+@pytest.mark.parametrize(("profile_name", "model", "plan"), ONE_NODE_CASES)
+def test_every_term_faster_divides_a_one_node_step(
+    profile_name: str, model: ModelSpec, plan: ParallelPlan
+) -> None:
+    """Inside one node every second is priced from the profile, so the terms together are
+    the whole of it: all of them 1.1x faster is a step 1.1x shorter. A rate or a latency
+    left out of the terms, or a hardware figure written into code, breaks this."""
+    profile = load_profile(profile_name)
+    base = _evaluated(model, plan, profile)
+    quicker = evaluate(model, plan, _all_faster(profile, 1.1), checked=True)
+    assert isinstance(quicker, Evaluation)
+    assert quicker.step_time_s * 1.1 == pytest.approx(base.step_time_s, rel=1e-9)
+
+
+def test_one_gpu_step_rests_on_no_link() -> None:
+    profile = load_profile("h100-sxm5-80gb-1gpu")
+    model = dataclasses.replace(resolve_model("llama3-8b"), num_layers=4)
+    plan = ParallelPlan(tp=1, pp=1, dp=1, micro_batch_size=1, global_batch_size=2)
+    s = sensitivity(model, plan, profile, base=_evaluated(model, plan, profile))
+    by = {t.term: t.elasticity for t in s.terms}
+    assert by["scale_up"] == by["scale_out"] == by["pcie"] == 0.0
+    assert by["compute"] > 0.5
+    assert by["memory"] > 0.0 and by["latency"] > 0.0
+    # Additive terms: the elasticities sum to about 1 (not exactly: a finite 10% step).
+    assert s.total_elasticity == pytest.approx(1.0, abs=0.02)
+
+
+def test_exposed_all_reduce_elasticity_matches_its_bandwidth_seconds() -> None:
+    """dp2 inside a node, no overlap: the step's only link time is the exposed all-reduce,
+    alpha + S / busbw. The NVLink term 10% faster removes (1 - 1/1.1) of its S / busbw part
+    and nothing else, and the network term (no rank crosses a node) removes nothing."""
+    profile = round_profile(gpus_per_node=2)
+    plan = ParallelPlan(tp=1, pp=1, dp=2, micro_batch_size=1, global_batch_size=8)
+    base = _evaluated(WIDE, plan, profile)
+    exposed = base.exposed_comm_s_by_kind["dp_comm"]
+    bandwidth_s = exposed - profile.intra_node["all_reduce"].latency_s
+    assert bandwidth_s > 0.5 * exposed  # bandwidth-bound, so the check has teeth
+    expected = base.step_time_s - bandwidth_s * (1 - 1 / SPEED_UP)
+    s = sensitivity(WIDE, plan, profile, base=base)
+    by = {t.term: t for t in s.terms}
+    assert by["scale_up"].faster_step_time_s == pytest.approx(expected, rel=1e-12)
+    assert by["scale_up"].elasticity == pytest.approx(
+        math.log(base.step_time_s / expected) / math.log(SPEED_UP), rel=1e-9
+    )
+    assert by["scale_out"].elasticity == 0.0
+
+
+def test_across_nodes_the_network_term_carries_the_all_reduce() -> None:
+    profile = round_profile(gpus_per_node=1)
+    plan = ParallelPlan(tp=1, pp=1, dp=2, micro_batch_size=1, global_batch_size=8)
+    s = sensitivity(WIDE, plan, profile, base=_evaluated(WIDE, plan, profile))
+    by = {t.term: t.elasticity for t in s.terms}
+    assert by["scale_out"] > 0.3
+    assert by["scale_up"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("source", "cls"),
+    [
+        ("measured: NVIDIA H100 80GB HBM3, 2026-11-27", "measured"),
+        ("measured (third party): Lee et al. 2025", "measured"),
+        ("nccl-tests: 8 x H100 NVSwitch", "measured"),
+        ("derived from measurement: N09 rows", "derived"),
+        ("datasheet: HW07 (H04) dense", "datasheet"),
+        ("assumption: 5 us per kernel", "assumption"),
+        ("from a blog post", "assumption"),
+    ],
+)
+def test_provenance_class(source: str, cls: str) -> None:
+    assert provenance_class(source) == cls
+
+
+def test_term_sources_follow_the_plan_dtype() -> None:
+    profile = load_profile("a100-sxm4-80gb")
+    compute = next(t for t in PROFILE_TERMS if t.name == "compute")
+    bf16 = term_sources(profile, compute, dtype="bf16")
+    assert {"peak_tflops.bf16", "matmul_efficiency.bf16"} <= set(bf16)
+    assert not any(k.endswith(".fp16") for k in bf16)
+    latency = next(t for t in PROFILE_TERMS if t.name == "latency")
+    assert term_sources(profile, latency, dtype="bf16")["kernel_launch_us"] == "assumption"
+    # Every provenance key of a shipped profile that prices time belongs to some term.
+    priced = set().union(*(term_sources(profile, t, dtype="bf16") for t in PROFILE_TERMS))
+    capacity = {"hbm_capacity_gib", "memory_reserve_gib", "gpus_per_node"}
+    rest = {k for k in profile.provenance if not k.endswith((".fp16", ".tf32", ".fp32"))}
+    assert rest - priced - capacity == {"overlap_compute_slowdown_fraction"}
+
+
+def test_faster_rejects_an_unknown_term_and_a_bad_factor() -> None:
+    profile = round_profile()
+    with pytest.raises(SpecError, match="term='gpu' is not allowed; choose one of: compute"):
+        faster(profile, "gpu", 1.1)
+    with pytest.raises(SpecError, match="factor must be a positive number"):
+        faster(profile, "compute", 0.0)
+
+
+SIMULATE = [
+    "simulate", "--model", "llama3-8b", "--gpu", "h100-sxm5-80gb", "--gpus", "8",
+    "--gbs", "16", "--tp", "2", "--pp", "1", "--mbs", "1", "--zero", "1",
+    "--recompute", "full", "--sensitivity",
+]  # fmt: skip
+
+
+def test_cli_table_names_every_term(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(SIMULATE) == 0
+    out = capsys.readouterr().out
+    assert "what the step time rests on (h100-sxm5-80gb's terms):" in out
+    for term in PROFILE_TERMS:
+        assert term.label in out
+    assert "terms resting on at least one assumed figure carry" in out
+
+
+def test_cli_json_section_is_deterministic(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*SIMULATE, "--format", "json"]) == 0
+    first = capsys.readouterr().out
+    assert main([*SIMULATE, "--format", "json"]) == 0
+    assert capsys.readouterr().out == first
+    section = json.loads(first)["sensitivity"]
+    assert [t["term"] for t in section["terms"]] == list(TERM_NAMES)
+    by = {t["term"]: t for t in section["terms"]}
+    assert by["scale_up"]["elasticity"] > 0.0  # tp2 all-reduces over NVLink
+    assert by["scale_out"]["elasticity"] == 0.0  # one node
+    assert section["total_elasticity"] == pytest.approx(
+        math.fsum(t["elasticity"] for t in section["terms"]), abs=1e-5
+    )
