@@ -20,8 +20,17 @@ from plansim.errors import SpecError, require_positive_int
 from plansim.io.outputs import check_writable
 from plansim.planner.parallel import default_jobs
 from plansim.planner.progress import progress_bar
+from plansim.planner.robustness import ranking_upsets
 from plansim.planner.search import SearchResult, search
+from plansim.planner.sensitivity import sensitivity
 from plansim.planner.space import SearchSpace
+from plansim.report.sensitivity_table import (
+    robustness_dict,
+    robustness_lines,
+    sensitivity_dict,
+    sensitivity_summary,
+    sensitivity_table,
+)
 from plansim.report.tables import evaluation_dict, ranked_table, render
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
@@ -139,7 +148,18 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="OUT.png",
         help="step time vs peak memory of the simulated plans, Pareto front marked (PNG)",
     )
+    p.add_argument(
+        "--sensitivity",
+        action="store_true",
+        help="also report what the best plan's step time rests on (its elasticity to each "
+        "profile term, as 'plansim simulate --sensitivity') and whether another of the top "
+        f"{ROBUSTNESS_PLANS} plans would rank first with any one term 10%% faster or slower",
+    )
     p.set_defaults(func=run)
+
+
+#: Plans compared by ``--sensitivity``'s ranking check (each simulated 14 more times).
+ROBUSTNESS_PLANS = 5
 
 
 def add_search_args(p: argparse.ArgumentParser) -> None:
@@ -193,8 +213,19 @@ def run(args: argparse.Namespace) -> int:
     if plot is not None:
         _write_pareto(plot, result, args=args, model=model, profile=profile)
     out = sys.stdout
+    leading = result.ranked[: min(args.top, ROBUSTNESS_PLANS)]
+    trust = None
+    if args.sensitivity and leading:
+        trust = (
+            sensitivity(model, leading[0].plan, profile, base=leading[0]),
+            ranking_upsets(model, leading, profile),
+        )
     if args.format == "json":
-        out.write(json.dumps(_json_doc(args, model, profile, result), indent=2) + "\n")
+        doc = _json_doc(args, model, profile, result)
+        if trust is not None:
+            doc["sensitivity_of_best"] = sensitivity_dict(trust[0])
+            doc["ranking_robustness"] = robustness_dict(trust[1], num_plans=len(leading))
+        out.write(json.dumps(doc, indent=2) + "\n")
         return 0
     table = ranked_table(result.ranked[: args.top])
     if args.format == "csv":
@@ -213,6 +244,12 @@ def run(args: argparse.Namespace) -> int:
             num_layers=model.num_layers,
         )
         out.write("".join(line + "\n" for line in lines))
+    if trust is not None:
+        out.write(f"\nwhat rank 1's step time rests on ({profile.name}'s terms):\n")
+        out.write(render(sensitivity_table(trust[0]), "table"))
+        out.write(sensitivity_summary(trust[0]))
+        labels = [ev.plan.label() for ev in leading]
+        out.write("\n" + robustness_lines(trust[1], num_plans=len(leading), labels=labels))
     return 0
 
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import pandas as pd
 
+from plansim.planner.robustness import Upset
 from plansim.planner.sensitivity import SPEED_UP, Sensitivity
+from plansim.specs.profile_terms import PROFILE_TERMS
 
 
 def _classes(sources: dict[str, str]) -> str:
@@ -65,5 +68,46 @@ def sensitivity_dict(s: Sensitivity) -> dict[str, object]:
                 "sources": t.sources,
             }
             for t in s.terms
+        ],
+    }
+
+
+def _change(factor: float) -> str:
+    pct = round(100 * (SPEED_UP - 1))
+    return f"{pct}% faster" if factor > 1 else f"{pct}% slower"
+
+
+def robustness_lines(upsets: Sequence[Upset], *, num_plans: int, labels: Sequence[str]) -> str:
+    """What :func:`plansim.planner.robustness.ranking_upsets` found, as text: one line per
+    change that puts another plan first, or one line saying none does."""
+    pct = round(100 * (SPEED_UP - 1))
+    head = (
+        f"ranking under single-term profile errors (each term {pct}% faster or slower, the "
+        f"top {num_plans} plans simulated again):\n"
+    )
+    if not upsets:
+        return head + f"  rank 1 stays first under every change ({2 * len(PROFILE_TERMS)} tried)\n"
+    lines = [
+        f"  {u.label} {_change(u.factor)}: rank {u.winner_rank} ({labels[u.winner_rank - 1]}) "
+        f"first, {100 * u.margin_fraction:.1f}% faster than rank 1\n"
+        for u in upsets
+    ]
+    return head + "".join(lines)
+
+
+def robustness_dict(upsets: Sequence[Upset], *, num_plans: int) -> dict[str, object]:
+    """JSON section: the plans compared and each change that reorders the first place."""
+    return {
+        "num_plans": num_plans,
+        "speed_up": SPEED_UP,
+        "upsets": [
+            {
+                "term": u.term,
+                "factor": u.factor,
+                "winner_rank": u.winner_rank,
+                "winner_step_time_s": u.winner_step_time_s,
+                "best_step_time_s": u.best_step_time_s,
+            }
+            for u in upsets
         ],
     }

@@ -14,6 +14,7 @@ from plansim.cli import main
 from plansim.errors import SpecError
 from plansim.io.profiles import load_profile
 from plansim.planner.evaluate import Evaluation, evaluate
+from plansim.planner.robustness import ranking_upsets
 from plansim.planner.sensitivity import SPEED_UP, sensitivity
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
@@ -215,3 +216,57 @@ def test_cli_json_section_is_deterministic(capsys: pytest.CaptureFixture[str]) -
     assert section["total_elasticity"] == pytest.approx(
         math.fsum(t["elasticity"] for t in section["terms"]), abs=1e-5
     )
+
+
+def _ranked(profile: HardwareProfile, gbs: int) -> list[Evaluation]:
+    """pp2, dp2 and tp2 of the wide model on two GPUs of one node, fastest first."""
+    layouts = (
+        {"tp": 1, "pp": 2, "dp": 1},
+        {"tp": 1, "pp": 1, "dp": 2},
+        {"tp": 2, "pp": 1, "dp": 1},
+    )
+    evs = [
+        _evaluated(WIDE, ParallelPlan(micro_batch_size=1, global_batch_size=gbs, **kw), profile)
+        for kw in layouts
+    ]
+    return sorted(evs, key=lambda ev: ev.step_time_s)
+
+
+def test_a_close_ranking_flips_when_compute_is_slower() -> None:
+    """At gbs 32, pp2 (70.14 ms) leads dp2 (70.33 ms) by its all-reduce against its bubble;
+    with GEMMs 10% slower the bubble grows with the compute and dp2 comes first."""
+    profile = round_profile(gpus_per_node=2)
+    ranked = _ranked(profile, 32)
+    assert [ev.plan.pp for ev in ranked[:2]] == [2, 1]
+    upsets = ranking_upsets(WIDE, ranked, profile)
+    assert [(u.term, u.factor, u.winner_rank) for u in upsets] == [("compute", 1 / SPEED_UP, 2)]
+    slower = faster(profile, "compute", 1 / SPEED_UP)
+    steps = [_evaluated(WIDE, ev.plan, slower).step_time_s for ev in ranked[:2]]
+    assert upsets[0].winner_step_time_s == steps[1]
+    assert upsets[0].margin_fraction == pytest.approx(1 - steps[1] / steps[0])
+    assert upsets[0].margin_fraction > 0
+
+
+def test_a_clear_ranking_has_no_upset() -> None:
+    profile = round_profile(gpus_per_node=2)
+    assert ranking_upsets(WIDE, _ranked(profile, 16), profile) == ()
+    with pytest.raises(ValueError, match="at least one"):
+        ranking_upsets(WIDE, [], profile)
+
+
+PLAN = [
+    "plan", "--model", "llama3-8b", "--gpu", "h100-sxm5-80gb", "--gpus", "8", "--gbs", "16",
+    "--top", "3", "--jobs", "1", "--sensitivity",
+]  # fmt: skip
+
+
+def test_plan_cli_reports_the_best_plan_and_the_ranking(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(PLAN) == 0
+    out = capsys.readouterr().out
+    assert "what rank 1's step time rests on (h100-sxm5-80gb's terms):" in out
+    assert "ranking under single-term profile errors" in out
+    assert "the top 3 plans simulated again" in out
+    assert main([*PLAN, "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ranking_robustness"]["num_plans"] == 3
+    assert len(doc["sensitivity_of_best"]["terms"]) == len(PROFILE_TERMS)

@@ -1,0 +1,91 @@
+"""Whether a search's best plan stays best when one profile term is off by 10%.
+
+A ranking is only as trustworthy as the figures it was priced from. For each term of
+``plansim.specs.profile_terms`` and each direction (the term :data:`SPEED_UP` times faster,
+then that much slower) the leading plans are simulated again on the changed profile and
+ranked by step time; where another plan comes first, that is reported with its margin. A
+best plan that no single 10% change dethrones is robust to the profile's likely errors (a
+measured curve's run-to-run spread is a few percent; a datasheet-derived or assumed figure
+can be off by more, see each profile's ``provenance``). One-at-a-time perturbation of the
+model's inputs, as in :mod:`plansim.planner.sensitivity`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from plansim.planner.evaluate import Evaluation, Rejected, evaluate
+from plansim.planner.sensitivity import SPEED_UP
+from plansim.specs.hardware import HardwareProfile
+from plansim.specs.model import ModelSpec
+from plansim.specs.profile_terms import PROFILE_TERMS, faster
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Upset:
+    """One profile change under which another plan would rank first.
+
+    Attributes:
+        term: the term's id (``plansim.specs.profile_terms.TERM_NAMES``).
+        label: what it is.
+        factor: how much faster the term was made (``1 / SPEED_UP``: slower).
+        winner_rank: 1-based rank, in the original ranking, of the plan that comes first.
+        winner_step_time_s: its step time on the changed profile.
+        best_step_time_s: the original best plan's step time on the changed profile
+            (``inf`` when the change put it over its memory).
+    """
+
+    term: str
+    label: str
+    factor: float
+    winner_rank: int
+    winner_step_time_s: float
+    best_step_time_s: float
+
+    @property
+    def margin_fraction(self) -> float:
+        """How much faster the new winner is than the original best, as a fraction."""
+        return 1.0 - self.winner_step_time_s / self.best_step_time_s
+
+
+def ranking_upsets(
+    model: ModelSpec, ranked: Sequence[Evaluation], profile: HardwareProfile
+) -> tuple[Upset, ...]:
+    """The single-term changes of ``profile`` (each term :data:`SPEED_UP` times faster, then
+    slower) under which a plan other than ``ranked[0]`` is the fastest of ``ranked``.
+
+    Args:
+        ranked: the leading evaluations of a search, best first (at least one).
+
+    Raises:
+        ValueError: ``ranked`` is empty.
+        SpecError: as ``evaluate``.
+    """
+    if not ranked:
+        raise ValueError("ranked must hold at least one evaluation")
+    upsets = []
+    for term in PROFILE_TERMS:
+        for factor in (SPEED_UP, 1.0 / SPEED_UP):
+            changed = faster(profile, term.name, factor)
+            steps = [_step_s(model, ev, changed) for ev in ranked]
+            # min() keeps the first of equal steps: ties go to the original order.
+            winner = min(range(len(steps)), key=steps.__getitem__)
+            if winner != 0:
+                upsets.append(
+                    Upset(
+                        term=term.name,
+                        label=term.label,
+                        factor=factor,
+                        winner_rank=winner + 1,
+                        winner_step_time_s=steps[winner],
+                        best_step_time_s=steps[0],
+                    )
+                )
+    return tuple(upsets)
+
+
+def _step_s(model: ModelSpec, ev: Evaluation, profile: HardwareProfile) -> float:
+    outcome = evaluate(model, ev.plan, profile, checked=True)
+    return math.inf if isinstance(outcome, Rejected) else outcome.step_time_s
