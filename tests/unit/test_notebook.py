@@ -110,3 +110,12 @@ def test_figures_and_memory_breakdown(executed: Any) -> None:
     worse = _text(_tagged(executed, "worse-summary"))
     assert "1f1b" in worse and "bubble" in worse
     assert "MFU" in _text(_tagged(executed, "answer"))
+
+
+def test_what_the_answer_rests_on(executed: Any) -> None:
+    text = _text(_tagged(executed, "sensitivity"))
+    for label in ("GEMM and attention rate", "NVLink collective bandwidth", "elasticity"):
+        assert label in text
+    assert "sum of elasticities" in text
+    assert "ranking under single-term profile errors" in text
+    assert "the top 5 plans simulated again" in text
