@@ -194,6 +194,11 @@ def run(args: argparse.Namespace) -> int:
         require_positive_int("--simulate-top", args.simulate_top)
         if args.exhaustive:
             raise SpecError("--simulate-top and --exhaustive exclude each other; give one")
+    if args.sensitivity and args.format == "csv":
+        raise SpecError(
+            "--sensitivity reports in the table or in JSON, not in CSV: give --format table "
+            "or json, or leave out --sensitivity"
+        )
     jobs = resolve_jobs(args.jobs)
     plot = check_writable(args.plot, label="--plot") if args.plot else None
     model, profile = resolve(args)

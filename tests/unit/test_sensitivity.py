@@ -270,3 +270,10 @@ def test_plan_cli_reports_the_best_plan_and_the_ranking(capsys: pytest.CaptureFi
     doc = json.loads(capsys.readouterr().out)
     assert doc["ranking_robustness"]["num_plans"] == 3
     assert len(doc["sensitivity_of_best"]["terms"]) == len(PROFILE_TERMS)
+
+
+def test_plan_cli_refuses_sensitivity_in_csv(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*PLAN, "--format", "csv"]) == 2
+    err = capsys.readouterr().err
+    assert "--sensitivity reports in the table or in JSON, not in CSV" in err
+    assert "Traceback" not in err
