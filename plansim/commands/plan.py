@@ -158,7 +158,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(func=run)
 
 
-#: Plans compared by ``--sensitivity``'s ranking check (each simulated 14 more times).
+#: Plans compared by ``--sensitivity``'s ranking check (each simulated twice per profile term).
 ROBUSTNESS_PLANS = 5
 
 

@@ -177,8 +177,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--sensitivity",
         action="store_true",
         help="also report what the step time rests on: its elasticity to each profile term "
-        "(GEMM rate, HBM, NVLink, network, latencies, host, PCIe; each made 10%% faster "
-        "and the plan simulated again) and the provenance of the figures behind each",
+        "(GEMM rate, HBM, NVLink, network, kernel launch, collective latency, host, PCIe; "
+        "each made 10%% faster and the plan simulated again) and the provenance of the "
+        "figures behind each",
     )
     out = p.add_argument_group("outputs (written only when the plan fits)")
     out.add_argument(

@@ -1,7 +1,7 @@
 """What a plan's simulated step time rests on: its elasticity to each profile term.
 
-For each term of ``plansim.specs.profile_terms`` (GEMM rate, HBM, NVLink, network,
-latencies, host, PCIe) the plan is simulated again with that term alone made
+For each term of ``plansim.specs.profile_terms`` (GEMM rate, HBM, NVLink, network, kernel
+launch, collective latency, host, PCIe) the plan is simulated again with that term alone made
 :data:`SPEED_UP` times faster, and the elasticity
 
     e = ln(T / T_faster) / ln(SPEED_UP)

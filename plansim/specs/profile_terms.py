@@ -14,8 +14,10 @@ term                    what ``faster(profile, term, f)`` changes
                         kernels and HBM-bound GEMMs
 ``scale_up``            the intra-node (NVLink) collective bus bandwidths x f
 ``scale_out``           the NIC bandwidth per GPU x f (collectives and sends across nodes)
-``latency``             per-call fixed costs / f: kernel launch, collective latencies,
-                        the NIC's alpha
+``launch``              the fixed cost per kernel / f (launch and tail; also the per-chunk
+                        copies of list collectives)
+``latency``             collective latencies / f: each intra-node curve's alpha and the
+                        NIC's (NCCL's own tuning latencies across nodes are code constants)
 ``host``                the host's per-op seconds / f and its CPU Adam rate x f
 ``pcie``                host <-> device bandwidth and NVMe bandwidth x f (offload)
 ======================  ==================================================================
@@ -87,13 +89,14 @@ PROFILE_TERMS: tuple[ProfileTerm, ...] = (
         provenance_keys=(r"nic_gb_per_s", r"inter_node_[a-z_]+"),
     ),
     ProfileTerm(
+        name="launch",
+        label="kernel launch overhead",
+        provenance_keys=(r"kernel_launch_us",),
+    ),
+    ProfileTerm(
         name="latency",
-        label="per-call latencies",
-        provenance_keys=(
-            r"kernel_launch_us",
-            r"nic_latency_us",
-            r"intra_node\.[a-z_]+\.latency_us",
-        ),
+        label="collective latency (alpha)",
+        provenance_keys=(r"nic_latency_us", r"intra_node\.[a-z_]+\.latency_us"),
     ),
     ProfileTerm(
         name="host",
@@ -175,10 +178,13 @@ def _scale_out(p: HardwareProfile, f: float) -> HardwareProfile:
     return dataclasses.replace(p, nic_bytes_per_s=p.nic_bytes_per_s * f)
 
 
+def _launch(p: HardwareProfile, f: float) -> HardwareProfile:
+    return dataclasses.replace(p, kernel_launch_s=p.kernel_launch_s / f)
+
+
 def _latency(p: HardwareProfile, f: float) -> HardwareProfile:
     return dataclasses.replace(
         p,
-        kernel_launch_s=p.kernel_launch_s / f,
         nic_latency_s=p.nic_latency_s / f,
         intra_node=_collectives(p.intra_node, bandwidth=1.0, latency=1.0 / f),
     )
@@ -214,6 +220,7 @@ _FASTER: dict[str, Callable[[HardwareProfile, float], HardwareProfile]] = {
     "memory": _memory,
     "scale_up": _scale_up,
     "scale_out": _scale_out,
+    "launch": _launch,
     "latency": _latency,
     "host": _host,
     "pcie": _pcie,

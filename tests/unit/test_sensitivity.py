@@ -114,7 +114,8 @@ def test_one_gpu_step_rests_on_no_link() -> None:
     by = {t.term: t.elasticity for t in s.terms}
     assert by["scale_up"] == by["scale_out"] == by["pcie"] == 0.0
     assert by["compute"] > 0.5
-    assert by["memory"] > 0.0 and by["latency"] > 0.0
+    assert by["memory"] > 0.0 and by["launch"] > 0.0
+    assert by["latency"] == 0.0  # no collective
     # Additive terms: the elasticities sum to about 1 (not exactly: a finite 10% step).
     assert s.total_elasticity == pytest.approx(1.0, abs=0.02)
 
@@ -170,8 +171,13 @@ def test_term_sources_follow_the_plan_dtype() -> None:
     bf16 = term_sources(profile, compute, dtype="bf16")
     assert {"peak_tflops.bf16", "matmul_efficiency.bf16"} <= set(bf16)
     assert not any(k.endswith(".fp16") for k in bf16)
+    launch = next(t for t in PROFILE_TERMS if t.name == "launch")
+    assert term_sources(profile, launch, dtype="bf16") == {"kernel_launch_us": "assumption"}
     latency = next(t for t in PROFILE_TERMS if t.name == "latency")
-    assert term_sources(profile, latency, dtype="bf16")["kernel_launch_us"] == "assumption"
+    assert set(term_sources(profile, latency, dtype="bf16")) == {
+        "nic_latency_us",
+        *(f"intra_node.{c}.latency_us" for c in profile.intra_node),
+    }
     # Every provenance key of a shipped profile that prices time belongs to some term.
     priced = set().union(*(term_sources(profile, t, dtype="bf16") for t in PROFILE_TERMS))
     capacity = {"hbm_capacity_gib", "memory_reserve_gib", "gpus_per_node"}
