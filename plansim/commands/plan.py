@@ -20,17 +20,10 @@ from plansim.errors import SpecError, require_positive_int
 from plansim.io.outputs import check_writable
 from plansim.planner.parallel import default_jobs
 from plansim.planner.progress import progress_bar
-from plansim.planner.robustness import ranking_upsets
+from plansim.planner.robustness import ranking_trust
 from plansim.planner.search import SearchResult, search
-from plansim.planner.sensitivity import sensitivity
 from plansim.planner.space import SearchSpace
-from plansim.report.sensitivity_table import (
-    robustness_dict,
-    robustness_lines,
-    sensitivity_dict,
-    sensitivity_summary,
-    sensitivity_table,
-)
+from plansim.report.sensitivity_table import trust_dict, trust_text
 from plansim.report.tables import evaluation_dict, ranked_table, render
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
@@ -186,8 +179,12 @@ def resolve_jobs(jobs: int | None) -> int:
     return int(jobs)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the search and print the ranked table and the rejection counts."""
+def _check_args(args: argparse.Namespace) -> None:
+    """The flags' own checks, before any work.
+
+    Raises:
+        SpecError: a count is not a positive integer, or two flags exclude each other.
+    """
     for name in ("gpus", "gbs", "top"):
         require_positive_int(f"--{name}", getattr(args, name))
     if args.simulate_top is not None:
@@ -199,6 +196,11 @@ def run(args: argparse.Namespace) -> int:
             "--sensitivity reports in the table or in JSON, not in CSV: give --format table "
             "or json, or leave out --sensitivity"
         )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the search and print the ranked table and the rejection counts."""
+    _check_args(args)
     jobs = resolve_jobs(args.jobs)
     plot = check_writable(args.plot, label="--plot") if args.plot else None
     model, profile = resolve(args)
@@ -219,17 +221,10 @@ def run(args: argparse.Namespace) -> int:
         _write_pareto(plot, result, args=args, model=model, profile=profile)
     out = sys.stdout
     leading = result.ranked[: min(args.top, ROBUSTNESS_PLANS)]
-    trust = None
-    if args.sensitivity and leading:
-        trust = (
-            sensitivity(model, leading[0].plan, profile, base=leading[0]),
-            ranking_upsets(model, leading, profile),
-        )
+    trust = ranking_trust(model, leading, profile) if args.sensitivity and leading else None
     if args.format == "json":
         doc = _json_doc(args, model, profile, result)
-        if trust is not None:
-            doc["sensitivity_of_best"] = sensitivity_dict(trust[0])
-            doc["ranking_robustness"] = robustness_dict(trust[1], num_plans=len(leading))
+        doc.update(trust_dict(trust) if trust is not None else {})
         out.write(json.dumps(doc, indent=2) + "\n")
         return 0
     table = ranked_table(result.ranked[: args.top])
@@ -250,11 +245,7 @@ def run(args: argparse.Namespace) -> int:
         )
         out.write("".join(line + "\n" for line in lines))
     if trust is not None:
-        out.write(f"\nwhat rank 1's step time rests on ({profile.name}'s terms):\n")
-        out.write(render(sensitivity_table(trust[0]), "table"))
-        out.write(sensitivity_summary(trust[0]))
-        labels = [ev.plan.label() for ev in leading]
-        out.write("\n" + robustness_lines(trust[1], num_plans=len(leading), labels=labels))
+        out.write(trust_text(trust, profile_name=profile.name))
     return 0
 
 

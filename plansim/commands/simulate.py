@@ -30,11 +30,7 @@ from plansim.errors import SpecError, require_positive_int
 from plansim.io.outputs import check_writable
 from plansim.planner.evaluate import Evaluation, Rejected, evaluate
 from plansim.planner.sensitivity import sensitivity
-from plansim.report.sensitivity_table import (
-    sensitivity_dict,
-    sensitivity_summary,
-    sensitivity_table,
-)
+from plansim.report.sensitivity_table import sensitivity_dict, sensitivity_text
 from plansim.report.tables import (
     evaluation_dict,
     memory_table,
@@ -324,9 +320,7 @@ def run(args: argparse.Namespace) -> int:
     if pace < 1.0:
         out.write(_pace_note(profile, plan.num_gpus, pace, dtype=dtype))
     if sens is not None:
-        out.write(f"\nwhat the step time rests on ({profile.name}'s terms):\n")
-        out.write(render(sensitivity_table(sens), "table"))
-        out.write(sensitivity_summary(sens))
+        out.write(sensitivity_text(sens, profile_name=profile.name))
     return 0
 
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from plansim.planner.evaluate import Evaluation, Rejected, evaluate
-from plansim.planner.sensitivity import SPEED_UP
+from plansim.planner.sensitivity import SPEED_UP, Sensitivity, sensitivity
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 from plansim.specs.profile_terms import PROFILE_TERMS, faster
@@ -89,3 +89,36 @@ def ranking_upsets(
 def _step_s(model: ModelSpec, ev: Evaluation, profile: HardwareProfile) -> float:
     outcome = evaluate(model, ev.plan, profile, checked=True)
     return math.inf if isinstance(outcome, Rejected) else outcome.step_time_s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankingTrust:
+    """What a search's answer rests on: the best plan's sensitivity and the upsets among
+    the leading plans.
+
+    Attributes:
+        best: :func:`plansim.planner.sensitivity.sensitivity` of the best plan.
+        upsets: :func:`ranking_upsets` of the leading plans.
+        labels: the leading plans' labels, best first.
+    """
+
+    best: Sensitivity
+    upsets: tuple[Upset, ...]
+    labels: tuple[str, ...]
+
+
+def ranking_trust(
+    model: ModelSpec, ranked: Sequence[Evaluation], profile: HardwareProfile
+) -> RankingTrust:
+    """:class:`RankingTrust` of ``ranked`` (best first, at least one).
+
+    Raises:
+        ValueError: ``ranked`` is empty.
+        SpecError: as ``evaluate``.
+    """
+    upsets = ranking_upsets(model, ranked, profile)
+    return RankingTrust(
+        best=sensitivity(model, ranked[0].plan, profile, base=ranked[0]),
+        upsets=upsets,
+        labels=tuple(ev.plan.label() for ev in ranked),
+    )

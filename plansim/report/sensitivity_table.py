@@ -7,8 +7,9 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from plansim.planner.robustness import Upset
+from plansim.planner.robustness import RankingTrust, Upset
 from plansim.planner.sensitivity import SPEED_UP, Sensitivity
+from plansim.report.tables import render
 from plansim.specs.profile_terms import PROFILE_TERMS
 
 
@@ -110,4 +111,30 @@ def robustness_dict(upsets: Sequence[Upset], *, num_plans: int) -> dict[str, obj
             }
             for u in upsets
         ],
+    }
+
+
+def sensitivity_text(s: Sensitivity, *, profile_name: str, whose: str = "the step") -> str:
+    """A heading, :func:`sensitivity_table` rendered and :func:`sensitivity_summary`."""
+    return (
+        f"\nwhat {whose} time rests on ({profile_name}'s terms):\n"
+        + render(sensitivity_table(s), "table")
+        + sensitivity_summary(s)
+    )
+
+
+def trust_text(trust: RankingTrust, *, profile_name: str) -> str:
+    """``plansim plan --sensitivity``'s text: rank 1's sensitivity, then the ranking check."""
+    return (
+        sensitivity_text(trust.best, profile_name=profile_name, whose="rank 1's step")
+        + "\n"
+        + robustness_lines(trust.upsets, num_plans=len(trust.labels), labels=trust.labels)
+    )
+
+
+def trust_dict(trust: RankingTrust) -> dict[str, object]:
+    """``plansim plan --sensitivity``'s JSON sections."""
+    return {
+        "sensitivity_of_best": sensitivity_dict(trust.best),
+        "ranking_robustness": robustness_dict(trust.upsets, num_plans=len(trust.labels)),
     }
