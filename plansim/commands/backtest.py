@@ -22,6 +22,7 @@ from plansim.planner.parallel import map_in_order
 from plansim.planner.progress import progress_bar
 from plansim.planner.run_checks import PER_LAYER, LayerCheck
 from plansim.report.tables import render
+from plansim.specs.profile_terms import TERM_NAMES
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -48,6 +49,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--simulate-top", type=int, default=8, help="candidates simulated per searched row"
     )
     add_search_args(p)  # --jobs (rows predicted at once) and --progress, as plan and sweep
+    p.add_argument(
+        "--sensitivity",
+        action="store_true",
+        help="also say what each prediction rests on: the chosen plan's elasticity to each "
+        "profile term (as 'plansim simulate --sensitivity'; --out gets an elasticity_<term> "
+        "column per term and elasticity_on_assumptions) and a summary line",
+    )
     p.add_argument(
         "--group-by",
         default=None,
@@ -130,12 +138,12 @@ def _group_table(groups: dict[str, list[float]], column: str) -> str:
 FAILED = "failed"
 
 
-def _predict_guarded(row: RunRow, simulate_top: int) -> Prediction:
+def _predict_guarded(row: RunRow, simulate_top: int, sensitivity: bool) -> Prediction:
     """``predict_row``, except that an unexpected exception (a plansim bug, not a bad cell:
     those are skips) becomes status FAILED with the exception and where it was raised in the
     note, so one row cannot cost the predictions of the others; ``run`` then exits 1."""
     try:
-        return predict_row(row, simulate_top=simulate_top)
+        return predict_row(row, simulate_top=simulate_top, sensitivity=sensitivity)
     except Exception as exc:  # reported per row; the exit status says so
         frame = traceback.extract_tb(exc.__traceback__)[-1]
         where = f"{Path(frame.filename).name}:{frame.lineno}"
@@ -171,34 +179,19 @@ def run(args: argparse.Namespace) -> int:
     errors: list[float] = []  # signed, predicted vs measured, %
     layer_errors: dict[str, list[float]] = {"forward": [], "backward": []}
     memory_errors: list[float] = []
-    predict = partial(_predict_guarded, simulate_top=args.simulate_top)
+    assumed: list[tuple[float, float]] = []  # (signed error %, elasticity on assumptions)
+    predict = partial(
+        _predict_guarded, simulate_top=args.simulate_top, sensitivity=args.sensitivity
+    )
     bar = progress_bar(forced=args.progress)
     if bar is not None:
         bar.start("backtest", len(rows))
     for row, pred in zip(rows, map_in_order(predict, rows, jobs), strict=True):
         if bar is not None:
             bar.update(1)
-        cells = dict(row.cells)
-        cells.update(
-            status=pred.status,
-            note=pred.note,
-            predicted_step_time_s=_fmt(pred.predicted_step_time_s, 4),
-            step_time_error_pct=_fmt(pred.step_time_error_pct, 2),
-            predicted_peak_memory_gib=_fmt(pred.predicted_peak_memory_gib, 2),
-            predicted_plan=pred.plan_label,
-            predicted_mfu_pct=_fmt(pred.mfu_pct, 2),
-            predicted_bubble_fraction=_fmt(pred.bubble_fraction, 4),
-            predicted_exposed_comm_s=_fmt_kinds(pred.exposed_comm_s_by_kind),
-            peak_memory_error_pct=_fmt(pred.peak_memory_error_pct, 2),
-        )
+        cells = _prediction_cells(row, pred)
         layer = pred.layer
         if layer is not None:
-            cells.update(
-                predicted_layer_forward_ms=_fmt(layer.forward_ms, 3),
-                predicted_layer_backward_ms=_fmt(layer.backward_ms, 3),
-                layer_forward_error_pct=_fmt(layer.forward_error_pct, 2),
-                layer_backward_error_pct=_fmt(layer.backward_error_pct, 2),
-            )
             if layer.forward_error_pct is not None:
                 layer_errors["forward"].append(layer.forward_error_pct)
             if layer.backward_error_pct is not None:
@@ -208,6 +201,8 @@ def run(args: argparse.Namespace) -> int:
         out_rows.append(cells)
         if pred.step_time_error_pct is not None:
             errors.append(pred.step_time_error_pct)
+            if pred.elasticity_on_assumptions is not None:
+                assumed.append((pred.step_time_error_pct, pred.elasticity_on_assumptions))
             if args.group_by is not None:
                 value = row.text(args.group_by) or "(blank)"
                 groups.setdefault(value, []).append(pred.step_time_error_pct)
@@ -228,7 +223,8 @@ def run(args: argparse.Namespace) -> int:
     if bar is not None:
         bar.close()
     if args.out:
-        write_predictions(args.out, header, out_rows)
+        extra = SENSITIVITY_COLUMNS if args.sensitivity else ()
+        write_predictions(args.out, header, out_rows, extra_columns=extra)
     if table:  # an empty runs file prints only the summary line
         sys.stdout.write(render(pd.DataFrame(table), "table"))
     if groups:
@@ -260,4 +256,58 @@ def run(args: argparse.Namespace) -> int:
     if memory_errors:
         label = f"peak memory: {len(memory_errors)} runs measured, "
         sys.stdout.write(f"backtest {_summary(memory_errors, label)}\n")
+    if assumed:
+        sys.stdout.write(_assumed_line(assumed))
     return 1 if failed else 0
+
+
+#: ``--sensitivity``'s columns in ``--out``: one elasticity per profile term, then the sum
+#: over the terms resting on an assumed figure.
+SENSITIVITY_COLUMNS = (
+    *(f"elasticity_{name}" for name in TERM_NAMES),
+    "elasticity_on_assumptions",
+)
+
+
+def _prediction_cells(row: RunRow, pred: Prediction) -> dict[str, str]:
+    """The row's cells with its prediction columns (``--out``)."""
+    cells = dict(row.cells)
+    cells.update(
+        status=pred.status,
+        note=pred.note,
+        predicted_step_time_s=_fmt(pred.predicted_step_time_s, 4),
+        step_time_error_pct=_fmt(pred.step_time_error_pct, 2),
+        predicted_peak_memory_gib=_fmt(pred.predicted_peak_memory_gib, 2),
+        predicted_plan=pred.plan_label,
+        predicted_mfu_pct=_fmt(pred.mfu_pct, 2),
+        predicted_bubble_fraction=_fmt(pred.bubble_fraction, 4),
+        predicted_exposed_comm_s=_fmt_kinds(pred.exposed_comm_s_by_kind),
+        peak_memory_error_pct=_fmt(pred.peak_memory_error_pct, 2),
+    )
+    layer = pred.layer
+    if layer is not None:
+        cells.update(
+            predicted_layer_forward_ms=_fmt(layer.forward_ms, 3),
+            predicted_layer_backward_ms=_fmt(layer.backward_ms, 3),
+            layer_forward_error_pct=_fmt(layer.forward_error_pct, 2),
+            layer_backward_error_pct=_fmt(layer.backward_error_pct, 2),
+        )
+    for name, value in pred.elasticity_by_term.items():
+        cells[f"elasticity_{name}"] = _fmt(value, 4)
+    cells["elasticity_on_assumptions"] = _fmt(pred.elasticity_on_assumptions, 4)
+    return cells
+
+
+def _assumed_line(assumed: list[tuple[float, float]]) -> str:
+    """'backtest sensitivity: ...': how much of the predictions rests on assumed profile
+    figures, over all predicted rows and over those with |error| > 10%."""
+    shares = [share for _, share in assumed]
+    worst = [share for err, share in assumed if abs(err) > 10.0]
+    text = (
+        f"backtest sensitivity: the predicted step times rest on assumed profile figures "
+        f"by a median elasticity of {statistics.median(shares):.2f} "
+        f"(range {min(shares):.2f}-{max(shares):.2f})"
+    )
+    if worst:
+        text += f"; rows with |error| > 10%: median {statistics.median(worst):.2f}"
+    return text + "\n"

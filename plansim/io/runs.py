@@ -150,15 +150,21 @@ def read_runs(path: str | Path) -> tuple[list[str], list[RunRow]]:
 
 
 def write_predictions(
-    path: str | Path, header: Sequence[str], rows: Sequence[dict[str, str]]
+    path: str | Path,
+    header: Sequence[str],
+    rows: Sequence[dict[str, str]],
+    *,
+    extra_columns: Sequence[str] = (),
 ) -> None:
-    """Write the input columns plus OUTPUT_COLUMNS atomically (temp file + rename).
+    """Write the input columns plus OUTPUT_COLUMNS (then ``extra_columns``) atomically
+    (temp file + rename).
 
     Raises:
         InputFileError: the destination cannot be written.
     """
     target = Path(path)
-    columns = list(header) + [c for c in OUTPUT_COLUMNS if c not in header]
+    added = [*OUTPUT_COLUMNS, *extra_columns]
+    columns = list(header) + [c for c in added if c not in header]
     try:
         fd, tmp = tempfile.mkstemp(dir=target.parent or Path("."), suffix=".tmp")
     except OSError as exc:

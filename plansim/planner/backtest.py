@@ -28,7 +28,7 @@ from plansim.errors import PlansimError
 from plansim.io.profile_names import AmbiguousProfileError, match_profile_name
 from plansim.io.profiles import list_datasheet_profiles, list_profiles, load_profile
 from plansim.io.runs import RunRow
-from plansim.planner.evaluate import OUT_OF_MEMORY, Rejected
+from plansim.planner.evaluate import OUT_OF_MEMORY, Evaluation, Rejected
 from plansim.planner.run_checks import (
     PER_LAYER,
     LayerCheck,
@@ -43,7 +43,9 @@ from plansim.planner.run_framework import is_hybrid_shard
 from plansim.planner.run_model import Skip, row_model
 from plansim.planner.run_space import row_space
 from plansim.planner.search import SearchResult, search
+from plansim.planner.sensitivity import Sensitivity, sensitivity
 from plansim.specs.hardware import HardwareProfile
+from plansim.specs.model import ModelSpec
 
 #: A run's layout needs no more than this fraction over the GPU's memory in plansim's model
 #: to be predicted anyway (status ``OVER_MEMORY``); further out, the row more likely misstates
@@ -71,6 +73,12 @@ class Prediction:
     ``layer`` (one layer's forward and backward milliseconds and their errors; a row with
     per-layer times but no step time has status ``PER_LAYER`` and only this) and
     ``peak_memory_error_pct`` (the predicted peak against ``measured_peak_mem_gb``).
+
+    With ``sensitivity`` asked for, what the chosen plan's step time rests on
+    (``plansim.planner.sensitivity``): ``elasticity_by_term`` (term id -> elasticity) and
+    ``elasticity_on_assumptions`` (the elasticities of the terms with an assumed figure,
+    summed), so a row's error can be read against how much of its prediction the profile's
+    assumptions carry.
     """
 
     status: str
@@ -84,6 +92,8 @@ class Prediction:
     exposed_comm_s_by_kind: dict[str, float] = field(default_factory=dict)
     layer: LayerCheck | None = None
     peak_memory_error_pct: float | None = None
+    elasticity_by_term: dict[str, float] = field(default_factory=dict)
+    elasticity_on_assumptions: float | None = None
 
 
 def _closest_to_fitting(closest: Rejected | None, profile: HardwareProfile) -> Rejected | None:
@@ -119,7 +129,7 @@ def _no_candidate(row: RunRow, num_gpus: int, gbs: int) -> str:
     return reason
 
 
-def predict_row(row: RunRow, *, simulate_top: int = 8) -> Prediction:
+def predict_row(row: RunRow, *, simulate_top: int = 8, sensitivity: bool = False) -> Prediction:
     """Predict one run; a Prediction with status 'skipped' and the reason when it cannot,
     ``OVER_MEMORY`` when only the layouts plansim thinks slightly too big could be predicted.
 
@@ -132,12 +142,34 @@ def predict_row(row: RunRow, *, simulate_top: int = 8) -> Prediction:
         row = with_derived_cells(row, notes)
     except PlansimError as exc:
         return Prediction(status="skipped", note=f"row not usable: {exc}")
-    predictions = [
+    outcomes = [
         _predict(variant, simulate_top, [*notes, note] if note else list(notes))
         for variant, note in precision_candidates(row)
     ]
-    timed = [p for p in predictions if p.predicted_step_time_s is not None]
-    return min(timed, key=lambda p: p.predicted_step_time_s or 0.0) if timed else predictions[0]
+    timed = [o for o in outcomes if o[0].predicted_step_time_s is not None]
+    prediction, chosen = (
+        min(timed, key=lambda o: o[0].predicted_step_time_s or 0.0) if timed else outcomes[0]
+    )
+    if not sensitivity or chosen is None:
+        return prediction
+    rests = chosen.sensitivity()
+    return replace(
+        prediction,
+        elasticity_by_term={t.term: t.elasticity for t in rests.terms},
+        elasticity_on_assumptions=rests.elasticity_resting_on("assumption"),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Chosen:
+    """The plan a row's prediction chose, with what priced it (kept in the worker)."""
+
+    model: ModelSpec
+    best: Evaluation
+    profile: HardwareProfile
+
+    def sensitivity(self) -> Sensitivity:
+        return sensitivity(self.model, self.best.plan, self.profile, base=self.best)
 
 
 def _row_profile(row: RunRow, notes: list[str]) -> HardwareProfile:
@@ -161,8 +193,9 @@ def _row_profile(row: RunRow, notes: list[str]) -> HardwareProfile:
         raise Skip(f"unknown hardware profile {gpu!r}") from None
 
 
-def _predict(row: RunRow, simulate_top: int, notes: list[str]) -> Prediction:
-    """predict_row for one row as it stands, ``notes`` so far (appended to)."""
+def _predict(row: RunRow, simulate_top: int, notes: list[str]) -> tuple[Prediction, _Chosen | None]:
+    """predict_row for one row as it stands, ``notes`` so far (appended to), with the
+    chosen plan when there is one."""
     try:
         measured = row.number("step_time_s")
         if measured is None and not has_layer_times(row):
@@ -179,12 +212,13 @@ def _predict(row: RunRow, simulate_top: int, notes: list[str]) -> Prediction:
         if measured is None:  # per-layer timings only: the layout the row states
             plan = stated_layer_plan(row, space, notes)
             notes.append(f"per-layer times of {plan.label()}")
-            return Prediction(
+            layer_only = Prediction(
                 status=PER_LAYER,
                 note="; ".join(notes),
                 plan_label=plan.label(),
                 layer=layer_check(row, model, plan, profile),
             )
+            return layer_only, None
         num_gpus, gbs = row.integer("num_gpus"), row.integer("global_batch_size_seqs")
         if not num_gpus or not gbs:
             raise Skip("num_gpus or global_batch_size_seqs blank")
@@ -201,10 +235,10 @@ def _predict(row: RunRow, simulate_top: int, notes: list[str]) -> Prediction:
 
         result = run(profile)
     except Skip as exc:
-        return Prediction(status="skipped", note=str(exc))
+        return Prediction(status="skipped", note=str(exc)), None
     except PlansimError as exc:  # a malformed or inconsistent row: skip it, keep the others
-        return Prediction(status="skipped", note=f"row not usable: {exc}")
-    status = "ok"
+        return Prediction(status="skipped", note=f"row not usable: {exc}"), None
+    status, priced = "ok", profile
     closest = None if result.ranked else _closest_to_fitting(result.closest_miss, profile)
     if closest is not None:
         # The run did fit, so plansim's memory model is pessimistic for it: predict the
@@ -212,7 +246,7 @@ def _predict(row: RunRow, simulate_top: int, notes: list[str]) -> Prediction:
         roomier = replace(profile, hbm_capacity_bytes=closest.need_bytes * (1 + 1e-9))
         relaxed = run(roomier)
         if relaxed.ranked:  # else the skip below keeps the real capacity's reasons
-            result, status = relaxed, OVER_MEMORY
+            result, status, priced = relaxed, OVER_MEMORY, roomier
             notes.append(
                 f"no layout fits plansim's memory model; predicted the closest: {closest.reason}"
             )
@@ -224,12 +258,12 @@ def _predict(row: RunRow, simulate_top: int, notes: list[str]) -> Prediction:
         if result.batch_indivisible_dps:
             dps = ", ".join(map(str, result.batch_indivisible_dps))
             first += f"; layouts with dp in ({dps}) not tried: gbs {gbs} is not divisible by dp"
-        return Prediction(status="skipped", note=f"no feasible layout: {first}")
+        return Prediction(status="skipped", note=f"no feasible layout: {first}"), None
     best = result.ranked[0]
     notes.append(f"chosen: {best.plan.label()}")
     layer = layer_check(row, model, best.plan, profile)
     memory_error = memory_error_pct(row, best.peak_memory_bytes)
-    return Prediction(
+    prediction = Prediction(
         status=status,
         note="; ".join(notes),
         predicted_step_time_s=best.step_time_s,
@@ -244,3 +278,4 @@ def _predict(row: RunRow, simulate_top: int, notes: list[str]) -> Prediction:
         layer=layer,
         peak_memory_error_pct=memory_error,
     )
+    return prediction, _Chosen(model=model, best=best, profile=priced)

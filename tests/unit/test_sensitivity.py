@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -283,3 +285,37 @@ def test_plan_cli_refuses_sensitivity_in_csv(capsys: pytest.CaptureFixture[str])
     err = capsys.readouterr().err
     assert "--sensitivity reports in the table or in JSON, not in CSV" in err
     assert "Traceback" not in err
+
+
+def test_backtest_sensitivity_columns_and_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stated 22B row on one node: --out gains an elasticity per term that matches
+    ``sensitivity`` of the chosen plan, and the summary line; without the flag, neither."""
+    row = {
+        "row_id": "S1", "model_name": "gpt-22b", "num_layers": "48", "hidden_size": "6144",
+        "num_attention_heads": "64", "seq_len_tokens": "2048", "vocab_size": "51200",
+        "gpu_type": "a100-sxm4-80gb", "num_gpus": "8", "tp": "8", "pp": "1",
+        "micro_batch_size_seqs": "4", "global_batch_size_seqs": "4", "recompute": "full",
+        "sequence_parallel": "no", "precision": "bf16", "step_time_s": "1.42",
+        "framework": "Megatron-LM (2022)",
+    }  # fmt: skip
+    runs, out = tmp_path / "runs.csv", tmp_path / "pred.csv"
+    with runs.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(row))
+        writer.writeheader()
+        writer.writerow(row)
+    assert main(["backtest", str(runs), "--jobs", "1", "--out", str(out), "--sensitivity"]) == 0
+    text = capsys.readouterr().out
+    assert "backtest sensitivity: the predicted step times rest on assumed profile figures" in text
+    with out.open() as fh:
+        written = next(csv.DictReader(fh))
+    by = {name: float(written[f"elasticity_{name}"]) for name in TERM_NAMES}
+    assert by["scale_out"] == 0.0 and by["scale_up"] > 0.0 and by["compute"] > 0.5
+    assert float(written["elasticity_on_assumptions"]) == pytest.approx(
+        math.fsum(v for k, v in by.items() if k in ("scale_out", "launch", "latency")), abs=1e-3
+    )
+    assert main(["backtest", str(runs), "--jobs", "1", "--out", str(out)]) == 0
+    assert "backtest sensitivity" not in capsys.readouterr().out
+    with out.open() as fh:
+        assert "elasticity_compute" not in next(csv.DictReader(fh))
