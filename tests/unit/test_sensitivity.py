@@ -13,6 +13,7 @@ import pytest
 
 from plansim.catalog import resolve_model
 from plansim.cli import main
+from plansim.commands.profiles import source_counts
 from plansim.errors import SpecError
 from plansim.io.profiles import load_profile
 from plansim.planner.evaluate import Evaluation, evaluate
@@ -319,3 +320,20 @@ def test_backtest_sensitivity_columns_and_summary(
     assert "backtest sensitivity" not in capsys.readouterr().out
     with out.open() as fh:
         assert "elasticity_compute" not in next(csv.DictReader(fh))
+
+
+def test_profiles_list_counts_each_profile_s_sources(capsys: pytest.CaptureFixture[str]) -> None:
+    profile = dataclasses.replace(
+        round_profile(),
+        provenance={
+            "a": "measured: here",
+            "b": "nccl-tests: there",
+            "c": "assumption: a guess",
+            "d": "datasheet: HW01",
+        },
+    )
+    assert source_counts(profile) == "measured 2, datasheet 1, assumption 1"
+    assert main(["profiles", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "sources" in out.splitlines()[0]
+    assert source_counts(load_profile("cpu-2core-gloo")) in out
