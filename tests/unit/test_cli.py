@@ -306,10 +306,10 @@ def test_backtest_a_row_that_fails_is_reported_and_the_others_still_run(
 
     real = command.predict_row
 
-    def flaky(row: RunRow, *, simulate_top: int = 8) -> Prediction:
+    def flaky(row: RunRow, *, simulate_top: int = 8, sensitivity: bool = False) -> Prediction:
         if row.row_id == "R1":
             raise ZeroDivisionError("integer modulo by zero")
-        return real(row, simulate_top=simulate_top)
+        return real(row, simulate_top=simulate_top, sensitivity=sensitivity)
 
     monkeypatch.setattr(command, "predict_row", flaky)
     runs = _runs_csv(tmp_path, [BASE, {**BASE, "row_id": "R2"}])
