@@ -90,7 +90,9 @@ UNTHROTTLED_DTYPES = frozenset({"fp32"})
 
 
 def _scaled(curve: Curve, factor: float) -> Curve:
-    return Curve(x=curve.x, y=tuple(y * factor for y in curve.y), source=curve.source)
+    """``curve`` with its values x ``factor`` (``dataclasses.replace``: a subclass, such as
+    ``plansim.planner.lookups``' recording curve, stays one)."""
+    return dataclasses.replace(curve, y=tuple(y * factor for y in curve.y))
 
 
 def dtype_pace_fraction(profile: HardwareProfile, num_gpus: int, dtype: str) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -29,8 +30,9 @@ from plansim.commands.common import (
 from plansim.errors import SpecError, require_positive_int
 from plansim.io.outputs import check_writable
 from plansim.planner.evaluate import Evaluation, Rejected, evaluate
+from plansim.planner.lookups import out_of_range, recording_profile
 from plansim.planner.sensitivity import sensitivity
-from plansim.report.sensitivity_table import sensitivity_dict, sensitivity_text
+from plansim.report.sensitivity_table import outside_text, sensitivity_dict, sensitivity_text
 from plansim.report.tables import (
     evaluation_dict,
     memory_table,
@@ -272,7 +274,9 @@ def run(args: argparse.Namespace) -> int:
     )
     if reason is not None:
         raise SpecError(f"{model.name}: {reason}")
-    outcome = evaluate(model, plan, profile)
+    recorded, lookups = recording_profile(profile)  # same prices, lookups logged
+    outcome = evaluate(model, plan, recorded)
+    outside = out_of_range(profile, lookups)
     out = sys.stdout
     if isinstance(outcome, Rejected):
         for flag in outputs:
@@ -298,6 +302,7 @@ def run(args: argparse.Namespace) -> int:
         }
         doc["layer_forward_ms"] = 1e3 * layer.forward_s
         doc["layer_backward_ms"] = 1e3 * layer.backward_s
+        doc["out_of_range_lookups"] = [dataclasses.asdict(o) for o in outside]
         if sens is not None:
             doc["sensitivity"] = sensitivity_dict(sens)
         out.write(json.dumps(doc, indent=2) + "\n")
@@ -319,6 +324,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if pace < 1.0:
         out.write(_pace_note(profile, plan.num_gpus, pace, dtype=dtype))
+    out.write(outside_text(outside, profile_name=profile.name))
     if sens is not None:
         out.write(sensitivity_text(sens, profile_name=profile.name))
     return 0

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
 import pandas as pd
 
+from plansim.planner.lookups import OutOfRange
 from plansim.planner.robustness import RankingTrust, Upset
 from plansim.planner.sensitivity import SPEED_UP, Sensitivity
 from plansim.report.tables import render
@@ -127,14 +129,24 @@ def trust_text(trust: RankingTrust, *, profile_name: str) -> str:
     """``plansim plan --sensitivity``'s text: rank 1's sensitivity, then the ranking check."""
     return (
         sensitivity_text(trust.best, profile_name=profile_name, whose="rank 1's step")
+        + outside_text(trust.outside, profile_name=profile_name)
         + "\n"
         + robustness_lines(trust.upsets, num_plans=len(trust.labels), labels=trust.labels)
     )
+
+
+def outside_text(outside: Sequence[OutOfRange], *, profile_name: str) -> str:
+    """The curves read outside their measured points, a line each ('' when none)."""
+    if not outside:
+        return ""
+    lines = "".join(f"  {o.text()}\n" for o in outside)
+    return f"\n{profile_name}'s curves read outside their measured points:\n{lines}"
 
 
 def trust_dict(trust: RankingTrust) -> dict[str, object]:
     """``plansim plan --sensitivity``'s JSON sections."""
     return {
         "sensitivity_of_best": sensitivity_dict(trust.best),
+        "out_of_range_lookups_of_best": [dataclasses.asdict(o) for o in trust.outside],
         "ranking_robustness": robustness_dict(trust.upsets, num_plans=len(trust.labels)),
     }

@@ -278,6 +278,7 @@ def test_plan_cli_reports_the_best_plan_and_the_ranking(capsys: pytest.CaptureFi
     assert main([*PLAN, "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["ranking_robustness"]["num_plans"] == 3
+    assert isinstance(doc["out_of_range_lookups_of_best"], list)
     assert len(doc["sensitivity_of_best"]["terms"]) == len(PROFILE_TERMS)
 
 
