@@ -54,7 +54,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         action="store_true",
         help="also say what each prediction rests on: the chosen plan's elasticity to each "
         "profile term (as 'plansim simulate --sensitivity'; --out gets an elasticity_<term> "
-        "column per term and elasticity_on_assumptions) and a summary line",
+        "column per term, elasticity_on_assumptions and the profile curves read outside "
+        "their measured points) and a summary line",
     )
     p.add_argument(
         "--group-by",
@@ -179,7 +180,8 @@ def run(args: argparse.Namespace) -> int:
     errors: list[float] = []  # signed, predicted vs measured, %
     layer_errors: dict[str, list[float]] = {"forward": [], "backward": []}
     memory_errors: list[float] = []
-    assumed: list[tuple[float, float]] = []  # (signed error %, elasticity on assumptions)
+    # (signed error %, elasticity on assumptions, curves read outside their points)
+    assumed: list[tuple[float, float, tuple[str, ...]]] = []
     predict = partial(
         _predict_guarded, simulate_top=args.simulate_top, sensitivity=args.sensitivity
     )
@@ -202,7 +204,9 @@ def run(args: argparse.Namespace) -> int:
         if pred.step_time_error_pct is not None:
             errors.append(pred.step_time_error_pct)
             if pred.elasticity_on_assumptions is not None:
-                assumed.append((pred.step_time_error_pct, pred.elasticity_on_assumptions))
+                assumed.append(
+                    (pred.step_time_error_pct, pred.elasticity_on_assumptions, pred.out_of_range)
+                )
             if args.group_by is not None:
                 value = row.text(args.group_by) or "(blank)"
                 groups.setdefault(value, []).append(pred.step_time_error_pct)
@@ -266,6 +270,7 @@ def run(args: argparse.Namespace) -> int:
 SENSITIVITY_COLUMNS = (
     *(f"elasticity_{name}" for name in TERM_NAMES),
     "elasticity_on_assumptions",
+    "out_of_range_lookups",
 )
 
 
@@ -295,14 +300,17 @@ def _prediction_cells(row: RunRow, pred: Prediction) -> dict[str, str]:
     for name, value in pred.elasticity_by_term.items():
         cells[f"elasticity_{name}"] = _fmt(value, 4)
     cells["elasticity_on_assumptions"] = _fmt(pred.elasticity_on_assumptions, 4)
+    cells["out_of_range_lookups"] = "; ".join(pred.out_of_range)
     return cells
 
 
-def _assumed_line(assumed: list[tuple[float, float]]) -> str:
+def _assumed_line(assumed: list[tuple[float, float, tuple[str, ...]]]) -> str:
     """'backtest sensitivity: ...': how much of the predictions rests on assumed profile
-    figures, over all predicted rows and over those with |error| > 10%."""
-    shares = [share for _, share in assumed]
-    worst = [share for err, share in assumed if abs(err) > 10.0]
+    figures, over all predicted rows and over those with |error| > 10%, and how many rows
+    read a profile curve outside its measured points."""
+    shares = [share for _, share, _ in assumed]
+    worst = [share for err, share, _ in assumed if abs(err) > 10.0]
+    outside = sum(1 for _, _, keys in assumed if keys)
     text = (
         f"backtest sensitivity: the predicted step times rest on assumed profile figures "
         f"by a median elasticity of {statistics.median(shares):.2f} "
@@ -310,4 +318,5 @@ def _assumed_line(assumed: list[tuple[float, float]]) -> str:
     )
     if worst:
         text += f"; rows with |error| > 10%: median {statistics.median(worst):.2f}"
+    text += f"; {outside} of {len(assumed)} read a profile curve outside its measured points"
     return text + "\n"

@@ -29,6 +29,7 @@ from plansim.io.profile_names import AmbiguousProfileError, match_profile_name
 from plansim.io.profiles import list_datasheet_profiles, list_profiles, load_profile
 from plansim.io.runs import RunRow
 from plansim.planner.evaluate import OUT_OF_MEMORY, Evaluation, Rejected
+from plansim.planner.lookups import OutOfRange, out_of_range_lookups
 from plansim.planner.run_checks import (
     PER_LAYER,
     LayerCheck,
@@ -78,7 +79,8 @@ class Prediction:
     (``plansim.planner.sensitivity``): ``elasticity_by_term`` (term id -> elasticity) and
     ``elasticity_on_assumptions`` (the elasticities of the terms with an assumed figure,
     summed), so a row's error can be read against how much of its prediction the profile's
-    assumptions carry.
+    assumptions carry, and ``out_of_range``: the profile curves its pricing read outside their
+    measured points (``plansim.planner.lookups``), one ``OutOfRange.text()`` each.
     """
 
     status: str
@@ -94,6 +96,7 @@ class Prediction:
     peak_memory_error_pct: float | None = None
     elasticity_by_term: dict[str, float] = field(default_factory=dict)
     elasticity_on_assumptions: float | None = None
+    out_of_range: tuple[str, ...] = ()
 
 
 def _closest_to_fitting(closest: Rejected | None, profile: HardwareProfile) -> Rejected | None:
@@ -157,6 +160,7 @@ def predict_row(row: RunRow, *, simulate_top: int = 8, sensitivity: bool = False
         prediction,
         elasticity_by_term={t.term: t.elasticity for t in rests.terms},
         elasticity_on_assumptions=rests.elasticity_resting_on("assumption"),
+        out_of_range=tuple(o.text() for o in chosen.outside()),
     )
 
 
@@ -170,6 +174,9 @@ class _Chosen:
 
     def sensitivity(self) -> Sensitivity:
         return sensitivity(self.model, self.best.plan, self.profile, base=self.best)
+
+    def outside(self) -> tuple[OutOfRange, ...]:
+        return out_of_range_lookups(self.model, self.best.plan, self.profile)
 
 
 def _row_profile(row: RunRow, notes: list[str]) -> HardwareProfile:

@@ -310,8 +310,10 @@ def test_backtest_sensitivity_columns_and_summary(
     assert main(["backtest", str(runs), "--jobs", "1", "--out", str(out), "--sensitivity"]) == 0
     text = capsys.readouterr().out
     assert "backtest sensitivity: the predicted step times rest on assumed profile figures" in text
+    assert "; 0 of 1 read a profile curve outside its measured points" in text
     with out.open() as fh:
         written = next(csv.DictReader(fh))
+    assert written["out_of_range_lookups"] == ""
     by = {name: float(written[f"elasticity_{name}"]) for name in TERM_NAMES}
     assert by["scale_out"] == 0.0 and by["scale_up"] > 0.0 and by["compute"] > 0.5
     assert float(written["elasticity_on_assumptions"]) == pytest.approx(
@@ -338,3 +340,12 @@ def test_profiles_list_counts_each_profile_s_sources(capsys: pytest.CaptureFixtu
     out = capsys.readouterr().out
     assert "sources" in out.splitlines()[0]
     assert source_counts(load_profile("cpu-2core-gloo")) in out
+
+
+def test_backtest_summary_counts_rows_read_outside_the_profile() -> None:
+    from plansim.commands.backtest import _assumed_line
+
+    line = _assumed_line([(12.0, 0.5, ("ring",)), (-2.0, 0.1, ()), (-11.0, 0.3, ())])
+    assert "median elasticity of 0.30 (range 0.10-0.50)" in line
+    assert "rows with |error| > 10%: median 0.40" in line
+    assert "; 1 of 3 read a profile curve outside its measured points" in line
