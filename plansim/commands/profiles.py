@@ -30,7 +30,7 @@ from plansim.io.profiles import (
     write_profile,
 )
 from plansim.specs.hardware import HardwareProfile
-from plansim.specs.profile_terms import PROVENANCE_CLASSES, provenance_class
+from plansim.specs.profile_terms import class_counts, provenance_class
 from plansim.units import (
     bytes_per_s_to_gb_per_s,
     bytes_to_gib,
@@ -123,10 +123,7 @@ def source_counts(profile: HardwareProfile) -> str:
     """How many of the profile's provenance entries are of each class, most certain first
     (``plansim.specs.profile_terms.provenance_class``), e.g. ``measured 9, datasheet 8,
     derived 12, assumption 4``."""
-    classes = [provenance_class(source) for source in profile.provenance.values()]
-    return ", ".join(
-        f"{c} {classes.count(c)}" for c in reversed(PROVENANCE_CLASSES) if c in classes
-    )
+    return class_counts(provenance_class(source) for source in profile.provenance.values())
 
 
 def run_list(args: argparse.Namespace) -> int:

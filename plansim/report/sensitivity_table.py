@@ -12,15 +12,7 @@ from plansim.planner.lookups import OutOfRange
 from plansim.planner.robustness import RankingTrust, Upset
 from plansim.planner.sensitivity import SPEED_UP, Sensitivity
 from plansim.report.tables import render
-from plansim.specs.profile_terms import PROFILE_TERMS
-
-
-def _classes(sources: dict[str, str]) -> str:
-    """Distinct provenance classes with their counts, e.g. ``derived 2, datasheet 1``."""
-    counts: dict[str, int] = {}
-    for cls in sources.values():
-        counts[cls] = counts.get(cls, 0) + 1
-    return ", ".join(f"{c} {n}" for c, n in sorted(counts.items())) or "-"
+from plansim.specs.profile_terms import PROFILE_TERMS, class_counts
 
 
 def sensitivity_table(s: Sensitivity) -> pd.DataFrame:
@@ -36,7 +28,7 @@ def sensitivity_table(s: Sensitivity) -> pd.DataFrame:
                 if t.faster_step_time_s is None
                 else f"{t.faster_step_time_s:.4g}",
                 "least_certain_source": t.weakest_source or "-",
-                "sources": _classes(t.sources),
+                "sources": class_counts(t.sources.values()),
             }
             for t in s.terms
         ]

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,6 +125,15 @@ def provenance_class(source: str) -> str:
     if head == "nccl-tests":
         return "measured"
     return head if head in PROVENANCE_CLASSES else "assumption"
+
+
+def class_counts(classes: Iterable[str]) -> str:
+    """How many of ``classes`` (provenance classes) are of each class, most certain first,
+    e.g. ``measured 2, derived 1, assumption 1``; ``-`` for none."""
+    seen = list(classes)
+    return (
+        ", ".join(f"{c} {seen.count(c)}" for c in reversed(PROVENANCE_CLASSES) if c in seen) or "-"
+    )
 
 
 def term_sources(profile: HardwareProfile, term: ProfileTerm, *, dtype: str) -> dict[str, str]:
