@@ -117,5 +117,6 @@ def test_what_the_answer_rests_on(executed: Any) -> None:
     for label in ("GEMM and attention rate", "NVLink collective bandwidth", "elasticity"):
         assert label in text
     assert "sum of elasticities" in text
+    assert "curves read outside their measured points" in text or "read inside" in text
     assert "ranking under single-term profile errors" in text
     assert "the top 5 plans simulated again" in text
