@@ -29,6 +29,8 @@ from plansim.commands.common import add_pipeline_split_args, add_recompute_args
 from plansim.errors import SpecError, require_positive, require_positive_int
 from plansim.io.outputs import check_writable, write_json_atomic, write_text_atomic
 from plansim.io.profiles import load_profile, write_profile
+from plansim.planner.lookups import OutOfRange, out_of_range, recording_profile
+from plansim.report.sensitivity_table import outside_text
 from plansim.report.trace import chrome_trace, write_trace
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import check_plan_divides_model
@@ -219,18 +221,23 @@ def run(args: argparse.Namespace) -> int:
     measured = _measure(args, model=model, plan=plan)
     if os.environ.get("RANK", "0") != "0" and "WORLD_SIZE" in os.environ:
         return 0  # under torchrun every rank gets the results; global rank 0 writes them
-    simulated = simulate_plan(measured.model, measured.plan, profile, dtype=args.dtype)
+    recorded, lookups = recording_profile(profile)  # same prices, lookups logged
+    simulated = simulate_plan(measured.model, measured.plan, recorded, dtype=args.dtype)
+    outside = out_of_range(profile, lookups)
     comparison = compare(measured, simulated)
     fitted = None
     if args.update_profile:
         fitted = refit(measured, profile, dtype=args.dtype, source=_source(measured, args))
-    doc = write_outputs(out, measured, simulated.result, comparison, profile=profile)
+    doc = write_outputs(
+        out, measured, simulated.result, comparison, profile=profile, outside=outside
+    )
     if fitted is not None:
         target = profile_path(args.profile)
         write_profile(fitted.profile, target)
         doc["after_refit"] = _refit_dict(fitted, target)
         write_json_atomic(out / "comparison.json", rounded_json(doc), label="--out")
     sys.stdout.write(summary_table(comparison, fitted))
+    sys.stdout.write(outside_text(outside, profile_name=profile.name))
     disturbed = measured.disturbed_steps
     if disturbed:
         worst = max(measured.run_queue_fractions)
@@ -287,11 +294,14 @@ def write_outputs(
     comparison: Comparison,
     *,
     profile: HardwareProfile,
+    outside: tuple[OutOfRange, ...] = (),
 ) -> dict[str, Any]:
     """Write the timelines, traces, overlay, events and comparison.json; return the json doc.
 
     Args:
         simulated: the ``SimResult`` of the plan on ``profile``.
+        outside: the profile curves the simulation read outside their measured points
+            (``plansim.planner.lookups``), written as ``out_of_range_lookups``.
     """
     from plansim.report.plots.overlay import plot_overlay  # matplotlib only here
 
@@ -322,6 +332,7 @@ def write_outputs(
     )
     doc = comparison.to_dict()
     doc["profile"] = profile.name
+    doc["out_of_range_lookups"] = [dataclasses.asdict(o) for o in outside]
     write_json_atomic(out / "comparison.json", doc, label="--out")
     return doc
 

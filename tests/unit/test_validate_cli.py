@@ -159,6 +159,11 @@ def test_writes_every_output_and_refits_the_profile(
     assert doc["step_time_error_pct"] == pytest.approx(100 * (1 / 1.5 - 1))
     assert doc["model"]["num_layers"] == 2 and doc["model"]["hidden_size"] == 64
     assert doc["model"]["name"] == "gpt3-175b (scaled)"
+    # The synthetic profile's collective curves are one point (1 byte): pp2's sends read
+    # past it, and the report says so.
+    send = next(o for o in doc["out_of_range_lookups"] if o["key"] == "intra_node.sendrecv")
+    assert send["queried_high"] > send["measured_high"] == 1.0
+    assert "round-numbers's curves read outside their measured points" in table
     after = doc["after_refit"]
     assert abs(after["step_time_error_pct"]) < 2.0
     refitted = load_profile(str(profile_file))
