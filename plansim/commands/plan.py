@@ -18,12 +18,18 @@ from plansim.commands.empty_search import empty_search_lines
 from plansim.commands.plan_space import add_constraint_args, search_spaces
 from plansim.errors import SpecError, require_positive_int
 from plansim.io.outputs import check_writable
+from plansim.planner.lookups import out_of_range_lookups
 from plansim.planner.parallel import default_jobs
 from plansim.planner.progress import progress_bar
 from plansim.planner.robustness import ranking_trust
 from plansim.planner.search import SearchResult, search
 from plansim.planner.space import SearchSpace
-from plansim.report.sensitivity_table import trust_dict, trust_text
+from plansim.report.sensitivity_table import (
+    outside_dicts,
+    outside_text,
+    trust_dict,
+    trust_text,
+)
 from plansim.report.tables import evaluation_dict, ranked_table, render
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
@@ -222,8 +228,10 @@ def run(args: argparse.Namespace) -> int:
     out = sys.stdout
     leading = result.ranked[: min(args.top, ROBUSTNESS_PLANS)]
     trust = ranking_trust(model, leading, profile) if args.sensitivity and leading else None
+    outside = out_of_range_lookups(model, leading[0].plan, profile) if leading else ()
     if args.format == "json":
         doc = _json_doc(args, model, profile, result)
+        doc["out_of_range_lookups_of_best"] = outside_dicts(outside)
         doc.update(trust_dict(trust) if trust is not None else {})
         out.write(json.dumps(doc, indent=2) + "\n")
         return 0
@@ -244,6 +252,7 @@ def run(args: argparse.Namespace) -> int:
             num_layers=model.num_layers,
         )
         out.write("".join(line + "\n" for line in lines))
+    out.write(outside_text(outside, profile_name=profile.name, reader=" by rank 1's pricing"))
     if trust is not None:
         out.write(trust_text(trust, profile_name=profile.name))
     return 0

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from plansim.planner.evaluate import Evaluation, Rejected, evaluate
-from plansim.planner.lookups import OutOfRange, out_of_range_lookups
 from plansim.planner.sensitivity import SPEED_UP, Sensitivity, sensitivity
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
@@ -101,14 +100,11 @@ class RankingTrust:
         best: :func:`plansim.planner.sensitivity.sensitivity` of the best plan.
         upsets: :func:`ranking_upsets` of the leading plans.
         labels: the leading plans' labels, best first.
-        outside: the profile curves the best plan's pricing reads outside their measured
-            points (:func:`plansim.planner.lookups.out_of_range_lookups`).
     """
 
     best: Sensitivity
     upsets: tuple[Upset, ...]
     labels: tuple[str, ...]
-    outside: tuple[OutOfRange, ...]
 
 
 def ranking_trust(
@@ -125,5 +121,4 @@ def ranking_trust(
         best=sensitivity(model, ranked[0].plan, profile, base=ranked[0]),
         upsets=upsets,
         labels=tuple(ev.plan.label() for ev in ranked),
-        outside=out_of_range_lookups(model, ranked[0].plan, profile),
     )

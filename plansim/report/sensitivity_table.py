@@ -121,24 +121,28 @@ def trust_text(trust: RankingTrust, *, profile_name: str) -> str:
     """``plansim plan --sensitivity``'s text: rank 1's sensitivity, then the ranking check."""
     return (
         sensitivity_text(trust.best, profile_name=profile_name, whose="rank 1's step")
-        + outside_text(trust.outside, profile_name=profile_name)
         + "\n"
         + robustness_lines(trust.upsets, num_plans=len(trust.labels), labels=trust.labels)
     )
 
 
-def outside_text(outside: Sequence[OutOfRange], *, profile_name: str) -> str:
-    """The curves read outside their measured points, a line each ('' when none)."""
+def outside_dicts(outside: Sequence[OutOfRange]) -> list[dict[str, object]]:
+    """JSON records of :class:`OutOfRange` lookups."""
+    return [dataclasses.asdict(o) for o in outside]
+
+
+def outside_text(outside: Sequence[OutOfRange], *, profile_name: str, reader: str = "") -> str:
+    """The curves read outside their measured points, a line each ('' when none); ``reader``
+    says by whom (e.g. " by rank 1's pricing")."""
     if not outside:
         return ""
     lines = "".join(f"  {o.text()}\n" for o in outside)
-    return f"\n{profile_name}'s curves read outside their measured points:\n{lines}"
+    return f"\n{profile_name}'s curves read outside their measured points{reader}:\n{lines}"
 
 
 def trust_dict(trust: RankingTrust) -> dict[str, object]:
     """``plansim plan --sensitivity``'s JSON sections."""
     return {
         "sensitivity_of_best": sensitivity_dict(trust.best),
-        "out_of_range_lookups_of_best": [dataclasses.asdict(o) for o in trust.outside],
         "ranking_robustness": robustness_dict(trust.upsets, num_plans=len(trust.labels)),
     }

@@ -105,3 +105,18 @@ def test_simulate_reports_a_ring_over_fewer_nodes_than_measured(
     doc = json.loads(capsys.readouterr().out)
     ring = next(o for o in doc["out_of_range_lookups"] if o["key"] == "inter_node_ring_scaling")
     assert (ring["queried_low"], ring["measured_low"], ring["unit"]) == (2.0, 4.0, "nodes")
+
+
+def test_plan_reports_what_rank_1_reads_outside(capsys: pytest.CaptureFixture[str]) -> None:
+    args = [
+        "plan", "--model", "llama3-70b", "--gpu", "h100-sxm5-80gb", "--gpus", "64",
+        "--gbs", "512", "--tp", "4", "--pp", "4", "--zero", "2", "--mbs", "1", "--jobs", "1",
+    ]  # fmt: skip
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "curves read outside their measured points by rank 1's pricing:" in out
+    assert "inter_node_ring_scaling: read down to 2 nodes" in out
+    assert main([*args, "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    keys = [o["key"] for o in doc["out_of_range_lookups_of_best"]]
+    assert "inter_node_ring_scaling" in keys
