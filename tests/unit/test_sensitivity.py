@@ -15,7 +15,7 @@ from plansim.catalog import resolve_model
 from plansim.cli import main
 from plansim.commands.profiles import source_counts
 from plansim.errors import SpecError
-from plansim.io.profiles import load_profile
+from plansim.io.profiles import list_profiles, load_profile
 from plansim.planner.evaluate import Evaluation, evaluate
 from plansim.planner.robustness import ranking_upsets
 from plansim.planner.sensitivity import SPEED_UP, sensitivity
@@ -349,3 +349,13 @@ def test_backtest_summary_counts_rows_read_outside_the_profile() -> None:
     assert "median elasticity of 0.30 (range 0.10-0.50)" in line
     assert "rows with |error| > 10%: median 0.40" in line
     assert "; 1 of 3 read a profile curve outside its measured points" in line
+
+
+def test_every_shipped_provenance_entry_starts_with_its_kind() -> None:
+    """hardware_profiles/README.md "Provenance rules": each entry starts with datasheet,
+    nccl-tests, measured, derived or assumption, so the sensitivity's classes are read, not
+    defaulted."""
+    kinds = ("datasheet", "nccl-tests", "measured", "derived", "assumption")
+    for name in list_profiles():
+        for key, source in load_profile(name).provenance.items():
+            assert source.strip().lower().startswith(kinds), f"{name}: {key}: {source[:60]!r}"
