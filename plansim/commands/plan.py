@@ -228,7 +228,8 @@ def run(args: argparse.Namespace) -> int:
     out = sys.stdout
     leading = result.ranked[: min(args.top, ROBUSTNESS_PLANS)]
     trust = ranking_trust(model, leading, profile) if args.sensitivity and leading else None
-    outside = out_of_range_lookups(model, leading[0].plan, profile) if leading else ()
+    read_outside = leading and args.format != "csv"  # CSV is the ranked table alone
+    outside = out_of_range_lookups(model, leading[0].plan, profile) if read_outside else ()
     if args.format == "json":
         doc = _json_doc(args, model, profile, result)
         doc["out_of_range_lookups_of_best"] = outside_dicts(outside)
