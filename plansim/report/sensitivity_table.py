@@ -14,17 +14,19 @@ from plansim.planner.sensitivity import SPEED_UP, Sensitivity
 from plansim.report.tables import render
 from plansim.specs.profile_terms import PROFILE_TERMS, class_counts
 
+#: :data:`SPEED_UP` as the percentage the reports print (10).
+_PCT = round(100 * (SPEED_UP - 1))
+
 
 def sensitivity_table(s: Sensitivity) -> pd.DataFrame:
     """One row per profile term: elasticity, the step time with the term faster, and the
     classes of the profile figures behind it."""
-    pct = round(100 * (SPEED_UP - 1))
     return pd.DataFrame(
         [
             {
                 "term": t.label,
                 "elasticity": f"{t.elasticity:.3f}",
-                f"step_s_{pct}pct_faster": "-"
+                f"step_s_{_PCT}pct_faster": "-"
                 if t.faster_step_time_s is None
                 else f"{t.faster_step_time_s:.4g}",
                 "least_certain_source": t.weakest_source or "-",
@@ -38,11 +40,10 @@ def sensitivity_table(s: Sensitivity) -> pd.DataFrame:
 def sensitivity_summary(s: Sensitivity) -> str:
     """Two lines under the table: what the elasticities add to, and how much of the step
     moves with assumed figures."""
-    pct = round(100 * (SPEED_UP - 1))
     assumed = s.elasticity_resting_on("assumption")
     return (
         f"elasticity = fraction the step shortens per fraction a term speeds up (each term "
-        f"made {pct}% faster alone and the plan simulated again); sum {s.total_elasticity:.3f}\n"
+        f"made {_PCT}% faster alone and the plan simulated again); sum {s.total_elasticity:.3f}\n"
         f"terms resting on at least one assumed figure carry {assumed:.3f} of the step "
         "(the profile's provenance names each figure's source)\n"
     )
@@ -68,16 +69,14 @@ def sensitivity_dict(s: Sensitivity) -> dict[str, object]:
 
 
 def _change(factor: float) -> str:
-    pct = round(100 * (SPEED_UP - 1))
-    return f"{pct}% faster" if factor > 1 else f"{pct}% slower"
+    return f"{_PCT}% faster" if factor > 1 else f"{_PCT}% slower"
 
 
 def robustness_lines(upsets: Sequence[Upset], *, num_plans: int, labels: Sequence[str]) -> str:
     """What :func:`plansim.planner.robustness.ranking_upsets` found, as text: one line per
     change that puts another plan first, or one line saying none does."""
-    pct = round(100 * (SPEED_UP - 1))
     head = (
-        f"ranking under single-term profile errors (each term {pct}% faster or slower, the "
+        f"ranking under single-term profile errors (each term {_PCT}% faster or slower, the "
         f"top {num_plans} plans simulated again):\n"
     )
     if not upsets:
