@@ -29,7 +29,7 @@ from plansim.io.profile_names import AmbiguousProfileError, match_profile_name
 from plansim.io.profiles import list_datasheet_profiles, list_profiles, load_profile
 from plansim.io.runs import RunRow
 from plansim.planner.evaluate import OUT_OF_MEMORY, Evaluation, Rejected
-from plansim.planner.lookups import OutOfRange, out_of_range_lookups
+from plansim.planner.lookups import out_of_range_lookups
 from plansim.planner.run_checks import (
     PER_LAYER,
     LayerCheck,
@@ -44,7 +44,7 @@ from plansim.planner.run_framework import is_hybrid_shard
 from plansim.planner.run_model import Skip, row_model
 from plansim.planner.run_space import row_space
 from plansim.planner.search import SearchResult, search
-from plansim.planner.sensitivity import Sensitivity, sensitivity
+from plansim.planner.sensitivity import sensitivity as plan_sensitivity
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 
@@ -155,12 +155,13 @@ def predict_row(row: RunRow, *, simulate_top: int = 8, sensitivity: bool = False
     )
     if not sensitivity or chosen is None:
         return prediction
-    rests = chosen.sensitivity()
+    model, best, priced = chosen.model, chosen.best, chosen.profile
+    rests = plan_sensitivity(model, best.plan, priced, base=best)
     return replace(
         prediction,
         elasticity_by_term={t.term: t.elasticity for t in rests.terms},
         elasticity_on_assumptions=rests.elasticity_resting_on("assumption"),
-        out_of_range=tuple(o.text() for o in chosen.outside()),
+        out_of_range=tuple(o.text() for o in out_of_range_lookups(model, best.plan, priced)),
     )
 
 
@@ -171,12 +172,6 @@ class _Chosen:
     model: ModelSpec
     best: Evaluation
     profile: HardwareProfile
-
-    def sensitivity(self) -> Sensitivity:
-        return sensitivity(self.model, self.best.plan, self.profile, base=self.best)
-
-    def outside(self) -> tuple[OutOfRange, ...]:
-        return out_of_range_lookups(self.model, self.best.plan, self.profile)
 
 
 def _row_profile(row: RunRow, notes: list[str]) -> HardwareProfile:
