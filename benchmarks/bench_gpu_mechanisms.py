@@ -1,9 +1,11 @@
 """Two mechanisms the validator's one-GPU run pointed at, measured on the device itself.
 
 1. ``sustained``: burst and sustained rate of a random 8192^3 GEMM per dtype (fp32 on the
-   CUDA cores, bf16 on the tensor cores). ``plansim calibrate`` measures bf16 only and the
-   profile's ``sustained_matmul_fraction`` scales every dtype's GEMM curve; this says
-   whether an fp32 GEMM loop also slows down as the GPU reaches its power limit.
+   CUDA cores, bf16 and fp8 on the tensor cores; ``--sustained-dtypes``, fp8 through
+   ``torch._scaled_mm`` as the calibration times it). ``plansim calibrate`` measures bf16
+   only and the profile's ``sustained_matmul_fraction`` scales every dtype's GEMM curve; this
+   says whether an fp32 or fp8 GEMM loop slows down as much as the GPU reaches its power
+   limit.
 2. ``recompute``: one training step of the validator's model (plansim.validate.model, fp32)
    without recompute and with every block wrapped in torch's checkpoint, three ways:
    non-reentrant with early stop (torch's default, what ``checkpoint_wrapper`` and so the
@@ -48,6 +50,8 @@ from torch.utils.checkpoint import set_checkpoint_early_stop
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from plansim.calibrate.bench_kernels import gemm_call
+from plansim.calibrate.plan import Item
 from plansim.commands.validate import scaled_model
 from plansim.io.outputs import write_text_atomic
 from plansim.specs.model import ModelSpec
@@ -75,19 +79,22 @@ def _loop_s(fn, seconds: float, device: torch.device) -> tuple[float, int]:
                 return elapsed / calls, calls
 
 
-def sustained(device: torch.device, *, n: int, soak_s: float) -> list[dict[str, object]]:
+def sustained(
+    device: torch.device, *, n: int, soak_s: float, dtypes: tuple[str, ...] = ("fp32", "bf16")
+) -> list[dict[str, object]]:
     """Burst (after an idle second) and sustained (last quarter of the soak) seconds per
-    random n^3 GEMM, fp32 and bf16."""
+    random n^3 GEMM of each dtype (the calibration's GEMM call, ``gemm_call``)."""
     rows: list[dict[str, object]] = []
-    for dtype in ("fp32", "bf16"):
-        torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
-        a = torch.randn(n, n, device=device).to(torch_dtype)
-        b = torch.randn(n, n, device=device).to(torch_dtype)
-        out = torch.empty(n, n, device=device, dtype=torch_dtype)
-
-        def gemm(a=a, b=b, out=out) -> None:
-            torch.matmul(a, b, out=out)
-
+    for dtype in dtypes:
+        item = Item(
+            kind="gemm",
+            op="sustained",
+            dtype=dtype,
+            shape=(n, n, n),
+            work=2.0 * n**3,
+            work_unit="flop",
+        )
+        gemm = gemm_call(item, device)
         gemm()
         _sync(device)
         time.sleep(IDLE_S)
@@ -283,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duty-soak-s", type=float, default=6.0)
     parser.add_argument("--gemm-n", type=int, default=8192)
     parser.add_argument("--soak-s", type=float, default=15.0)
+    parser.add_argument(
+        "--sustained-dtypes", default="fp32,bf16", help="comma list of fp32, bf16, fp16, fp8"
+    )
     parser.add_argument("--num-layers", type=int, default=8)
     parser.add_argument("--hidden-size", type=int, default=2048)
     parser.add_argument("--num-heads", type=int, default=16)
@@ -299,7 +309,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     rows: list[dict[str, object]] = []
     if args.part in ("all", "sustained"):
-        rows += sustained(device, n=args.gemm_n, soak_s=args.soak_s)
+        dtypes = tuple(args.sustained_dtypes.split(","))
+        unknown = sorted(set(dtypes) - {"fp32", "bf16", "fp16", "fp8"})
+        if unknown:
+            parser.error(f"--sustained-dtypes: {unknown} not in fp32, bf16, fp16, fp8")
+        rows += sustained(device, n=args.gemm_n, soak_s=args.soak_s, dtypes=dtypes)
     if args.part in ("all", "recompute"):
         rows += recompute(device, args)
     if args.part in ("all", "cache"):

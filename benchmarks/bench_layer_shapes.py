@@ -26,9 +26,20 @@ Meant for a GPU (``--device cuda``: one rank, NCCL); ``--device cpu`` runs small
 (``--tokens``, ``--hidden``; attention at sequence ``--tokens``) to check the script itself.
 Writes the table as CSV with ``--out``.
 
+``--runs CSV --gpu-type GPU`` probes the layers of that GPU's published runs instead: every
+weight GEMM of one layer as plansim builds it for the row (``plansim.planner.run_model``,
+``plansim.analytic.flops.layer_forward_gemms``: GQA, SwiGLU's gate, tp; m = micro-batch x
+sequence / cp tokens), deduplicated over rows with the same shapes, and each row's causal
+attention call where cp is 1. ``--dtype fp8`` times the weight GEMMs through
+``torch._scaled_mm`` (tensor-wise scales, as Transformer Engine's delayed scaling) and the
+attention in bf16, as plansim prices an fp8 layer (its attention core stays 16-bit).
+
 Run (on a GPU machine, from the repository root):
     python3 benchmarks/bench_layer_shapes.py --device cuda --profile h100-sxm5-80gb \\
         [--profile MEASURED.yaml] [--out layer_shapes.csv]
+    python3 benchmarks/bench_layer_shapes.py --device cuda --profile h100-sxm5-80gb \\
+        --runs benchmarks/published_runs/nemo_performance.csv --gpu-type h100-sxm5-80gb \\
+        --dtype fp8
 """
 
 from __future__ import annotations
@@ -41,7 +52,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from plansim.analytic.flops import Gemm
+from plansim.analytic.flops import Gemm, layer_forward_gemms
 from plansim.analytic.layer_cost import gemm_time_s
 from plansim.analytic.op_overheads import attention_core_times
 from plansim.calibrate.build import aggregate
@@ -49,7 +60,10 @@ from plansim.calibrate.plan_types import Item, Plan
 from plansim.calibrate.raw import frame
 from plansim.calibrate.runner import run_items
 from plansim.calibrate.timing import Timing
+from plansim.errors import PlansimError
 from plansim.io.profiles import load_profile
+from plansim.io.runs import read_runs
+from plansim.planner.run_model import row_model
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.plan import AttentionKernel, ParallelPlan, Precision
 
@@ -78,6 +92,8 @@ ATTENTION = (
     ("gpt-175b-tp8-s2048", 1, 12, 2048, 128),
 )
 GEMM_PASSES = ("fwd", "dgrad", "wgrad")
+#: Quantized GEMM dtypes: the layer's attention core runs in bf16 beside them.
+QUANTIZED = ("fp8", "fp4")
 ATTENTION_PASSES = {"fwd": "sdpa_fwd", "fwd_bwd": "sdpa_fwd_bwd"}
 #: Passes over every shape, spread over the run; the table takes the median.
 SWEEPS = 3
@@ -93,6 +109,7 @@ class Probe:
     pass_name: str
     item: Item
     predict: Callable[[HardwareProfile], float]
+    rows: str = ""
 
 
 def layer_gemms(hidden: int, tp: int, tokens: int) -> dict[str, tuple[int, int, int]]:
@@ -111,34 +128,96 @@ def pass_shape(kind: str, m: int, n: int, k: int) -> tuple[int, int, int]:
     return {"fwd": (m, n, k), "dgrad": (m, k, n), "wgrad": (k, n, m)}[kind]
 
 
+def weight_gemm_probes(
+    label: str, gemms: tuple[Gemm, ...], *, dtype: str, rows: str = ""
+) -> list[Probe]:
+    """Every pass of each forward weight GEMM in ``gemms``; each priced at its forward GEMM's
+    time, as ``plansim.analytic.layer_cost`` prices a layer's backward."""
+    probes = []
+    for forward in gemms:
+        for kind in GEMM_PASSES:
+            m, n, k = pass_shape(kind, forward.m, forward.n, forward.k)
+            item = Item(
+                kind="gemm",
+                op=f"{label}.{forward.name}.{kind}",
+                dtype=dtype,
+                shape=(m, n, k),
+                work=2.0 * m * n * k,
+                work_unit="flop",
+            )
+
+            def predict(profile: HardwareProfile, gemm: Gemm = forward) -> float:
+                return gemm_time_s(gemm, profile, dtype=dtype)
+
+            probe = Probe(
+                kind="gemm",
+                model=label,
+                op=forward.name,
+                pass_name=kind,
+                item=item,
+                predict=predict,
+                rows=rows,
+            )
+            probes.append(probe)
+    return probes
+
+
 def gemm_probes(
     models: tuple[tuple[str, int, int], ...], *, tokens: int, dtype: str
 ) -> list[Probe]:
-    """Every pass of every weight GEMM; each priced at its forward GEMM's time, as
-    ``plansim.analytic.layer_cost`` prices a layer's backward."""
+    """Every pass of every weight GEMM of one GPT layer of each of ``models``."""
     probes = []
     for label, hidden, tp in models:
-        for name, shape in layer_gemms(hidden, tp, tokens).items():
-            forward = Gemm(name=name, m=shape[0], n=shape[1], k=shape[2])
-            for kind in GEMM_PASSES:
-                m, n, k = pass_shape(kind, *shape)
-                item = Item(
-                    kind="gemm",
-                    op=f"{label}.{name}.{kind}",
-                    dtype=dtype,
-                    shape=(m, n, k),
-                    work=2.0 * m * n * k,
-                    work_unit="flop",
-                )
-
-                def predict(profile: HardwareProfile, gemm: Gemm = forward) -> float:
-                    return gemm_time_s(gemm, profile, dtype=dtype)
-
-                probe = Probe(
-                    kind="gemm", model=label, op=name, pass_name=kind, item=item, predict=predict
-                )
-                probes.append(probe)
+        gemms = tuple(
+            Gemm(name=name, m=m, n=n, k=k)
+            for name, (m, n, k) in layer_gemms(hidden, tp, tokens).items()
+        )
+        probes += weight_gemm_probes(label, gemms, dtype=dtype)
     return probes
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunLayer:
+    """One layer shape of a group of published runs: its forward weight GEMMs on one rank,
+    its attention call (batch, heads, sequence, head size) where cp is 1, the row ids."""
+
+    label: str
+    gemms: tuple[Gemm, ...]
+    attention: tuple[int, int, int, int] | None
+    rows: tuple[str, ...]
+
+
+def run_layers(path: str, gpu_type: str) -> list[RunLayer]:
+    """The distinct layer shapes of the runs in ``path`` on ``gpu_type`` (module docstring);
+    rows without tp or micro-batch size, or that ``row_model`` skips, are left out."""
+    _, rows = read_runs(path)
+    layers: dict[tuple[object, ...], RunLayer] = {}
+    for row in rows:
+        if row.choice("gpu_type") != gpu_type:
+            continue
+        tp, mbs = row.integer("tp"), row.integer("micro_batch_size_seqs")
+        cp = row.integer("cp") or 1
+        try:
+            model = row_model(row, [])
+        except PlansimError:
+            continue
+        if not tp or not mbs or model.seq_length % cp:
+            continue
+        local = dataclasses.replace(model, seq_length=model.seq_length // cp)
+        gemms = tuple(
+            g for g in layer_forward_gemms(local, micro_batch_size=mbs, tp=tp) if g.has_weight
+        )
+        heads = model.num_attention_heads // tp
+        attention = (mbs, heads, model.seq_length, model.head_dim) if cp == 1 else None
+        key = (gemms, attention)
+        if key in layers:
+            known = layers[key]
+            layers[key] = dataclasses.replace(known, rows=(*known.rows, row.row_id))
+            continue
+        tokens = mbs * local.seq_length
+        label = f"{model.name}/tp{tp}/t{tokens}"
+        layers[key] = RunLayer(label=label, gemms=gemms, attention=attention, rows=(row.row_id,))
+    return list(layers.values())
 
 
 def attention_seconds(
@@ -167,10 +246,12 @@ def attention_seconds(
 
 
 def attention_probes(
-    shapes: tuple[tuple[str, int, int, int, int], ...], *, dtype: str
+    shapes: tuple[tuple[str, int, int, int, int], ...], *, dtype: str, rows: str = ""
 ) -> list[Probe]:
     """Forward and forward + backward of each attention call; FLOPs as the calibration counts
-    them (causal forward 2 b h s^2 d, backward twice that)."""
+    them (causal forward 2 b h s^2 d, backward twice that). Under fp8 or fp4 the call runs in
+    bf16, as plansim prices the attention core of a quantized layer."""
+    dtype = "bf16" if dtype in QUANTIZED else dtype
     probes = []
     for label, batch, heads, seq, head in shapes:
         shape = (batch, heads, seq, head)
@@ -192,10 +273,38 @@ def attention_probes(
                 return forward_s if k == "fwd" else forward_s + backward_s
 
             probe = Probe(
-                kind="attention", model=label, op="sdpa", pass_name=kind, item=item, predict=predict
+                kind="attention",
+                model=label,
+                op="sdpa",
+                pass_name=kind,
+                item=item,
+                predict=predict,
+                rows=rows,
             )
             probes.append(probe)
     return probes
+
+
+def runs_probes(path: str, gpu_type: str, *, dtype: str) -> list[Probe]:
+    """The probes of every distinct layer of ``path``'s runs on ``gpu_type``."""
+    probes = []
+    for layer in run_layers(path, gpu_type):
+        rows = " ".join(layer.rows)
+        probes += weight_gemm_probes(layer.label, layer.gemms, dtype=dtype, rows=rows)
+        if layer.attention is not None:
+            shape = (layer.label, *layer.attention)
+            probes += attention_probes((shape,), dtype=dtype, rows=rows)
+    return probes
+
+
+def layer_totals(result: pd.DataFrame, column: str) -> pd.DataFrame:
+    """Per layer shape and kind (gemm: its weight GEMMs' three passes; attention: forward +
+    backward), the summed predicted over summed measured seconds: what the layer's time is
+    priced at, not the median call."""
+    priced = result.assign(predicted_s=result["measured_s"] * result[column])
+    keep = (priced["kind"] == "gemm") | (priced["pass"] == "fwd_bwd")
+    sums = priced[keep].groupby(["model", "kind"], sort=False)[["predicted_s", "measured_s"]].sum()
+    return (sums["predicted_s"] / sums["measured_s"]).unstack("kind").rename_axis(None, axis=1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,9 +314,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default=None, help="default: bf16 on cuda, fp32 on cpu")
     parser.add_argument("--tokens", type=int, default=None, help="default: 16384 cuda, 256 cpu")
     parser.add_argument("--hidden", default=None, help="comma list: only these hidden sizes")
+    parser.add_argument("--runs", default=None, help="probe the layers of this runs CSV's rows")
+    parser.add_argument("--gpu-type", default=None, help="with --runs: the rows on this GPU")
     parser.add_argument("--out", default=None, help="write the table as CSV here")
     parser.add_argument("--timeout", type=float, default=600.0)
     args = parser.parse_args(argv)
+    if (args.runs is None) != (args.gpu_type is None):
+        parser.error("--runs and --gpu-type go together")
     gpu = args.device == "cuda"
     dtype = args.dtype or ("bf16" if gpu else "fp32")
     tokens = args.tokens or (16384 if gpu else 256)
@@ -221,8 +334,16 @@ def main(argv: list[str] | None = None) -> int:
         if dtype not in profile.matmul_efficiency:
             have = ", ".join(sorted(profile.matmul_efficiency))
             parser.error(f"--profile {profile.name} has no {dtype} GEMM curve (has: {have})")
-    probes = gemm_probes(models, tokens=tokens, dtype=dtype)
-    probes += attention_probes(shapes, dtype=dtype)
+    if args.runs:
+        try:
+            probes = runs_probes(args.runs, args.gpu_type, dtype=dtype)
+        except PlansimError as exc:
+            parser.error(f"--runs: {exc}")
+        if not probes:
+            parser.error(f"--runs {args.runs} has no modelled row on --gpu-type {args.gpu_type}")
+    else:
+        probes = gemm_probes(models, tokens=tokens, dtype=dtype)
+        probes += attention_probes(shapes, dtype=dtype)
     items = [dataclasses.replace(p.item, sweep=i) for i in range(SWEEPS) for p in probes]
     timing = Timing(warmup=2, min_reps=3, max_reps=20, target_s=0.05, min_rep_s=1e-3, max_call_s=30)
     plan = Plan(items=tuple(items), timing=timing, group_sizes=(), quick=False)
@@ -243,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
             "op": probe.op,
             "pass": probe.pass_name,
             "shape": item.shape_text,
+            "rows": probe.rows,
+            "measured_s": measured,
             "measured_tflops_per_s": item.work / measured / 1e12,
         }
         for profile in profiles:
@@ -259,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
         medians = result.groupby(["kind", "pass"])[column].median()
         parts = ", ".join(f"{kind} {name} {value:.3f}" for (kind, name), value in medians.items())
         print(f"{profile.name}: median predicted/measured {parts}")
+        if args.runs:
+            print(layer_totals(result, column).to_string(float_format=lambda v: f"{v:.3f}"))
     if args.out:
         path = Path(args.out)
         tmp = path.with_name(f".{path.name}.tmp")

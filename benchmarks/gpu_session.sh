@@ -31,7 +31,14 @@
 #                       (GQA, SwiGLU, RoPE, vocabulary 128256, s 4096) on the merged profile
 # 7. kernels*.csv       benchmarks/profile_validate_kernels.py: one micro-batch of the validate
 #                       GPT, fp32 and bf16, kernel by kernel (step 6)
-# 8. session.log        everything printed
+# 8. runs_<dtype>.csv   benchmarks/bench_layer_shapes.py --runs: every weight GEMM and attention
+#                       call of one layer of the published NeMo runs on this GPU kind
+#                       (benchmarks/published_runs/nemo_performance.csv), fp8 and bf16, against
+#                       the datasheet profile and the measured one (this session's step 1, else
+#                       the committed <base>-1gpu profile)
+# 9. sustained.csv      bench_gpu_mechanisms.py --part sustained: burst and sustained 8192^3
+#                       GEMM rate in fp32, bf16 and fp8 (15 s soaks)
+# 10. session.log       everything printed
 set -uo pipefail
 OUT=${OUT:-gpu-session-out}
 mkdir -p "$OUT"
@@ -114,6 +121,19 @@ if want 6; then
     echo "== 6/6 one micro-batch of the validate GPT, kernel by kernel (fp32, bf16)"
     timeout 100 python3 benchmarks/profile_validate_kernels.py --device cuda \
         --out "$OUT/kernels.csv" --kernels-out "$OUT/kernels_names.csv"
+fi
+if want 7; then
+    echo "== 7/7 the published NeMo runs' layers on this GPU kind, fp8 and bf16; sustained rate by dtype"
+    profiles=(--profile "$base")
+    if [ -s "${measured%.yaml}.raw.csv" ]; then profiles+=(--profile "$measured")
+    elif [ -s "hardware_profiles/$base-1gpu.yaml" ]; then profiles+=(--profile "$base-1gpu"); fi
+    for dtype in fp8 bf16; do
+        timeout 200 python3 benchmarks/bench_layer_shapes.py --device cuda "${profiles[@]}" \
+            --runs benchmarks/published_runs/nemo_performance.csv --gpu-type "$base" \
+            --dtype "$dtype" --out "$OUT/runs_$dtype.csv" --timeout 190
+    done
+    timeout 120 python3 benchmarks/bench_gpu_mechanisms.py --device cuda --part sustained \
+        --sustained-dtypes fp32,bf16,fp8 --out "$OUT/sustained.csv"
 fi
 echo "== done: $(ls "$OUT" | tr '\n' ' ')"
 }
