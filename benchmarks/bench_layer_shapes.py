@@ -95,6 +95,11 @@ GEMM_PASSES = ("fwd", "dgrad", "wgrad")
 #: Quantized GEMM dtypes: the layer's attention core runs in bf16 beside them.
 QUANTIZED = ("fp8", "fp4")
 ATTENTION_PASSES = {"fwd": "sdpa_fwd", "fwd_bwd": "sdpa_fwd_bwd"}
+#: ``--attention-grid``: one causal call per (batch x heads, sequence) at head size 128, batch
+#: 1: how a fused attention call's rate falls as it holds fewer (head, query block) pieces of
+#: work for the device's multiprocessors (the datasheet profiles price it by FLOPs alone).
+ATTENTION_GRID_HEADS = (4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+ATTENTION_GRID_SEQS = (1024, 2048, 4096, 8192)
 #: Passes over every shape, spread over the run; the table takes the median.
 SWEEPS = 3
 
@@ -285,6 +290,16 @@ def attention_probes(
     return probes
 
 
+def attention_grid(gpu: bool) -> tuple[tuple[str, int, int, int, int], ...]:
+    """The ``--attention-grid`` shapes (label, batch, heads, sequence, head size); on a CPU a
+    small stand-in (two head counts at sequence 128, head size 32)."""
+    if not gpu:
+        return tuple((f"bh{h}-s128", 1, h, 128, 32) for h in (1, 2))
+    return tuple(
+        (f"bh{h}-s{s}", 1, h, s, 128) for s in ATTENTION_GRID_SEQS for h in ATTENTION_GRID_HEADS
+    )
+
+
 def runs_probes(path: str, gpu_type: str, *, dtype: str) -> list[Probe]:
     """The probes of every distinct layer of ``path``'s runs on ``gpu_type``."""
     probes = []
@@ -316,6 +331,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hidden", default=None, help="comma list: only these hidden sizes")
     parser.add_argument("--runs", default=None, help="probe the layers of this runs CSV's rows")
     parser.add_argument("--gpu-type", default=None, help="with --runs: the rows on this GPU")
+    parser.add_argument(
+        "--attention-grid",
+        action="store_true",
+        help="only causal attention calls over batch x heads and sequence (ATTENTION_GRID)",
+    )
     parser.add_argument("--out", default=None, help="write the table as CSV here")
     parser.add_argument("--timeout", type=float, default=600.0)
     args = parser.parse_args(argv)
@@ -334,7 +354,9 @@ def main(argv: list[str] | None = None) -> int:
         if dtype not in profile.matmul_efficiency:
             have = ", ".join(sorted(profile.matmul_efficiency))
             parser.error(f"--profile {profile.name} has no {dtype} GEMM curve (has: {have})")
-    if args.runs:
+    if args.attention_grid:
+        probes = attention_probes(attention_grid(gpu), dtype=dtype)
+    elif args.runs:
         try:
             probes = runs_probes(args.runs, args.gpu_type, dtype=dtype)
         except PlansimError as exc:
