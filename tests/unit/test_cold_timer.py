@@ -76,3 +76,19 @@ def test_cache_note_names_cold_timings_and_flags_back_to_back_runs() -> None:
     )
     assert aggregate.cache_note(rows, "gemm") == cold
     assert aggregate.cache_note(rows, "attention").startswith("calls timed back to back")
+
+
+def test_the_device_wait_outlasts_the_host_queueing_it_hides() -> None:
+    rate = 1.8e9  # cycles per second
+    assert cold_timer.hold_cycles(0.3e-3, rate) == int(cold_timer.HOLD_FACTOR * 1e-3 * rate)
+    long_host_s = 5e-3  # above MIN_HOLD_S: the wait follows the host's time
+    cycles = cold_timer.hold_cycles(long_host_s, rate)
+    assert cycles / rate == pytest.approx(cold_timer.HOLD_FACTOR * long_host_s)
+    assert cycles / rate > long_host_s
+    assert cold_timer.hold_cycles(long_host_s, 0.0) == 0  # no measured rate: no wait
+
+
+def test_a_cpu_timing_queues_no_device_wait() -> None:
+    timer = cold_timer.ColdTimer(torch.device("cpu"))
+    assert "device-side wait" not in timer.note
+    assert timer._last_hold is None
