@@ -79,3 +79,50 @@ def test_a_profile_without_the_dtype_is_refused_before_measuring(
         _module().main(["--device", "cpu", "--profile", "a100-sxm4-80gb", "--dtype", "fp32"])
     assert exit_info.value.code == 2
     assert "a100-sxm4-80gb has no fp32 GEMM curve (has: bf16, fp16)" in capsys.readouterr().err
+
+
+NEMO = (
+    Path(__file__).resolve().parents[2] / "benchmarks" / "published_runs" / "nemo_performance.csv"
+)
+
+
+def test_runs_layers_are_plansims_own_gemms_of_each_row() -> None:
+    """``--runs``: one layer per distinct shape of the GPU's rows, with GQA, SwiGLU's gate,
+    tp and cp as plansim builds them; rows with equal shapes share a layer."""
+    bench = _module()
+    layers = {layer.label: layer for layer in bench.run_layers(str(NEMO), "h100-sxm5-80gb")}
+    llama = layers["LLAMA3-8B/tp1/t4096"]  # N0010: sequence 8192 over cp 2, mbs 1
+    assert llama.rows == ("N0010",)
+    assert llama.attention is None  # ring attention under cp is not one SDPA call
+    shapes = {g.name: (g.m, g.n, g.k) for g in llama.gemms}
+    assert shapes == {
+        "qkv": (4096, 4096 + 2 * 8 * 128, 4096),  # 32 query heads, 8 KV heads of 128
+        "attn_out": (4096, 4096, 4096),
+        "mlp_up": (4096, 14336, 4096),
+        "mlp_gate": (4096, 14336, 4096),
+        "mlp_down": (4096, 4096, 14336),
+    }
+    shared = layers["LLAMA3-70B/tp4/t8192"]
+    assert shared.rows == ("N0021", "N0029")
+    assert shared.attention == (1, 16, 8192, 128)  # 64 heads over tp 4
+    assert all(not label.startswith(("LLAMA3-8B/tp1/t16384",)) for label in layers)  # B200
+    assert bench.run_layers(str(NEMO), "no-such-gpu") == []
+
+
+def test_fp8_runs_time_their_attention_in_bf16_and_total_each_layer() -> None:
+    bench = _module()
+    probes = bench.runs_probes(str(NEMO), "h100-sxm5-80gb", dtype="fp8")
+    kinds = {(p.kind, p.item.dtype) for p in probes}
+    assert kinds == {("gemm", "fp8"), ("attention", "bf16")}
+    result = pd.DataFrame(
+        {
+            "model": ["a", "a", "a", "a"],
+            "kind": ["gemm", "gemm", "attention", "attention"],
+            "pass": ["fwd", "wgrad", "fwd", "fwd_bwd"],
+            "measured_s": [1.0, 3.0, 2.0, 4.0],
+            "p": [0.5, 1.0, 9.0, 0.5],
+        }
+    )
+    totals = bench.layer_totals(result, "p")
+    assert totals.loc["a", "gemm"] == pytest.approx((0.5 + 3.0) / 4.0)
+    assert totals.loc["a", "attention"] == pytest.approx(0.5)  # forward + backward call only
