@@ -1,4 +1,5 @@
-"""Seconds of one transformer layer's passes and of the edge stages' extra work (pure).
+"""Seconds of one transformer layer's passes (pure); the edge stages' extra work (embedding,
+logits, loss) is ``plansim.analytic.edge_cost``.
 
 * GEMMs (``plansim.analytic.flops``): roofline per GEMM, max(FLOPs / achievable FLOP/s at that
   GEMM's size (launch overhead included in the curve), bytes of A, B and C / streaming HBM
@@ -28,17 +29,15 @@ import dataclasses
 from dataclasses import dataclass
 
 from plansim.analytic import flops as fl
-from plansim.analytic.comm import collective_time_s
 from plansim.analytic.elementwise import (
     QUANTIZED_ELEMENT_BYTES,
-    cross_entropy_bytes,
+    ElementwiseTraffic,
     layer_elementwise_traffic,
     quantize_traffic,
 )
 from plansim.analytic.memory import plan_state_bytes
 from plansim.analytic.op_overheads import (
     attention_core_times,
-    edge_ops,
     layer_ops,
     with_host_s,
 )
@@ -130,13 +129,77 @@ def gemm_time_s(gemm: fl.Gemm, profile: HardwareProfile, *, dtype: str) -> float
     return max(compute_s, moved / profile.streaming_bytes_per_s())
 
 
-def _matmul_dtype(plan: ParallelPlan) -> str:
+def matmul_dtype(plan: ParallelPlan) -> str:
+    """The dtype name of the plan's weight GEMMs: its precision's value (``bf16``, ``fp8``)."""
     return plan.precision.value
 
 
-def _head_dtype(plan: ParallelPlan) -> str:
-    """dtype of the logits GEMMs: 16-bit under fp8 / fp4 (:func:`edge_times`)."""
-    return "bf16" if plan.precision in QUANTIZED_ELEMENT_BYTES else _matmul_dtype(plan)
+@dataclass(frozen=True, slots=True)
+class _GemmSeconds:
+    """One layer's forward GEMM seconds on one rank: all of them, the weight GEMMs (each
+    one weight-gradient GEMM in backward), the attention core's, and by GEMM name, whole and
+    (with ``tp_comm_overlap``) in tp pieces of m / tp rows."""
+
+    forward_s: float
+    weight_s: float
+    core_s: float
+    by_name: dict[str, float]
+    chunked: dict[str, float]
+
+
+def _gemm_seconds(
+    gemms: tuple[fl.Gemm, ...], plan: ParallelPlan, profile: HardwareProfile, *, dtype: str
+) -> _GemmSeconds:
+    """The layer's forward GEMMs priced one by one (:func:`gemm_time_s`); the attention
+    core's in 16-bit under fp8 / fp4 (Transformer Engine leaves it unquantized)."""
+    core_dtype = _core_dtype(plan, dtype)
+    fwd_gemm = wgrad = core_fwd = 0.0
+    by_name: dict[str, float] = {}
+    chunked: dict[str, float] = {}
+    for gemm in gemms:
+        is_core = gemm.name in fl.ATTENTION_CORE_GEMMS
+        t = gemm_time_s(gemm, profile, dtype=core_dtype if is_core else dtype)
+        by_name[gemm.name] = by_name.get(gemm.name, 0.0) + t
+        if plan.tp_comm_overlap and not is_core:  # tp pieces of m / tp rows (tp_comm)
+            pieces = dataclasses.replace(gemm, m=-(-gemm.m // plan.tp), count=gemm.count * plan.tp)
+            chunked[gemm.name] = gemm_time_s(pieces, profile, dtype=dtype)
+        fwd_gemm += t
+        if is_core:
+            core_fwd += t
+        else:
+            wgrad += t
+    return _GemmSeconds(fwd_gemm, wgrad, core_fwd, by_name, chunked)
+
+
+def _core_dtype(plan: ParallelPlan, dtype: str) -> str:
+    """The attention core's dtype: 16-bit beside fp8 / fp4 GEMMs, else the GEMMs'."""
+    return "bf16" if plan.precision in QUANTIZED_ELEMENT_BYTES else dtype
+
+
+def _elementwise_seconds(
+    local: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, traffic: ElementwiseTraffic
+) -> tuple[float, float]:
+    """(forward, backward) seconds of the layer's memory-bound kernels: their bytes at the
+    plan's activation width over the profile's elementwise rate, a launch each, and with fp8
+    or fp4 Transformer Engine's casts of the GEMM operands (``quantize_traffic``)."""
+    width = plan.precision.activation_bytes / 2.0
+    ew_fwd = width * traffic.forward_bytes / profile.elementwise_bytes_per_s(backward=False)
+    ew_bwd = width * traffic.backward_bytes / profile.elementwise_bytes_per_s(backward=True)
+    ew_fwd += traffic.num_kernels * profile.kernel_launch_s
+    ew_bwd += traffic.num_kernels * profile.kernel_launch_s
+    if plan.precision in QUANTIZED_ELEMENT_BYTES:
+        quant = quantize_traffic(
+            local,
+            precision=plan.precision,
+            micro_batch_size=plan.micro_batch_size,
+            tp=plan.tp,
+            sequence_parallel=plan.sequence_parallel,
+        )
+        launches_s = quant.num_kernels * profile.kernel_launch_s
+        ew_fwd += quant.forward_bytes / profile.elementwise_bytes_per_s(backward=False)
+        ew_bwd += quant.backward_bytes / profile.elementwise_bytes_per_s(backward=True)
+        ew_fwd, ew_bwd = ew_fwd + launches_s, ew_bwd + launches_s
+    return ew_fwd, ew_bwd
 
 
 def layer_pass_times(
@@ -154,65 +217,33 @@ def layer_pass_times(
     pass's eager ops (``op_overheads.with_host_s``; nothing when the
     profile has no ``host_overhead``). The backward's host cost is in ``backward_input_s``.
     """
-    b, tp = plan.micro_batch_size, plan.tp
     local = cp_local_model(model, plan.cp)
-    dtype = _matmul_dtype(plan)
-    quantized = plan.precision in QUANTIZED_ELEMENT_BYTES
-    core_dtype = "bf16" if quantized else dtype  # the attention core stays 16-bit
+    dtype = matmul_dtype(plan)
     unfused = plan.attention is AttentionKernel.UNFUSED
     gemms = layer_gemms(model, plan)
-    fwd_gemm = wgrad = core_fwd = 0.0
-    by_name: dict[str, float] = {}  # forward GEMM seconds by name, whole and in tp chunks
-    chunked: dict[str, float] = {}
-    for gemm in gemms:
-        is_core = gemm.name in fl.ATTENTION_CORE_GEMMS
-        t = gemm_time_s(gemm, profile, dtype=core_dtype if is_core else dtype)
-        by_name[gemm.name] = by_name.get(gemm.name, 0.0) + t
-        if plan.tp_comm_overlap and not is_core:  # tp pieces of m / tp rows (tp_comm)
-            pieces = dataclasses.replace(gemm, m=-(-gemm.m // tp), count=gemm.count * tp)
-            chunked[gemm.name] = gemm_time_s(pieces, profile, dtype=dtype)
-        fwd_gemm += t
-        if is_core:
-            core_fwd += t
-        else:
-            wgrad += t
-    core = attention_core_times(gemms, plan, profile, dtype=core_dtype, gemm_forward_s=core_fwd)
+    g = _gemm_seconds(gemms, plan, profile, dtype=dtype)
+    core = attention_core_times(
+        gemms, plan, profile, dtype=_core_dtype(plan, dtype), gemm_forward_s=g.core_s
+    )
     # Input-grad GEMMs: one forward each; the attention core's backward from ``core``.
-    dgrad = (fwd_gemm - core_fwd) + core.backward_s
+    dgrad = (g.forward_s - g.core_s) + core.backward_s
     traffic = layer_elementwise_traffic(
         local,
-        micro_batch_size=b,
-        tp=tp,
+        micro_batch_size=plan.micro_batch_size,
+        tp=plan.tp,
         sequence_parallel=plan.sequence_parallel,
         unfused_attention=unfused,
     )
-    hbm = profile.streaming_bytes_per_s()
-    width = plan.precision.activation_bytes / 2.0
-    ew_fwd = width * traffic.forward_bytes / profile.elementwise_bytes_per_s(backward=False)
-    ew_bwd = width * traffic.backward_bytes / profile.elementwise_bytes_per_s(backward=True)
-    ew_fwd += traffic.num_kernels * profile.kernel_launch_s
-    ew_bwd += traffic.num_kernels * profile.kernel_launch_s
-    if quantized:  # casts of the GEMM operands (elementwise.quantize_traffic)
-        quant = quantize_traffic(
-            local,
-            precision=plan.precision,
-            micro_batch_size=b,
-            tp=tp,
-            sequence_parallel=plan.sequence_parallel,
-        )
-        launches_s = quant.num_kernels * profile.kernel_launch_s
-        ew_fwd += quant.forward_bytes / profile.elementwise_bytes_per_s(backward=False)
-        ew_bwd += quant.backward_bytes / profile.elementwise_bytes_per_s(backward=True)
-        ew_fwd, ew_bwd = ew_fwd + launches_s, ew_bwd + launches_s
+    ew_fwd, ew_bwd = _elementwise_seconds(local, plan, profile, traffic)
     ops = layer_ops(gemms, plan, num_kernels=traffic.num_kernels)
     forward_s = with_host_s(
-        fwd_gemm + (core.forward_s - core_fwd) + ew_fwd, ops, profile, backward=False
+        g.forward_s + (core.forward_s - g.core_s) + ew_fwd, ops, profile, backward=False
     )
-    wgrad += _grad_accumulation_s(model, plan, profile)
+    wgrad = g.weight_s + _grad_accumulation_s(model, plan, profile)
     device_bwd = dgrad + ew_bwd + wgrad
     host_bwd = with_host_s(device_bwd, ops, profile, backward=True) - device_bwd
     tp_pass, tp_backward = tp_pass_times(
-        model, plan, profile, groups, gemm_s=by_name, chunked_gemm_s=chunked
+        model, plan, profile, groups, gemm_s=g.by_name, chunked_gemm_s=g.chunked
     )
     ring = ring_attention_times(
         model, plan, profile, groups, core_forward_s=core.forward_s, core_backward_s=core.backward_s
@@ -222,12 +253,15 @@ def layer_pass_times(
         recompute_s, tp_recompute, cp_recompute = forward_s, tp_pass, ring.forward_s
         if plan.recompute_early_stop and not model.dropout:
             recompute_s, tp_recompute = early_stop_recompute(
-                forward_s, tp_pass, down_projection_s=by_name["mlp_down"], plan=plan
+                forward_s, tp_pass, down_projection_s=g.by_name["mlp_down"], plan=plan
             )
     elif plan.recompute is Recompute.SELECTIVE and unfused:
         queries_x_keys = local.seq_length * model.seq_length
-        softmax_bytes = 9.0 * model.num_attention_heads * queries_x_keys * b * width
-        recompute_s = core_fwd + softmax_bytes / tp / hbm
+        width = plan.precision.activation_bytes / 2.0
+        softmax_bytes = (
+            9.0 * model.num_attention_heads * queries_x_keys * plan.micro_batch_size * width
+        )
+        recompute_s = g.core_s + softmax_bytes / plan.tp / profile.streaming_bytes_per_s()
     elif plan.recompute is Recompute.SELECTIVE:
         # Megatron-core checkpoints the fused attention call (recompute module "core_attn"):
         # its forward, and with cp its KV ring, run again before its backward
@@ -235,8 +269,10 @@ def layer_pass_times(
     elif plan.recompute is Recompute.SELECTIVE_OP:
         # torchtitan's per-op policy: its GEMMs, every non-matmul op and the unsaved
         # collectives again (SP: the all-gathers, half the pass; else the all-reduces)
-        again = fl.op_selective_recompute_gemms(local, micro_batch_size=b, tp=tp)
-        recompute_s = sum(gemm_time_s(g, profile, dtype=dtype) for g in again) + ew_fwd
+        again = fl.op_selective_recompute_gemms(
+            local, micro_batch_size=plan.micro_batch_size, tp=plan.tp
+        )
+        recompute_s = sum(gemm_time_s(x, profile, dtype=dtype) for x in again) + ew_fwd
         tp_recompute = tp_pass / 2 if plan.sequence_parallel else tp_pass
     return PassTimes(
         forward_s=forward_s,
@@ -289,78 +325,3 @@ def _grad_accumulation_s(model: ModelSpec, plan: ParallelPlan, profile: Hardware
     local = (counts.attention_per_layer + counts.mlp_per_layer) / plan.tp + counts.norms_per_layer
     per_param = plan_state_bytes(plan)
     return local * (per_param.param + 2.0 * per_param.grad) / profile.streaming_bytes_per_s()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EdgeTimes:
-    """Extra per-micro-batch seconds of the first stage (embedding) and last stage (logits)."""
-
-    first_forward_s: float
-    first_backward_s: float
-    first_tp_s: float
-    last_forward_s: float
-    last_backward_input_s: float
-    last_backward_weight_s: float
-    last_tp_s: float
-
-
-def edge_times(
-    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, groups: LayoutGroups
-) -> EdgeTimes:
-    """Embedding lookup (first stage) and final norm + logits + cross-entropy (last stage).
-
-    Vocab-parallel embedding ends in an all-reduce (reduce-scatter with SP) of b*s*h 16-bit
-    values; vocab-parallel cross-entropy all-reduces three fp32 values per token (max,
-    sum of exponentials, target logit) (Megatron-LM ``VocabParallelEmbedding`` and
-    ``vocab_parallel_cross_entropy``). Cross-entropy traffic is that of Megatron-LM's
-    ``_VocabParallelCrossEntropy`` op by op on fp32 logits (:func:`cross_entropy_bytes`).
-    Activations are 16-bit, or 4-byte in fp32 training. The logits GEMMs run at the 16-bit
-    rate in fp8 and fp4 training too: Megatron-core's output layer is
-    ``megatron.core.tensor_parallel.ColumnParallelLinear``, a PyTorch matmul outside
-    Transformer Engine, so TE's ``fp8_autocast`` leaves it unquantized (as it leaves the
-    attention core). With context parallelism every cp rank does this for its s/cp tokens.
-    Host cost of the embedding and head ops (``op_overheads.edge_ops``, ``with_host_s``) when
-    the profile has ``host_overhead``.
-    """
-    b, tp = plan.micro_batch_size, plan.tp
-    local = cp_local_model(model, plan.cp)
-    tokens = local.seq_length * b
-    hbm = profile.streaming_bytes_per_s()
-    launch = profile.kernel_launch_s
-    act = float(plan.precision.activation_bytes)
-    act_bytes = act * tokens * model.hidden_size
-    emb_tp = 0.0
-    ce_tp = 0.0
-    if tp > 1:
-        kind = "reduce_scatter" if plan.sequence_parallel else "all_reduce"
-        emb_tp = collective_time_s(
-            profile, collective=kind, message_bytes=act_bytes, span=groups.tp
-        )
-        ce_tp = 3 * collective_time_s(
-            profile, collective="all_reduce", message_bytes=4.0 * tokens, span=groups.tp
-        )
-    logits = fl.logits_forward_gemm(local, micro_batch_size=b, tp=tp)
-    logits_s = gemm_time_s(logits, profile, dtype=_head_dtype(plan))
-    num_logits = tokens * model.vocab_size / tp
-    norm_s = 2.0 * act * model.hidden_size * tokens / hbm + launch
-    first, last = edge_ops(model.position_embedding)
-    ce_forward_bytes, ce_backward_bytes = cross_entropy_bytes(act)
-    return EdgeTimes(
-        first_forward_s=with_host_s(act_bytes / hbm + launch, first, profile, backward=False),
-        first_backward_s=with_host_s(3.0 * act_bytes / hbm + launch, first, profile, backward=True),
-        first_tp_s=emb_tp,
-        last_forward_s=with_host_s(
-            logits_s + norm_s + ce_forward_bytes * num_logits / hbm + 6 * launch,
-            last,
-            profile,
-            backward=False,
-        ),
-        last_backward_input_s=with_host_s(
-            logits_s + 2.0 * norm_s + ce_backward_bytes * num_logits / hbm + 3 * launch,
-            last,
-            profile,
-            backward=True,
-        ),
-        last_backward_weight_s=logits_s,
-        last_tp_s=ce_tp,
-    )

@@ -1,7 +1,7 @@
 """The inputs a plan's stage costing starts from, and each stage's compute seconds (pure).
 
 :func:`pass_inputs` gives the per-layer pass times (``layer_cost.layer_pass_times``, and
-those of a layer kept in bf16), the edge stages' times (``layer_cost.edge_times``) at the
+those of a layer kept in bf16), the edge stages' times (``edge_cost.edge_times``) at the
 GEMM rate the whole job sustains (``sustained.job_compute_profile``), the layout's groups and
 the bf16 layers per stage, memoised per search. :func:`stage_compute_s` turns them into each
 stage's forward and backward seconds on the compute stream (``stage_seconds``): what the
@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plansim.analytic.layer_cost import EdgeTimes, PassTimes, edge_times, layer_pass_times
+from plansim.analytic.edge_cost import EdgeTimes, edge_times
+from plansim.analytic.layer_cost import PassTimes, layer_pass_times
 from plansim.analytic.memo import Memo, fields_getter, memoised
 from plansim.analytic.ranks import LayoutGroups, layout_groups
 from plansim.analytic.stage_seconds import stage_seconds

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plansim.analytic.layer_cost import EdgeTimes, PassTimes
+from plansim.analytic.edge_cost import EdgeTimes
+from plansim.analytic.layer_cost import PassTimes
 from plansim.specs.plan import ParallelPlan, Recompute
 
 

@@ -85,7 +85,7 @@ def runner_loss_time_s(
     """(forward, backward) seconds per micro-batch that the runner's loss takes beyond
     plansim's Megatron-LM loss on the last stage: :data:`RUNNER_LOSS_BYTES_PER_LOGIT` on all
     V logits of each token less ``elementwise.cross_entropy_bytes`` on V/tp, at the
-    profile's streaming rate (as ``layer_cost.edge_times`` prices the loss). Negative where
+    profile's streaming rate (as ``edge_cost.edge_times`` prices the loss). Negative where
     the runner moves less (the forward at tp 1)."""
     act = float(plan.precision.activation_bytes)
     cast = logits_cast_bytes(act)

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
+from plansim.analytic.edge_cost import edge_times
 from plansim.analytic.elementwise import cross_entropy_bytes
-from plansim.analytic.layer_cost import edge_times
 from plansim.analytic.ranks import layout_groups
 from plansim.catalog import resolve_model
 from plansim.errors import SpecError

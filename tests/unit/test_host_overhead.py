@@ -17,7 +17,8 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from plansim.analytic.layer_cost import edge_times, layer_gemms, layer_pass_times
+from plansim.analytic.edge_cost import edge_times
+from plansim.analytic.layer_cost import layer_gemms, layer_pass_times
 from plansim.analytic.op_overheads import PassOps, edge_ops, layer_ops, with_host_s
 from plansim.analytic.ranks import layout_groups
 from plansim.calibrate.build_terms import host_overhead_term
