@@ -148,11 +148,15 @@ class _GemmSeconds:
 
 
 def _gemm_seconds(
-    gemms: tuple[fl.Gemm, ...], plan: ParallelPlan, profile: HardwareProfile, *, dtype: str
+    gemms: tuple[fl.Gemm, ...],
+    plan: ParallelPlan,
+    profile: HardwareProfile,
+    *,
+    dtype: str,
+    core_dtype: str,
 ) -> _GemmSeconds:
-    """The layer's forward GEMMs priced one by one (:func:`gemm_time_s`); the attention
-    core's in 16-bit under fp8 / fp4 (Transformer Engine leaves it unquantized)."""
-    core_dtype = _core_dtype(plan, dtype)
+    """The layer's forward GEMMs priced one by one (:func:`gemm_time_s`): the weight GEMMs
+    in ``dtype``, the attention core's in ``core_dtype``."""
     fwd_gemm = wgrad = core_fwd = 0.0
     by_name: dict[str, float] = {}
     chunked: dict[str, float] = {}
@@ -169,11 +173,6 @@ def _gemm_seconds(
         else:
             wgrad += t
     return _GemmSeconds(fwd_gemm, wgrad, core_fwd, by_name, chunked)
-
-
-def _core_dtype(plan: ParallelPlan, dtype: str) -> str:
-    """The attention core's dtype: 16-bit beside fp8 / fp4 GEMMs, else the GEMMs'."""
-    return "bf16" if plan.precision in QUANTIZED_ELEMENT_BYTES else dtype
 
 
 def _elementwise_seconds(
@@ -220,11 +219,11 @@ def layer_pass_times(
     local = cp_local_model(model, plan.cp)
     dtype = matmul_dtype(plan)
     unfused = plan.attention is AttentionKernel.UNFUSED
+    # the attention core stays 16-bit beside fp8 / fp4 GEMMs (Transformer Engine)
+    core_dtype = "bf16" if plan.precision in QUANTIZED_ELEMENT_BYTES else dtype
     gemms = layer_gemms(model, plan)
-    g = _gemm_seconds(gemms, plan, profile, dtype=dtype)
-    core = attention_core_times(
-        gemms, plan, profile, dtype=_core_dtype(plan, dtype), gemm_forward_s=g.core_s
-    )
+    g = _gemm_seconds(gemms, plan, profile, dtype=dtype, core_dtype=core_dtype)
+    core = attention_core_times(gemms, plan, profile, dtype=core_dtype, gemm_forward_s=g.core_s)
     # Input-grad GEMMs: one forward each; the attention core's backward from ``core``.
     dgrad = (g.forward_s - g.core_s) + core.backward_s
     traffic = layer_elementwise_traffic(
