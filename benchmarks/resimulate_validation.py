@@ -26,6 +26,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from plansim.errors import PlansimError
 from plansim.io.profiles import load_profile
 from plansim.sim import timeline as tl
 from plansim.specs.model import ModelSpec
@@ -88,7 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", required=True, help="profile name or YAML path")
     parser.add_argument("folders", nargs="+", type=Path)
     args = parser.parse_args(argv)
-    rows = [resimulate(folder, args.profile) for folder in args.folders]
+    rows = []
+    for folder in args.folders:
+        try:
+            rows.append(resimulate(folder, args.profile))
+        except PlansimError as exc:  # e.g. an fp32 run on a profile without fp32 GEMM data
+            print(f"{folder.name}: not re-simulated: {exc}", file=sys.stderr)
+    if not rows:
+        return 1
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(pd.DataFrame.from_records(rows).round(1).to_string(index=False))
     return 0

@@ -49,10 +49,10 @@ import pandas as pd
 
 from plansim.calibrate.aggregate import aggregate, cache_note, contention
 from plansim.calibrate.build_elementwise import elementwise_term
+from plansim.calibrate.build_host import host_overhead_term
 from plansim.calibrate.build_terms import (
     MIN_CURVE_SIZES,
     attention_terms,
-    host_overhead_term,
     one_size_note,
     overlap_term,
     sustained_term,

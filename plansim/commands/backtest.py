@@ -7,6 +7,7 @@ import argparse
 import statistics
 import sys
 import traceback
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import NamedTuple
@@ -155,6 +156,97 @@ def _predict_guarded(row: RunRow, simulate_top: int, sensitivity: bool) -> Predi
         )
 
 
+@dataclass
+class _Tally:
+    """What ``run`` collects over the predicted rows: signed step-time errors (%), by
+    ``--group-by`` value too, the per-layer and peak-memory errors, and for the sensitivity
+    line (signed error %, elasticity on assumptions, curves read outside their points)."""
+
+    group_by: str | None
+    errors: list[float] = field(default_factory=list)
+    groups: dict[str, list[float]] = field(default_factory=dict)
+    layer_errors: dict[str, list[float]] = field(
+        default_factory=lambda: {"forward": [], "backward": []}
+    )
+    memory_errors: list[float] = field(default_factory=list)
+    assumed: list[tuple[float, float, tuple[str, ...]]] = field(default_factory=list)
+
+    def add(self, row: RunRow, pred: Prediction) -> None:
+        """Count one row's prediction."""
+        layer = pred.layer
+        if layer is not None:
+            if layer.forward_error_pct is not None:
+                self.layer_errors["forward"].append(layer.forward_error_pct)
+            if layer.backward_error_pct is not None:
+                self.layer_errors["backward"].append(layer.backward_error_pct)
+        if pred.peak_memory_error_pct is not None:
+            self.memory_errors.append(pred.peak_memory_error_pct)
+        error = pred.step_time_error_pct
+        if error is None:
+            return
+        self.errors.append(error)
+        if pred.elasticity_on_assumptions is not None:
+            self.assumed.append((error, pred.elasticity_on_assumptions, pred.out_of_range))
+        if self.group_by is not None:
+            value = row.text(self.group_by) or "(blank)"
+            self.groups.setdefault(value, []).append(error)
+
+
+def _table_row(row: RunRow, pred: Prediction) -> dict[str, str]:
+    """One row of the printed table."""
+    layer = pred.layer
+    return {
+        "row": row.row_id,
+        "model": (row.text("model_name") or "")[:28],
+        "gpus": row.text("num_gpus") or "",
+        "measured_s": row.text("step_time_s") or "",
+        "predicted_s": _fmt(pred.predicted_step_time_s, 2),
+        "error_pct": _fmt(pred.step_time_error_pct, 1),
+        "status": pred.status,
+        "plan / reason": " | ".join(
+            [pred.plan_label or pred.note] + ([_layer_text(layer)] if layer else [])
+        ),
+    }
+
+
+def _counts_text(statuses: list[str]) -> str:
+    """'5 per-layer only, 0 skipped, 1 failed (...), 2 over plansim's memory limit'."""
+    text = f"{statuses.count('skipped')} skipped"
+    if PER_LAYER in statuses:  # predicted from their per-layer timings alone
+        text = f"{statuses.count(PER_LAYER)} per-layer only, " + text
+    failed = statuses.count(FAILED)
+    if failed:
+        text += f", {failed} failed (a plansim bug: see the rows' notes)"
+    over = statuses.count(OVER_MEMORY)
+    if over:  # predicted although plansim's memory model fits none of their layouts
+        text += f", {over} over plansim's memory limit"
+    return text
+
+
+def _summary_lines(num_rows: int, statuses: list[str], tally: _Tally) -> str:
+    """The summary line, then the per-layer, peak-memory and sensitivity lines that apply."""
+    if tally.errors:
+        stats = error_stats(tally.errors)
+        summary = (
+            f"mean |error| {stats.mean_abs:.1f}%, "
+            f"median {stats.median_abs:.1f}%, max {stats.max_abs:.1f}%, "
+            f"mean signed {stats.mean_signed:+.1f}% (below 0: predicted too fast)"
+        )
+    else:
+        summary = "no run predicted"
+    lines = [f"backtest: {num_rows} runs, {_counts_text(statuses)}, {summary}\n"]
+    for part, errs in tally.layer_errors.items():
+        if errs:
+            label = f"per-layer {part} times: {len(errs)} runs, "
+            lines.append(f"backtest {_summary(errs, label)}\n")
+    if tally.memory_errors:
+        label = f"peak memory: {len(tally.memory_errors)} runs measured, "
+        lines.append(f"backtest {_summary(tally.memory_errors, label)}\n")
+    if tally.assumed:
+        lines.append(_assumed_line(tally.assumed))
+    return "".join(lines)
+
+
 def run(args: argparse.Namespace) -> int:
     """Predict each row, print the table, the per-group table (``--group-by``) and the
     summary line.
@@ -174,14 +266,9 @@ def run(args: argparse.Namespace) -> int:
             f"--group-by {args.group_by!r} is not a column of {args.runs}; columns: "
             + ", ".join(header)
         )
-    groups: dict[str, list[float]] = {}
+    tally = _Tally(group_by=args.group_by)
     out_rows: list[dict[str, str]] = []
     table: list[dict[str, str]] = []
-    errors: list[float] = []  # signed, predicted vs measured, %
-    layer_errors: dict[str, list[float]] = {"forward": [], "backward": []}
-    memory_errors: list[float] = []
-    # (signed error %, elasticity on assumptions, curves read outside their points)
-    assumed: list[tuple[float, float, tuple[str, ...]]] = []
     predict = partial(
         _predict_guarded, simulate_top=args.simulate_top, sensitivity=args.sensitivity
     )
@@ -191,39 +278,9 @@ def run(args: argparse.Namespace) -> int:
     for row, pred in zip(rows, map_in_order(predict, rows, jobs), strict=True):
         if bar is not None:
             bar.update(1)
-        cells = _prediction_cells(row, pred)
-        layer = pred.layer
-        if layer is not None:
-            if layer.forward_error_pct is not None:
-                layer_errors["forward"].append(layer.forward_error_pct)
-            if layer.backward_error_pct is not None:
-                layer_errors["backward"].append(layer.backward_error_pct)
-        if pred.peak_memory_error_pct is not None:
-            memory_errors.append(pred.peak_memory_error_pct)
-        out_rows.append(cells)
-        if pred.step_time_error_pct is not None:
-            errors.append(pred.step_time_error_pct)
-            if pred.elasticity_on_assumptions is not None:
-                assumed.append(
-                    (pred.step_time_error_pct, pred.elasticity_on_assumptions, pred.out_of_range)
-                )
-            if args.group_by is not None:
-                value = row.text(args.group_by) or "(blank)"
-                groups.setdefault(value, []).append(pred.step_time_error_pct)
-        table.append(
-            {
-                "row": row.row_id,
-                "model": (row.text("model_name") or "")[:28],
-                "gpus": row.text("num_gpus") or "",
-                "measured_s": row.text("step_time_s") or "",
-                "predicted_s": _fmt(pred.predicted_step_time_s, 2),
-                "error_pct": _fmt(pred.step_time_error_pct, 1),
-                "status": pred.status,
-                "plan / reason": " | ".join(
-                    [pred.plan_label or pred.note] + ([_layer_text(layer)] if layer else [])
-                ),
-            }
-        )
+        out_rows.append(_prediction_cells(row, pred))
+        tally.add(row, pred)
+        table.append(_table_row(row, pred))
     if bar is not None:
         bar.close()
     if args.out:
@@ -231,38 +288,11 @@ def run(args: argparse.Namespace) -> int:
         write_predictions(args.out, header, out_rows, extra_columns=extra)
     if table:  # an empty runs file prints only the summary line
         sys.stdout.write(render(pd.DataFrame(table), "table"))
-    if groups:
-        sys.stdout.write("\n" + _group_table(groups, args.group_by))
+    if tally.groups:
+        sys.stdout.write("\n" + _group_table(tally.groups, args.group_by))
     statuses = [cells["status"] for cells in out_rows]
-    skipped_text = f"{statuses.count('skipped')} skipped"
-    if PER_LAYER in statuses:  # predicted from their per-layer timings alone
-        skipped_text = f"{statuses.count(PER_LAYER)} per-layer only, " + skipped_text
-    failed = statuses.count(FAILED)
-    if failed:
-        skipped_text += f", {failed} failed (a plansim bug: see the rows' notes)"
-    over = statuses.count(OVER_MEMORY)
-    if over:  # predicted although plansim's memory model fits none of their layouts
-        skipped_text += f", {over} over plansim's memory limit"
-    if errors:
-        stats = error_stats(errors)
-        summary = (
-            f"mean |error| {stats.mean_abs:.1f}%, "
-            f"median {stats.median_abs:.1f}%, max {stats.max_abs:.1f}%, "
-            f"mean signed {stats.mean_signed:+.1f}% (below 0: predicted too fast)"
-        )
-    else:
-        summary = "no run predicted"
-    sys.stdout.write(f"backtest: {len(rows)} runs, {skipped_text}, {summary}\n")
-    for part, errs in layer_errors.items():
-        if errs:
-            label = f"per-layer {part} times: {len(errs)} runs, "
-            sys.stdout.write(f"backtest {_summary(errs, label)}\n")
-    if memory_errors:
-        label = f"peak memory: {len(memory_errors)} runs measured, "
-        sys.stdout.write(f"backtest {_summary(memory_errors, label)}\n")
-    if assumed:
-        sys.stdout.write(_assumed_line(assumed))
-    return 1 if failed else 0
+    sys.stdout.write(_summary_lines(len(rows), statuses, tally))
+    return 1 if FAILED in statuses else 0
 
 
 #: ``--sensitivity``'s columns in ``--out``: one elasticity per profile term, then the sum

@@ -41,7 +41,8 @@ from plansim.units import bytes_to_gib
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``plansim plan``."""
+    """Register ``plansim plan``: the search-mode and the search-space flags in their own
+    groups so ``--help`` reads by topic."""
     p = sub.add_parser(
         "plan",
         help="rank parallel layouts (tp, pp, dp, mbs, ZeRO, recompute, SP, schedule)",
@@ -52,18 +53,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--top", type=int, default=10, help="rows to show (default 10)")
     p.add_argument("--format", choices=["table", "json", "csv"], default="table")
     add_search_args(p)
-    p.add_argument(
-        "--simulate-top",
-        type=int,
-        metavar="N",
-        help="heuristic mode: simulate only the N best analytic estimates (fast, not exact; "
-        "default: the exact search, which simulates every plan that can reach the top rows)",
-    )
-    p.add_argument(
-        "--exhaustive",
-        action="store_true",
-        help="simulate every feasible plan (slow; the reference the default search equals)",
-    )
+    _add_search_mode_args(p.add_argument_group("search mode"))
     p.add_argument(
         "--attention",
         choices=[a.value for a in AttentionKernel],
@@ -72,75 +62,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     add_dp_sync_args(p, allow_all=True)
     add_bf16_layer_args(p)
-    p.add_argument(
-        "--overlap-param-gather",
-        action="store_true",
-        help="also try Megatron's --overlap-param-gather for the ZeRO-1/2 plans that overlap "
-        "the gradient reduction (parameter all-gather hidden behind the next forward)",
-    )
-    p.add_argument(
-        "--grad-reduce-in-bf16",
-        action="store_true",
-        help="also try Megatron's --grad-reduce-in-bf16 (bf16 gradient buffer and reduction "
-        "instead of fp32; with --precision bf16, fp8 or fp4)",
-    )
-    p.add_argument(
-        "--recompute-early-stop",
-        action="store_true",
-        help="price the full-recompute plans as torch's non-reentrant checkpoint, which stops "
-        "early (torchtitan, checkpoint_wrapper): a layer's MLP down projection and the TP "
-        "collective after it are not rerun (models without dropout)",
-    )
-    p.add_argument(
-        "--use-torch-fsdp2",
-        action="store_true",
-        help="price the ZeRO-3 plans as PyTorch FSDP (Megatron flag): fp32 sharded parameters "
-        "are the master weights, 16 bytes per parameter instead of DeepSpeed's 18",
-    )
-    p.add_argument(
-        "--zero3-param-fetch",
-        choices=[f.value for f in Zero3ParamFetch],
-        default=Zero3ParamFetch.LAYER_PREFETCH.value,
-        help="how the ZeRO-3 plans gather parameters (as plansim simulate): per layer with "
-        "prefetch (default), per tensor synchronously (DeepSpeed 2021), per layer without "
-        "prefetch, or per-step (FSDP2 under torch.distributed.pipelining, torchtitan: once "
-        "per step for plans with pp > 1; pp = 1 plans gather per layer)",
-    )
-    p.add_argument(
-        "--no-reshard-after-forward",
-        dest="reshard_after_forward",
-        action="store_false",
-        help="also try the ZeRO-3 plans with each layer kept gathered from its forward to "
-        "its backward (PyTorch FSDP2 reshard_after_forward=False, FSDP1 SHARD_GRAD_OP)",
-    )
-    p.add_argument(
-        "--hsdp",
-        action="store_true",
-        help="also try hybrid sharding: ZeRO states sharded within one node and replicated "
-        "across nodes (ZeRO-3: HSDP; ZeRO-1/2: Megatron's partial distributed optimizer; "
-        "--dp-shard in simulate)",
-    )
-    p.add_argument(
-        "--recompute-selective-op",
-        action="store_true",
-        help="also try torchtitan's per-op selective activation checkpointing (--recompute "
-        "selective-op: every second matmul and all non-matmul ops recomputed; needs "
-        "--attention flash)",
-    )
-    p.add_argument(
-        "--tp-comm-overlap",
-        action="store_true",
-        help="also try Megatron's --tp-comm-overlap for the sequence-parallel plans (TP "
-        "collectives pipelined with their GEMMs; Transformer Engine userbuffers)",
-    )
-    p.add_argument(
-        "--cp",
-        default="1",
-        metavar="LIST",
-        help="context-parallel sizes to try, comma-separated (default 1; e.g. 1,2,4,8 for "
-        "long sequences: ring attention splits each sequence over cp ranks; needs "
-        "--attention flash)",
-    )
+    _add_space_args(p.add_argument_group("search space (framework options also tried)"))
     add_constraint_args(p)
     p.add_argument(
         "--plot",
@@ -155,6 +77,97 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         f"{ROBUSTNESS_PLANS} plans would rank first with any one term 10%% faster or slower",
     )
     p.set_defaults(func=run)
+
+
+def _add_search_mode_args(g: argparse._ArgumentGroup) -> None:
+    """--simulate-top (heuristic) and --exhaustive; the default is the exact search."""
+    g.add_argument(
+        "--simulate-top",
+        type=int,
+        metavar="N",
+        help="heuristic mode: simulate only the N best analytic estimates (fast, not exact; "
+        "default: the exact search, which simulates every plan that can reach the top rows)",
+    )
+    g.add_argument(
+        "--exhaustive",
+        action="store_true",
+        help="simulate every feasible plan (slow; the reference the default search equals)",
+    )
+
+
+def _add_space_args(g: argparse._ArgumentGroup) -> None:
+    """The framework options the search also tries or prices its plans with (overlap,
+    bf16 reduction, early-stop recompute, FSDP, ZeRO-3 fetch, HSDP, per-op selective
+    recompute, TP overlap) and the context-parallel sizes."""
+    g.add_argument(
+        "--overlap-param-gather",
+        action="store_true",
+        help="also try Megatron's --overlap-param-gather for the ZeRO-1/2 plans that overlap "
+        "the gradient reduction (parameter all-gather hidden behind the next forward)",
+    )
+    g.add_argument(
+        "--grad-reduce-in-bf16",
+        action="store_true",
+        help="also try Megatron's --grad-reduce-in-bf16 (bf16 gradient buffer and reduction "
+        "instead of fp32; with --precision bf16, fp8 or fp4)",
+    )
+    g.add_argument(
+        "--recompute-early-stop",
+        action="store_true",
+        help="price the full-recompute plans as torch's non-reentrant checkpoint, which stops "
+        "early (torchtitan, checkpoint_wrapper): a layer's MLP down projection and the TP "
+        "collective after it are not rerun (models without dropout)",
+    )
+    g.add_argument(
+        "--use-torch-fsdp2",
+        action="store_true",
+        help="price the ZeRO-3 plans as PyTorch FSDP (Megatron flag): fp32 sharded parameters "
+        "are the master weights, 16 bytes per parameter instead of DeepSpeed's 18",
+    )
+    g.add_argument(
+        "--zero3-param-fetch",
+        choices=[f.value for f in Zero3ParamFetch],
+        default=Zero3ParamFetch.LAYER_PREFETCH.value,
+        help="how the ZeRO-3 plans gather parameters (as plansim simulate): per layer with "
+        "prefetch (default), per tensor synchronously (DeepSpeed 2021), per layer without "
+        "prefetch, or per-step (FSDP2 under torch.distributed.pipelining, torchtitan: once "
+        "per step for plans with pp > 1; pp = 1 plans gather per layer)",
+    )
+    g.add_argument(
+        "--no-reshard-after-forward",
+        dest="reshard_after_forward",
+        action="store_false",
+        help="also try the ZeRO-3 plans with each layer kept gathered from its forward to "
+        "its backward (PyTorch FSDP2 reshard_after_forward=False, FSDP1 SHARD_GRAD_OP)",
+    )
+    g.add_argument(
+        "--hsdp",
+        action="store_true",
+        help="also try hybrid sharding: ZeRO states sharded within one node and replicated "
+        "across nodes (ZeRO-3: HSDP; ZeRO-1/2: Megatron's partial distributed optimizer; "
+        "--dp-shard in simulate)",
+    )
+    g.add_argument(
+        "--recompute-selective-op",
+        action="store_true",
+        help="also try torchtitan's per-op selective activation checkpointing (--recompute "
+        "selective-op: every second matmul and all non-matmul ops recomputed; needs "
+        "--attention flash)",
+    )
+    g.add_argument(
+        "--tp-comm-overlap",
+        action="store_true",
+        help="also try Megatron's --tp-comm-overlap for the sequence-parallel plans (TP "
+        "collectives pipelined with their GEMMs; Transformer Engine userbuffers)",
+    )
+    g.add_argument(
+        "--cp",
+        default="1",
+        metavar="LIST",
+        help="context-parallel sizes to try, comma-separated (default 1; e.g. 1,2,4,8 for "
+        "long sequences: ring attention splits each sequence over cp ranks; needs "
+        "--attention flash)",
+    )
 
 
 #: Plans compared by ``--sensitivity``'s ranking check (each simulated twice per profile term).

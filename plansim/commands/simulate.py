@@ -3,19 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import sys
 from pathlib import Path
 
-import pandas as pd
-
 from plansim.analytic.layer_timing import layer_wall_times
-from plansim.analytic.sustained import (
-    UNTHROTTLED_DTYPES,
-    dtype_pace_fraction,
-    slowest_gpu_fraction,
-)
 from plansim.commands.common import (
     add_bf16_layer_args,
     add_dp_sync_args,
@@ -27,22 +18,13 @@ from plansim.commands.common import (
     dp_syncs_from_args,
     resolve,
 )
+from plansim.commands.simulate_report import SimulateReport, json_text, rejected_text, table_text
 from plansim.errors import SpecError, require_positive_int
 from plansim.io.outputs import check_writable
 from plansim.planner.evaluate import Evaluation, Rejected, evaluate
 from plansim.planner.lookups import out_of_range, recording_profile
 from plansim.planner.sensitivity import sensitivity
-from plansim.report.sensitivity_table import outside_text, sensitivity_dict, sensitivity_text
-from plansim.report.tables import (
-    evaluation_dict,
-    memory_table,
-    plan_row,
-    render,
-    step_breakdown_s,
-    step_breakdown_table,
-)
 from plansim.report.trace import chrome_trace, write_trace
-from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import check_plan_divides_model
 from plansim.specs.plan import (
     AttentionKernel,
@@ -57,117 +39,20 @@ from plansim.specs.plan import (
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``plansim simulate``."""
+    """Register ``plansim simulate``: its flags in groups (layout, overlap, framework
+    behaviour, ZeRO-3, outputs) so ``--help`` reads by topic."""
     p = sub.add_parser("simulate", help="simulate one plan", description=__doc__)
     add_model_args(p)
-    p.add_argument("--tp", type=int, required=True, help="tensor-parallel size")
-    p.add_argument("--pp", type=int, required=True, help="pipeline-parallel size")
-    p.add_argument("--dp", type=int, default=None, help="data-parallel size (default: derived)")
-    p.add_argument(
-        "--cp",
-        type=int,
-        default=1,
-        help="context-parallel size (ring attention; the sequence length must split into "
-        "2 * cp chunks; needs --attention flash)",
-    )
-    p.add_argument(
-        "--vpp",
-        type=int,
-        default=1,
-        help="virtual pipeline stages (model chunks) per rank; > 1 needs "
-        f"--schedule {Schedule.INTERLEAVED_1F1B.value}",
-    )
-    p.add_argument("--mbs", type=int, required=True, help="micro-batch size (sequences)")
-    p.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 (default 0)")
+    _add_layout_args(p.add_argument_group("layout"))
     add_recompute_args(p)
     p.add_argument("--sequence-parallel", action="store_true", help="Megatron SP (tp > 1)")
     p.add_argument("--schedule", choices=[s.value for s in Schedule], default="1f1b")
-    p.add_argument(
-        "--overlap-p2p-comm",
-        action="store_true",
-        help="asynchronous pipeline sends beside compute (interleaved-1f1b only)",
-    )
-    p.add_argument(
-        "--tp-comm-overlap",
-        action="store_true",
-        help="TP all-gathers/reduce-scatters split and pipelined with their GEMMs (Megatron "
-        "--tp-comm-overlap, Transformer Engine userbuffers; needs --sequence-parallel)",
-    )
-    p.add_argument(
-        "--overlap-grad-reduce",
-        action="store_true",
-        help="DP gradient reduction in buckets overlapped with backward (Megatron flag)",
-    )
-    p.add_argument(
-        "--overlap-param-gather",
-        action="store_true",
-        help="ZeRO-1/2 parameter all-gather in buckets hidden behind the next forward "
-        "(Megatron flag; needs --zero 1 or 2 and --overlap-grad-reduce)",
-    )
+    _add_overlap_args(p.add_argument_group("communication overlap"))
     add_dp_sync_args(p, allow_all=False)
-    p.add_argument(
-        "--no-gradient-accumulation-fusion",
-        dest="gradient_accumulation_fusion",
-        action="store_false",
-        help="add each micro-batch's weight gradients in a separate pass (pre-2022 Megatron)",
-    )
-    p.add_argument(
-        "--grad-reduce-in-bf16",
-        action="store_true",
-        help="accumulate and reduce gradients in bf16 instead of an fp32 main-gradient buffer "
-        "(Megatron flag; precision bf16, fp8 or fp4)",
-    )
-    p.add_argument(
-        "--recompute-early-stop",
-        action="store_true",
-        help="full recompute through torch's non-reentrant checkpoint, which stops early "
-        "(torch.utils.checkpoint use_reentrant=False: torchtitan, checkpoint_wrapper): a "
-        "layer's MLP down projection and the TP collective after it are not rerun (models "
-        "without dropout; needs --recompute full)",
-    )
-    p.add_argument(
-        "--use-torch-fsdp2",
-        action="store_true",
-        help="ZeRO-3 through PyTorch FSDP (Megatron flag): fp32 sharded parameters are the "
-        "master weights, 16 bytes per parameter instead of 18 (needs --zero 3)",
-    )
-    p.add_argument(
-        "--no-reshard-after-forward",
-        dest="reshard_after_forward",
-        action="store_false",
-        help="keep each ZeRO-3 unit gathered from its forward to its backward (PyTorch FSDP2 "
-        "reshard_after_forward=False, FSDP1 SHARD_GRAD_OP): no gather before backward; needs "
-        "--zero 3 with layer-prefetch or layer-sync",
-    )
-    p.add_argument(
-        "--no-scatter-gather-tensors-in-pipeline",
-        dest="scatter_gather_p2p",
-        action="store_false",
-        help="without --sequence-parallel every TP rank sends the whole pipeline tensor "
-        "(Megatron 2020) instead of a 1/tp slice re-formed by an all-gather",
-    )
+    _add_framework_args(p.add_argument_group("framework behaviour"))
     p.add_argument("--attention", choices=[a.value for a in AttentionKernel], default="flash")
     add_offload_args(p)
-    p.add_argument(
-        "--zero3-param-fetch",
-        choices=[f.value for f in Zero3ParamFetch],
-        default=None,
-        help="ZeRO-3: one prefetched all-gather per layer overlapped with compute (FSDP; "
-        "default), one synchronous collective per parameter tensor (DeepSpeed 2021), one "
-        "synchronous collective per layer (FSDP without prefetch, e.g. on a CPU device), or "
-        "one gather and one reduce-scatter per step, parameters and gradients unsharded "
-        "across the micro-batches (per-step: FSDP2 under torch.distributed.pipelining, "
-        "torchtitan with pp > 1)",
-    )
-    p.add_argument(
-        "--dp-shard",
-        type=int,
-        default=None,
-        metavar="N",
-        help="hybrid sharding: shard the ZeRO states over N * cp ranks (e.g. one node) and "
-        "replicate over dp / N (ZeRO-3: HSDP, FSDP HYBRID_SHARD; ZeRO-1/2: Megatron's "
-        "--num-distributed-optimizer-instances = dp / N); default: shard over all dp",
-    )
+    _add_sharding_args(p.add_argument_group("ZeRO-3 and sharding"))
     add_pipeline_split_args(p)
     add_bf16_layer_args(p)
     p.add_argument("--format", choices=["table", "json"], default="table")
@@ -188,6 +73,125 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     out.add_argument("--plot", metavar="OUT.png", help="pipeline Gantt chart (PNG)")
     out.add_argument("--memory-plot", metavar="OUT.png", help="memory over time per rank (PNG)")
     p.set_defaults(func=run)
+
+
+def _add_layout_args(g: argparse._ArgumentGroup) -> None:
+    """--tp, --pp, --dp, --cp, --vpp, --mbs, --zero."""
+    g.add_argument("--tp", type=int, required=True, help="tensor-parallel size")
+    g.add_argument("--pp", type=int, required=True, help="pipeline-parallel size")
+    g.add_argument("--dp", type=int, default=None, help="data-parallel size (default: derived)")
+    g.add_argument(
+        "--cp",
+        type=int,
+        default=1,
+        help="context-parallel size (ring attention; the sequence length must split into "
+        "2 * cp chunks; needs --attention flash)",
+    )
+    g.add_argument(
+        "--vpp",
+        type=int,
+        default=1,
+        help="virtual pipeline stages (model chunks) per rank; > 1 needs "
+        f"--schedule {Schedule.INTERLEAVED_1F1B.value}",
+    )
+    g.add_argument("--mbs", type=int, required=True, help="micro-batch size (sequences)")
+    g.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 (default 0)")
+
+
+def _add_overlap_args(g: argparse._ArgumentGroup) -> None:
+    """The Megatron-LM overlap flags: pipeline sends, TP, DP gradients, parameter gathers."""
+    g.add_argument(
+        "--overlap-p2p-comm",
+        action="store_true",
+        help="asynchronous pipeline sends beside compute (interleaved-1f1b only)",
+    )
+    g.add_argument(
+        "--tp-comm-overlap",
+        action="store_true",
+        help="TP all-gathers/reduce-scatters split and pipelined with their GEMMs (Megatron "
+        "--tp-comm-overlap, Transformer Engine userbuffers; needs --sequence-parallel)",
+    )
+    g.add_argument(
+        "--overlap-grad-reduce",
+        action="store_true",
+        help="DP gradient reduction in buckets overlapped with backward (Megatron flag)",
+    )
+    g.add_argument(
+        "--overlap-param-gather",
+        action="store_true",
+        help="ZeRO-1/2 parameter all-gather in buckets hidden behind the next forward "
+        "(Megatron flag; needs --zero 1 or 2 and --overlap-grad-reduce)",
+    )
+
+
+def _add_framework_args(g: argparse._ArgumentGroup) -> None:
+    """Flags that say how the framework runs the step (gradient accumulation, reduction
+    dtype, checkpoint early stop, pipeline scatter/gather)."""
+    g.add_argument(
+        "--no-gradient-accumulation-fusion",
+        dest="gradient_accumulation_fusion",
+        action="store_false",
+        help="add each micro-batch's weight gradients in a separate pass (pre-2022 Megatron)",
+    )
+    g.add_argument(
+        "--grad-reduce-in-bf16",
+        action="store_true",
+        help="accumulate and reduce gradients in bf16 instead of an fp32 main-gradient buffer "
+        "(Megatron flag; precision bf16, fp8 or fp4)",
+    )
+    g.add_argument(
+        "--recompute-early-stop",
+        action="store_true",
+        help="full recompute through torch's non-reentrant checkpoint, which stops early "
+        "(torch.utils.checkpoint use_reentrant=False: torchtitan, checkpoint_wrapper): a "
+        "layer's MLP down projection and the TP collective after it are not rerun (models "
+        "without dropout; needs --recompute full)",
+    )
+    g.add_argument(
+        "--no-scatter-gather-tensors-in-pipeline",
+        dest="scatter_gather_p2p",
+        action="store_false",
+        help="without --sequence-parallel every TP rank sends the whole pipeline tensor "
+        "(Megatron 2020) instead of a 1/tp slice re-formed by an all-gather",
+    )
+
+
+def _add_sharding_args(g: argparse._ArgumentGroup) -> None:
+    """ZeRO-3 flags: PyTorch FSDP, resharding, parameter fetch, hybrid sharding."""
+    g.add_argument(
+        "--use-torch-fsdp2",
+        action="store_true",
+        help="ZeRO-3 through PyTorch FSDP (Megatron flag): fp32 sharded parameters are the "
+        "master weights, 16 bytes per parameter instead of 18 (needs --zero 3)",
+    )
+    g.add_argument(
+        "--no-reshard-after-forward",
+        dest="reshard_after_forward",
+        action="store_false",
+        help="keep each ZeRO-3 unit gathered from its forward to its backward (PyTorch FSDP2 "
+        "reshard_after_forward=False, FSDP1 SHARD_GRAD_OP): no gather before backward; needs "
+        "--zero 3 with layer-prefetch or layer-sync",
+    )
+    g.add_argument(
+        "--zero3-param-fetch",
+        choices=[f.value for f in Zero3ParamFetch],
+        default=None,
+        help="ZeRO-3: one prefetched all-gather per layer overlapped with compute (FSDP; "
+        "default), one synchronous collective per parameter tensor (DeepSpeed 2021), one "
+        "synchronous collective per layer (FSDP without prefetch, e.g. on a CPU device), or "
+        "one gather and one reduce-scatter per step, parameters and gradients unsharded "
+        "across the micro-batches (per-step: FSDP2 under torch.distributed.pipelining, "
+        "torchtitan with pp > 1)",
+    )
+    g.add_argument(
+        "--dp-shard",
+        type=int,
+        default=None,
+        metavar="N",
+        help="hybrid sharding: shard the ZeRO states over N * cp ranks (e.g. one node) and "
+        "replicate over dp / N (ZeRO-3: HSDP, FSDP HYBRID_SHARD; ZeRO-1/2: Megatron's "
+        "--num-distributed-optimizer-instances = dp / N); default: shard over all dp",
+    )
 
 
 def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
@@ -276,75 +280,26 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError(f"{model.name}: {reason}")
     recorded, lookups = recording_profile(profile)  # same prices, lookups logged
     outcome = evaluate(model, plan, recorded)
-    outside = out_of_range(profile, lookups)
-    out = sys.stdout
     if isinstance(outcome, Rejected):
         for flag in outputs:
             sys.stderr.write(f"plansim: {flag} not written: the plan was rejected\n")
-        if args.format == "json":
-            doc = {"status": "rejected", "category": outcome.category, "reason": outcome.reason}
-            out.write(json.dumps(doc, indent=2) + "\n")
-        else:
-            out.write(f"rejected ({outcome.category}): {outcome.reason}\n")
+        sys.stdout.write(rejected_text(outcome, args.format))
         return 1
     title = f"{model.name} on {plan.num_gpus} x {profile.name}: {plan.label()}"
     _write_outputs(outputs, outcome, title=title, capacity_bytes=profile.hbm_capacity_bytes)
-    dtype = plan.precision.value
-    pace = dtype_pace_fraction(profile, plan.num_gpus, dtype)
-    layer = layer_wall_times(model, plan, profile)
-    sens = sensitivity(model, plan, profile, base=outcome) if args.sensitivity else None
-    if args.format == "json":
-        doc = {"status": "ok", "model": model.name, "profile": profile.name}
-        doc.update(evaluation_dict(outcome))
-        doc["gemm_pace_fraction"] = pace
-        doc["step_breakdown_s"] = {
-            part: round(seconds, 3) for part, seconds in step_breakdown_s(outcome).items()
-        }
-        doc["layer_forward_ms"] = 1e3 * layer.forward_s
-        doc["layer_backward_ms"] = 1e3 * layer.backward_s
-        doc["out_of_range_lookups"] = [dataclasses.asdict(o) for o in outside]
-        if sens is not None:
-            doc["sensitivity"] = sensitivity_dict(sens)
-        out.write(json.dumps(doc, indent=2) + "\n")
-        return 0
-    out.write(f"{model.name} on {plan.num_gpus} x {profile.name}: {plan.label()}\n\n")
-    row = plan_row(outcome)
-    out.write(
-        render(pd.DataFrame([row]).T.reset_index().set_axis(["metric", "value"], axis=1), "table")
+    report = SimulateReport(
+        model=model,
+        plan=plan,
+        profile=profile,
+        outcome=outcome,
+        outside=out_of_range(profile, lookups),
+        layer=layer_wall_times(model, plan, profile),
+        sens=sensitivity(model, plan, profile, base=outcome) if args.sensitivity else None,
     )
-    ranks = "one pipeline rank" if plan.pp == 1 else f"mean over the {plan.pp} pipeline ranks"
-    out.write(f"\nwhere the step goes ({ranks}):\n")
-    out.write(render(step_breakdown_table(outcome), "table"))
-    out.write(f"\nmemory of the worst pipeline rank (stage {outcome.memory.rank}), GiB:\n")
-    out.write(render(memory_table(outcome), "table"))
-    out.write(
-        f"\none layer, one micro-batch: forward {1e3 * layer.forward_s:.2f} ms, backward "
-        f"{1e3 * layer.backward_s:.2f} ms (as a per-layer timer sees them: blocking TP "
-        "collectives and recompute included)\n"
-    )
-    if pace < 1.0:
-        out.write(_pace_note(profile, plan.num_gpus, pace, dtype=dtype))
-    out.write(outside_text(outside, profile_name=profile.name))
-    if sens is not None:
-        out.write(sensitivity_text(sens, profile_name=profile.name))
+    sys.stdout.write(json_text(report) if args.format == "json" else table_text(report))
     return 0
 
 
-def _pace_note(profile: HardwareProfile, num_gpus: int, pace: float, *, dtype: str) -> str:
-    """One line on the GEMM rate the job sustains (``plansim.analytic.sustained``)."""
-    slowest = slowest_gpu_fraction(profile, num_gpus)
-    power = (
-        f"{dtype} GEMMs run below the power limit"
-        if dtype in UNTHROTTLED_DTYPES
-        else f"{100 * profile.sustained_matmul_fraction:.1f}% sustained at the power limit"
-    )
-    return (
-        f"\nGEMMs and attention at {100 * pace:.1f}% of {profile.name}'s burst rate: "
-        f"{power} x {100 * slowest:.1f}% for the slowest of {num_gpus} GPUs\n"
-    )
-
-
-#: Output flags of ``plansim simulate``: argparse dest -> flag as typed.
 _OUTPUT_FLAGS = {"trace": "--trace", "plot": "--plot", "memory_plot": "--memory-plot"}
 
 

@@ -22,12 +22,15 @@ memory, on the predicted worst-rank peak.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from plansim.errors import PlansimError
 from plansim.io.profile_names import AmbiguousProfileError, match_profile_name
 from plansim.io.profiles import list_datasheet_profiles, list_profiles, load_profile
 from plansim.io.runs import RunRow
+from plansim.planner.enumerate import SearchSpace
 from plansim.planner.evaluate import OUT_OF_MEMORY, Evaluation, Rejected
 from plansim.planner.lookups import out_of_range_lookups
 from plansim.planner.run_checks import (
@@ -195,77 +198,91 @@ def _row_profile(row: RunRow, notes: list[str]) -> HardwareProfile:
         raise Skip(f"unknown hardware profile {gpu!r}") from None
 
 
-def _predict(row: RunRow, simulate_top: int, notes: list[str]) -> tuple[Prediction, _Chosen | None]:
-    """predict_row for one row as it stands, ``notes`` so far (appended to), with the
-    chosen plan when there is one."""
-    try:
-        measured = row.number("step_time_s")
-        if measured is None and not has_layer_times(row):
-            raise Skip("no measured step_time_s or per-layer times")
-        if measured is not None and (not math.isfinite(measured) or measured <= 0):
-            raise Skip(f"step_time_s {measured!r} is not a positive number of seconds")
-        check_measurements(row)
-        model = row_model(row, notes)
-        profile = _row_profile(row, notes)
-        space = row_space(row, notes)
-        if is_hybrid_shard(row):  # HSDP: shard groups of one node (plansim.planner.hsdp)
-            space = replace(space, hsdp_shard_gpus=profile.gpus_per_node, hsdp_only=True)
-            notes.append(f"hybrid sharding: ZeRO-3 shard groups of {profile.gpus_per_node} GPUs")
-        if measured is None:  # per-layer timings only: the layout the row states
-            plan = stated_layer_plan(row, space, notes)
-            notes.append(f"per-layer times of {plan.label()}")
-            layer_only = Prediction(
-                status=PER_LAYER,
-                note="; ".join(notes),
-                plan_label=plan.label(),
-                layer=layer_check(row, model, plan, profile),
-            )
-            return layer_only, None
-        num_gpus, gbs = row.integer("num_gpus"), row.integer("global_batch_size_seqs")
-        if not num_gpus or not gbs:
-            raise Skip("num_gpus or global_batch_size_seqs blank")
+def _measured_step_s(row: RunRow) -> float | None:
+    """The row's measured ``step_time_s`` (None: per-layer times only).
 
-        def run(prof: HardwareProfile) -> SearchResult:
-            return search(
-                model,
-                prof,
-                num_gpus=num_gpus,
-                global_batch_size=gbs,
-                space=space,
-                simulate_top=simulate_top,
-            )
+    Raises:
+        Skip: neither a step time nor per-layer times, or a step time that is not a positive
+            number of seconds."""
+    measured = row.number("step_time_s")
+    if measured is None and not has_layer_times(row):
+        raise Skip("no measured step_time_s or per-layer times")
+    if measured is not None and (not math.isfinite(measured) or measured <= 0):
+        raise Skip(f"step_time_s {measured!r} is not a positive number of seconds")
+    return measured
 
-        result = run(profile)
-    except Skip as exc:
-        return Prediction(status="skipped", note=str(exc)), None
-    except PlansimError as exc:  # a malformed or inconsistent row: skip it, keep the others
-        return Prediction(status="skipped", note=f"row not usable: {exc}"), None
-    status, priced = "ok", profile
+
+def _row_setup(row: RunRow, notes: list[str]) -> tuple[ModelSpec, HardwareProfile, SearchSpace]:
+    """The row's model, profile and search space (HSDP rows: shard groups of one node)."""
+    check_measurements(row)
+    model = row_model(row, notes)
+    profile = _row_profile(row, notes)
+    space = row_space(row, notes)
+    if is_hybrid_shard(row):  # HSDP: shard groups of one node (plansim.planner.hsdp)
+        space = replace(space, hsdp_shard_gpus=profile.gpus_per_node, hsdp_only=True)
+        notes.append(f"hybrid sharding: ZeRO-3 shard groups of {profile.gpus_per_node} GPUs")
+    return model, profile, space
+
+
+def _layer_only(
+    row: RunRow, model: ModelSpec, profile: HardwareProfile, space: SearchSpace, notes: list[str]
+) -> Prediction:
+    """A row with per-layer timings only: its stated layout's layer times against them."""
+    plan = stated_layer_plan(row, space, notes)
+    notes.append(f"per-layer times of {plan.label()}")
+    return Prediction(
+        status=PER_LAYER,
+        note="; ".join(notes),
+        plan_label=plan.label(),
+        layer=layer_check(row, model, plan, profile),
+    )
+
+
+def _relaxed(
+    result: SearchResult,
+    profile: HardwareProfile,
+    run: Callable[[HardwareProfile], SearchResult],
+    notes: list[str],
+) -> tuple[SearchResult, str, HardwareProfile]:
+    """(result, status, profile priced): ``result`` as it is, or where no layout fits
+    plansim's memory model (yet the run did fit, so the model is pessimistic for it), the
+    search again with the capacity of the layout closest to fitting (module docstring)."""
     closest = None if result.ranked else _closest_to_fitting(result.closest_miss, profile)
-    if closest is not None:
-        # The run did fit, so plansim's memory model is pessimistic for it: predict the
-        # layouts that come closest to fitting (module docstring).
-        roomier = replace(profile, hbm_capacity_bytes=closest.need_bytes * (1 + 1e-9))
-        relaxed = run(roomier)
-        if relaxed.ranked:  # else the skip below keeps the real capacity's reasons
-            result, status, priced = relaxed, OVER_MEMORY, roomier
-            notes.append(
-                f"no layout fits plansim's memory model; predicted the closest: {closest.reason}"
-            )
-    if not result.ranked:
-        examples = result.rejection_examples  # the nearest miss on memory says the most
-        first = examples.get(OUT_OF_MEMORY) or next(
-            iter(examples.values()), _no_candidate(row, num_gpus, gbs)
-        )
-        if result.batch_indivisible_dps:
-            dps = ", ".join(map(str, result.batch_indivisible_dps))
-            first += f"; layouts with dp in ({dps}) not tried: gbs {gbs} is not divisible by dp"
-        return Prediction(status="skipped", note=f"no feasible layout: {first}"), None
-    best = result.ranked[0]
+    if closest is None:
+        return result, "ok", profile
+    roomier = replace(profile, hbm_capacity_bytes=closest.need_bytes * (1 + 1e-9))
+    relaxed = run(roomier)
+    if not relaxed.ranked:  # the skip that follows keeps the real capacity's reasons
+        return result, "ok", profile
+    notes.append(f"no layout fits plansim's memory model; predicted the closest: {closest.reason}")
+    return relaxed, OVER_MEMORY, roomier
+
+
+def _no_layout_note(row: RunRow, result: SearchResult, num_gpus: int, gbs: int) -> str:
+    """Why a search ranked nothing: the nearest miss on memory, else the first reason."""
+    examples = result.rejection_examples
+    first = examples.get(OUT_OF_MEMORY) or next(
+        iter(examples.values()), _no_candidate(row, num_gpus, gbs)
+    )
+    if result.batch_indivisible_dps:
+        dps = ", ".join(map(str, result.batch_indivisible_dps))
+        first += f"; layouts with dp in ({dps}) not tried: gbs {gbs} is not divisible by dp"
+    return f"no feasible layout: {first}"
+
+
+def _best_prediction(
+    row: RunRow,
+    best: Evaluation,
+    *,
+    measured: float,
+    status: str,
+    model: ModelSpec,
+    profile: HardwareProfile,
+    notes: list[str],
+) -> Prediction:
+    """The prediction of the fastest plan ``best`` against the measured step seconds."""
     notes.append(f"chosen: {best.plan.label()}")
-    layer = layer_check(row, model, best.plan, profile)
-    memory_error = memory_error_pct(row, best.peak_memory_bytes)
-    prediction = Prediction(
+    return Prediction(
         status=status,
         note="; ".join(notes),
         predicted_step_time_s=best.step_time_s,
@@ -277,7 +294,40 @@ def _predict(row: RunRow, simulate_top: int, notes: list[str]) -> tuple[Predicti
         exposed_comm_s_by_kind={
             kind: seconds / best.plan.pp for kind, seconds in best.exposed_comm_s_by_kind.items()
         },
-        layer=layer,
-        peak_memory_error_pct=memory_error,
+        layer=layer_check(row, model, best.plan, profile),
+        peak_memory_error_pct=memory_error_pct(row, best.peak_memory_bytes),
+    )
+
+
+def _predict(row: RunRow, simulate_top: int, notes: list[str]) -> tuple[Prediction, _Chosen | None]:
+    """predict_row for one row as it stands, ``notes`` so far (appended to), with the
+    chosen plan when there is one."""
+    try:
+        measured = _measured_step_s(row)
+        model, profile, space = _row_setup(row, notes)
+        if measured is None:  # per-layer timings only: the layout the row states
+            return _layer_only(row, model, profile, space, notes), None
+        num_gpus, gbs = row.integer("num_gpus"), row.integer("global_batch_size_seqs")
+        if not num_gpus or not gbs:
+            raise Skip("num_gpus or global_batch_size_seqs blank")
+        run = partial(  # the row's heuristic search (simulate_top best estimates simulated)
+            search,
+            model,
+            num_gpus=num_gpus,
+            global_batch_size=gbs,
+            space=space,
+            simulate_top=simulate_top,
+        )
+        result = run(profile)
+    except Skip as exc:
+        return Prediction(status="skipped", note=str(exc)), None
+    except PlansimError as exc:  # a malformed or inconsistent row: skip it, keep the others
+        return Prediction(status="skipped", note=f"row not usable: {exc}"), None
+    result, status, priced = _relaxed(result, profile, run, notes)
+    if not result.ranked:
+        return Prediction(status="skipped", note=_no_layout_note(row, result, num_gpus, gbs)), None
+    best = result.ranked[0]
+    prediction = _best_prediction(
+        row, best, measured=measured, status=status, model=model, profile=profile, notes=notes
     )
     return prediction, _Chosen(model=model, best=best, profile=priced)

@@ -192,23 +192,35 @@ def _knobs(
     """Plans of one (layout, mbs, vpp) grouped by overlap flags; ``split``: the plan fields
     of an uneven pipeline split (``uneven_split_fields``), empty for an even one; ``chunk``:
     the layers of a model chunk (0: unknown), for the block-recompute options."""
-    tp, pp, dp = layout.tp, layout.pp, layout.dp
-    dp_cp = dp * layout.cp  # ranks that reduce gradients and shard ZeRO states together
-    schedules = _schedules(pp, vpp, gbs // (mbs * dp), space)
+    dp_cp = layout.dp * layout.cp  # ranks that reduce gradients and shard ZeRO states together
+    schedules = _schedules(layout.pp, vpp, gbs // (mbs * layout.dp), space)
     bf16_modes = _bf16_grad_modes(space)  # gradient memory differs: not one group
-    fetch = _fetch(space, pp=pp)
+    fetch = _fetch(space, pp=layout.pp)
+    base = _fixed_fields(layout, mbs, vpp, gbs, space) | split
     for zero, dp_sync, opt_dev, param_dev in _zero_modes(space, dp_cp=dp_cp):
-        servers = space.ps_servers if dp_sync is DpSync.PARAMETER_SERVER else 0
+        sharding = {
+            "zero_stage": zero,
+            "dp_sync": dp_sync,
+            "ps_servers": space.ps_servers if dp_sync is DpSync.PARAMETER_SERVER else 0,
+            "offload_optimizer": opt_dev,
+            "offload_param": param_dev,
+            "zero3_param_fetch": fetch,
+            "use_torch_fsdp2": space.use_torch_fsdp2
+            and zero == 3
+            and opt_dev is param_dev is OffloadDevice.NONE,
+        }
         shards = dp_shard_options(
             space.hsdp_shard_gpus,
-            tp=tp,
+            tp=layout.tp,
             cp=layout.cp,
-            dp=dp,
+            dp=layout.dp,
             zero_stage=zero,
             offload=(opt_dev, param_dev),
             fetch=fetch,
             only=space.hsdp_only,
         )
+        comm = list(_comm_modes(schedules, space, dp_cp=dp_cp, zero=zero))
+        reshards = _reshard_modes(space, zero=zero, offload=(opt_dev, param_dev), fetch=fetch)
         for (recompute, block), shard in product(_recompute_modes(space, chunk=chunk), shards):
             if (
                 recompute is Recompute.SELECTIVE
@@ -216,54 +228,54 @@ def _knobs(
                 and Recompute.NONE in space.recomputes
             ):
                 continue  # FlashAttention stores no s x s scores: selective ~ none, but slower
-            for sp, tp_overlap in _sp_modes(space, tp=tp):
-                comm = _comm_modes(schedules, space, dp_cp=dp_cp, zero=zero)
-                reshards = _reshard_modes(
-                    space, zero=zero, offload=(opt_dev, param_dev), fetch=fetch
-                )
+            recomputing = {
+                "recompute": recompute,
+                "recompute_num_layers": block,
+                "recompute_early_stop": space.recompute_early_stop and recompute is Recompute.FULL,
+                "dp_shard": shard,
+            }
+            for sp, tp_overlap in _sp_modes(space, tp=layout.tp):
                 for (schedule, modes), bf16_grads, reshard in product(comm, bf16_modes, reshards):
+                    fields = base | sharding | recomputing
+                    fields |= {
+                        "sequence_parallel": sp,
+                        "tp_comm_overlap": tp_overlap,
+                        "schedule": schedule,
+                        "grad_reduce_in_bf16": bf16_grads,
+                        "reshard_after_forward": reshard,
+                    }
                     yield tuple(
                         ParallelPlan(
-                            dp=dp,
-                            tp=tp,
-                            pp=pp,
-                            cp=layout.cp,
-                            vpp=vpp,
-                            micro_batch_size=mbs,
-                            global_batch_size=gbs,
-                            zero_stage=zero,
-                            recompute=recompute,
-                            recompute_num_layers=block,
-                            recompute_early_stop=space.recompute_early_stop
-                            and recompute is Recompute.FULL,
-                            sequence_parallel=sp,
-                            schedule=schedule,
-                            precision=space.precision,
-                            attention=space.attention,
                             overlap_p2p_comm=overlap,
-                            tp_comm_overlap=tp_overlap,
                             overlap_grad_reduce=grad,
                             overlap_param_gather=param,
-                            gradient_accumulation_fusion=space.gradient_accumulation_fusion,
-                            grad_reduce_in_bf16=bf16_grads,
-                            scatter_gather_p2p=space.scatter_gather_p2p,
-                            dp_sync=dp_sync,
-                            ps_servers=servers,
-                            ddp_impl=space.ddp_impl,
-                            offload_optimizer=opt_dev,
-                            offload_param=param_dev,
-                            zero3_param_fetch=fetch,
-                            use_torch_fsdp2=space.use_torch_fsdp2
-                            and zero == 3
-                            and opt_dev is param_dev is OffloadDevice.NONE,
-                            reshard_after_forward=reshard,
-                            dp_shard=shard,
-                            num_layers_at_start_in_bf16=space.bf16_layers[0],
-                            num_layers_at_end_in_bf16=space.bf16_layers[1],
-                            **split,  # type: ignore[arg-type]
+                            **fields,  # type: ignore[arg-type]
                         )
                         for overlap, grad, param in modes
                     )
+
+
+def _fixed_fields(
+    layout: Layout, mbs: int, vpp: int, gbs: int, space: SearchSpace
+) -> dict[str, object]:
+    """The plan fields every plan of one (layout, mbs, vpp) shares: sizes, and the space's
+    fixed choices (precision, attention kernel, framework flags, bf16 edge layers)."""
+    return {
+        "dp": layout.dp,
+        "tp": layout.tp,
+        "pp": layout.pp,
+        "cp": layout.cp,
+        "vpp": vpp,
+        "micro_batch_size": mbs,
+        "global_batch_size": gbs,
+        "precision": space.precision,
+        "attention": space.attention,
+        "gradient_accumulation_fusion": space.gradient_accumulation_fusion,
+        "scatter_gather_p2p": space.scatter_gather_p2p,
+        "ddp_impl": space.ddp_impl,
+        "num_layers_at_start_in_bf16": space.bf16_layers[0],
+        "num_layers_at_end_in_bf16": space.bf16_layers[1],
+    }
 
 
 def _recompute_modes(space: SearchSpace, *, chunk: int) -> Iterator[tuple[Recompute, int | None]]:

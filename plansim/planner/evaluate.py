@@ -87,52 +87,9 @@ def check_plan(
     """
     if offloads(plan):
         require_host(plan, profile)
-    reason = check_plan_divides_model(
-        plan,
-        num_layers=model.num_layers,
-        num_attention_heads=model.num_attention_heads,
-        num_query_groups=model.num_query_groups,
-        seq_length=model.seq_length,
-    )
-    if reason:
-        return Rejected(plan=plan, category="layout does not divide the model", reason=reason)
-    if model.ffn_hidden_size % plan.tp:
-        return Rejected(
-            plan=plan,
-            category="layout does not divide the model",
-            reason=f"ffn_hidden_size({model.ffn_hidden_size}) is not divisible by tp({plan.tp})",
-        )
-    g = profile.gpus_per_node
-    if plan.num_gpus > g and g % plan.tp and plan.tp % g:
-        # Megatron numbers ranks TP-first: groups of tp consecutive ranks, so with tp = 3 on
-        # 8-GPU nodes ranks 6, 7 and 8 form a group across two nodes, and with tp = 12 every
-        # other group holds 4 GPUs of one node and 8 of the next (within one node, or one
-        # scale-up domain, no group can). A tp that whole nodes make up (16 on 8-GPU nodes)
-        # is priced: its collectives pay the inter-node tier (``plansim.analytic.comm``).
-        return Rejected(
-            plan=plan,
-            category="tp straddles nodes",
-            reason=f"tp({plan.tp}) neither divides nor is a multiple of GPUs per node({g}) of "
-            f"{profile.name}: some TP groups would hold part of a node",
-        )
-    if plan.tp_comm_overlap and plan.tp > g:
-        # Transformer Engine's userbuffers overlap registers its buffers with CUDA IPC /
-        # multicast handles, which reach only the GPUs of one NVLink domain (TE maintainers,
-        # NVIDIA/TransformerEngine issue #1071, 2024: "only possible with single-node
-        # tensor-parallelism").
-        return Rejected(
-            plan=plan,
-            category="tp comm overlap across nodes",
-            reason=f"tp_comm_overlap needs the TP group inside one node; tp({plan.tp}) > GPUs "
-            f"per node({g}) of {profile.name}",
-        )
-    if plan.precision.value not in profile.matmul_efficiency:
-        return Rejected(
-            plan=plan,
-            category="precision not supported",
-            reason=f"{profile.name} has no {plan.precision.value} matmul data "
-            f"(has: {', '.join(profile.dtypes())})",
-        )
+    why = _layout_rejection(model, plan, profile)
+    if why is not None:
+        return Rejected(plan=plan, category=why[0], reason=why[1])
     worst = worst_rank_memory(model, plan, profile, memo=memo)
     if worst.total_bytes > profile.hbm_capacity_bytes:
         return Rejected(
@@ -144,6 +101,57 @@ def check_plan(
     host = host_memory_rejection(model, plan, profile)
     if host is not None:
         return Rejected(plan=plan, category="host out of memory", reason=host)
+    return None
+
+
+def _layout_rejection(
+    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
+) -> tuple[str, str] | None:
+    """(category, reason) when the layout cannot run before memory is looked at: it does not
+    divide the model, a TP group would straddle nodes, TP overlap spans nodes, or the
+    profile has no GEMM data for the precision; else None."""
+    reason = check_plan_divides_model(
+        plan,
+        num_layers=model.num_layers,
+        num_attention_heads=model.num_attention_heads,
+        num_query_groups=model.num_query_groups,
+        seq_length=model.seq_length,
+    )
+    if reason:
+        return "layout does not divide the model", reason
+    if model.ffn_hidden_size % plan.tp:
+        return (
+            "layout does not divide the model",
+            f"ffn_hidden_size({model.ffn_hidden_size}) is not divisible by tp({plan.tp})",
+        )
+    g = profile.gpus_per_node
+    if plan.num_gpus > g and g % plan.tp and plan.tp % g:
+        # Megatron numbers ranks TP-first: groups of tp consecutive ranks, so with tp = 3 on
+        # 8-GPU nodes ranks 6, 7 and 8 form a group across two nodes, and with tp = 12 every
+        # other group holds 4 GPUs of one node and 8 of the next (within one node, or one
+        # scale-up domain, no group can). A tp that whole nodes make up (16 on 8-GPU nodes)
+        # is priced: its collectives pay the inter-node tier (``plansim.analytic.comm``).
+        return (
+            "tp straddles nodes",
+            f"tp({plan.tp}) neither divides nor is a multiple of GPUs per node({g}) of "
+            f"{profile.name}: some TP groups would hold part of a node",
+        )
+    if plan.tp_comm_overlap and plan.tp > g:
+        # Transformer Engine's userbuffers overlap registers its buffers with CUDA IPC /
+        # multicast handles, which reach only the GPUs of one NVLink domain (TE maintainers,
+        # NVIDIA/TransformerEngine issue #1071, 2024: "only possible with single-node
+        # tensor-parallelism").
+        return (
+            "tp comm overlap across nodes",
+            f"tp_comm_overlap needs the TP group inside one node; tp({plan.tp}) > GPUs "
+            f"per node({g}) of {profile.name}",
+        )
+    if plan.precision.value not in profile.matmul_efficiency:
+        return (
+            "precision not supported",
+            f"{profile.name} has no {plan.precision.value} matmul data "
+            f"(has: {', '.join(profile.dtypes())})",
+        )
     return None
 
 

@@ -143,76 +143,85 @@ def ranked_table(evaluations: Sequence[Evaluation]) -> pd.DataFrame:
     return df
 
 
-def evaluation_dict(ev: Evaluation) -> dict[str, Any]:
-    """Machine-readable summary of one simulated plan (SI units)."""
-    p = ev.plan
+def _optional_plan_fields(p: ParallelPlan) -> dict[str, Any]:
+    """The plan fields ``evaluation_dict`` writes only when they are not at their default,
+    each with the group of fields that goes with it, keyed by the flag that gates it."""
     return {
-        "plan": {
-            "tp": p.tp,
-            "pp": p.pp,
-            "dp": p.dp,
-            "cp": p.cp,
-            "vpp": p.vpp,
-            "micro_batch_size": p.micro_batch_size,
-            "global_batch_size": p.global_batch_size,
-            "num_microbatches": p.num_microbatches,
-            "zero_stage": p.zero_stage,
-            "recompute": p.recompute.value,
-            **(
-                {"recompute_num_layers": p.recompute_num_layers}
-                if p.recompute_num_layers is not None
-                else {}
-            ),
-            "sequence_parallel": p.sequence_parallel,
-            "schedule": p.schedule.value,
-            "precision": p.precision.value,
-            **(
-                {
-                    "num_layers_at_start_in_bf16": p.num_layers_at_start_in_bf16,
-                    "num_layers_at_end_in_bf16": p.num_layers_at_end_in_bf16,
-                }
-                if p.num_layers_at_start_in_bf16 or p.num_layers_at_end_in_bf16
-                else {}
-            ),
-            "attention": p.attention.value,
-            "overlap_p2p_comm": p.overlap_p2p_comm,
-            **({"tp_comm_overlap": True} if p.tp_comm_overlap else {}),
-            "overlap_grad_reduce": p.overlap_grad_reduce,
-            **({"overlap_param_gather": True} if p.overlap_param_gather else {}),
-            "gradient_accumulation_fusion": p.gradient_accumulation_fusion,
-            **({"grad_reduce_in_bf16": True} if p.grad_reduce_in_bf16 else {}),
-            **({"use_torch_fsdp2": True} if p.use_torch_fsdp2 else {}),
-            **({"reshard_after_forward": False} if not p.reshard_after_forward else {}),
-            **({"dp_shard": p.dp_shard} if p.dp_shard is not None else {}),
-            **({"ddp_impl": p.ddp_impl.value} if p.ddp_impl is not DdpImpl.MEGATRON_CORE else {}),
-            "scatter_gather_p2p": p.scatter_gather_p2p,
-            "num_gpus": p.num_gpus,
-            **(
-                {
-                    "decoder_first_pipeline_num_layers": p.decoder_first_pipeline_num_layers,
-                    "decoder_last_pipeline_num_layers": p.decoder_last_pipeline_num_layers,
-                    "account_for_embedding_in_pipeline_split": (
-                        p.account_for_embedding_in_pipeline_split
-                    ),
-                    "account_for_loss_in_pipeline_split": p.account_for_loss_in_pipeline_split,
-                }
-                if p.uneven_pipeline
-                else {}
-            ),
-            **(
-                {"dp_sync": p.dp_sync.value, "ps_servers": p.ps_servers}
-                if p.dp_sync is DpSync.PARAMETER_SERVER
-                else {}
-            ),
-            **(
-                {
-                    "offload_optimizer": p.offload_optimizer.value,
-                    "offload_param": p.offload_param.value,
-                }
-                if _offload_label(p)
-                else {}
-            ),
-        },
+        "bf16_layers": {
+            "num_layers_at_start_in_bf16": p.num_layers_at_start_in_bf16,
+            "num_layers_at_end_in_bf16": p.num_layers_at_end_in_bf16,
+        }
+        if p.num_layers_at_start_in_bf16 or p.num_layers_at_end_in_bf16
+        else {},
+        "uneven": {
+            "decoder_first_pipeline_num_layers": p.decoder_first_pipeline_num_layers,
+            "decoder_last_pipeline_num_layers": p.decoder_last_pipeline_num_layers,
+            "account_for_embedding_in_pipeline_split": p.account_for_embedding_in_pipeline_split,
+            "account_for_loss_in_pipeline_split": p.account_for_loss_in_pipeline_split,
+        }
+        if p.uneven_pipeline
+        else {},
+        "dp_sync": {"dp_sync": p.dp_sync.value, "ps_servers": p.ps_servers}
+        if p.dp_sync is DpSync.PARAMETER_SERVER
+        else {},
+        "offload": {
+            "offload_optimizer": p.offload_optimizer.value,
+            "offload_param": p.offload_param.value,
+        }
+        if _offload_label(p)
+        else {},
+    }
+
+
+def plan_dict(p: ParallelPlan) -> dict[str, Any]:
+    """The plan's knobs as ``evaluation_dict`` writes them: every core field, the optional
+    ones only where they differ from their defaults (so older outputs keep their bytes)."""
+    extra = _optional_plan_fields(p)
+    return {
+        "tp": p.tp,
+        "pp": p.pp,
+        "dp": p.dp,
+        "cp": p.cp,
+        "vpp": p.vpp,
+        "micro_batch_size": p.micro_batch_size,
+        "global_batch_size": p.global_batch_size,
+        "num_microbatches": p.num_microbatches,
+        "zero_stage": p.zero_stage,
+        "recompute": p.recompute.value,
+        **(
+            {"recompute_num_layers": p.recompute_num_layers}
+            if p.recompute_num_layers is not None
+            else {}
+        ),
+        "sequence_parallel": p.sequence_parallel,
+        "schedule": p.schedule.value,
+        "precision": p.precision.value,
+        **extra["bf16_layers"],
+        "attention": p.attention.value,
+        "overlap_p2p_comm": p.overlap_p2p_comm,
+        **({"tp_comm_overlap": True} if p.tp_comm_overlap else {}),
+        "overlap_grad_reduce": p.overlap_grad_reduce,
+        **({"overlap_param_gather": True} if p.overlap_param_gather else {}),
+        "gradient_accumulation_fusion": p.gradient_accumulation_fusion,
+        **({"grad_reduce_in_bf16": True} if p.grad_reduce_in_bf16 else {}),
+        **({"use_torch_fsdp2": True} if p.use_torch_fsdp2 else {}),
+        **({"reshard_after_forward": False} if not p.reshard_after_forward else {}),
+        **({"dp_shard": p.dp_shard} if p.dp_shard is not None else {}),
+        **({"ddp_impl": p.ddp_impl.value} if p.ddp_impl is not DdpImpl.MEGATRON_CORE else {}),
+        "scatter_gather_p2p": p.scatter_gather_p2p,
+        "num_gpus": p.num_gpus,
+        **extra["uneven"],
+        **extra["dp_sync"],
+        **extra["offload"],
+    }
+
+
+def evaluation_dict(ev: Evaluation) -> dict[str, Any]:
+    """Machine-readable summary of one simulated plan (SI units): the plan
+    (:func:`plan_dict`), step time, throughput, MFU/HFU, bubble, memory and busy/exposed
+    seconds by kind."""
+    return {
+        "plan": plan_dict(ev.plan),
         "step_time_s": ev.step_time_s,
         "tokens_per_s": ev.tokens_per_s,
         "mfu": ev.mfu,

@@ -21,7 +21,7 @@ from plansim.analytic.edge_cost import edge_times
 from plansim.analytic.layer_cost import layer_gemms, layer_pass_times
 from plansim.analytic.op_overheads import PassOps, edge_ops, layer_ops, with_host_s
 from plansim.analytic.ranks import layout_groups
-from plansim.calibrate.build_terms import host_overhead_term
+from plansim.calibrate.build_host import host_overhead_term
 from plansim.calibrate.fit import FitError, fit_host_ops
 from plansim.calibrate.plan import (
     PIPELINE_MICROBATCHES,

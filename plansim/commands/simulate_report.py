@@ -1,0 +1,114 @@
+"""``plansim simulate``'s printed report of a simulated plan: the table form and the JSON
+form (``--format``), and a rejected plan's one line."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+
+import pandas as pd
+
+from plansim.analytic.layer_timing import LayerWallTimes
+from plansim.analytic.sustained import UNTHROTTLED_DTYPES, dtype_pace_fraction, slowest_gpu_fraction
+from plansim.planner.evaluate import Evaluation, Rejected
+from plansim.planner.lookups import OutOfRange
+from plansim.planner.sensitivity import Sensitivity
+from plansim.report.sensitivity_table import outside_text, sensitivity_dict, sensitivity_text
+from plansim.report.tables import (
+    evaluation_dict,
+    memory_table,
+    plan_row,
+    render,
+    step_breakdown_s,
+    step_breakdown_table,
+)
+from plansim.specs.hardware import HardwareProfile
+from plansim.specs.model import ModelSpec
+from plansim.specs.plan import ParallelPlan
+
+
+def rejected_text(outcome: Rejected, fmt: str) -> str:
+    """A rejected plan's report, JSON or one line."""
+    if fmt == "json":
+        doc = {"status": "rejected", "category": outcome.category, "reason": outcome.reason}
+        return json.dumps(doc, indent=2) + "\n"
+    return f"rejected ({outcome.category}): {outcome.reason}\n"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimulateReport:
+    """What ``run`` reports of a simulated plan."""
+
+    model: ModelSpec
+    plan: ParallelPlan
+    profile: HardwareProfile
+    outcome: Evaluation
+    outside: tuple[OutOfRange, ...]
+    layer: LayerWallTimes
+    sens: Sensitivity | None
+
+    @property
+    def pace(self) -> float:
+        """The GEMM pace fraction of the plan's dtype on its GPU count."""
+        return dtype_pace_fraction(self.profile, self.plan.num_gpus, self.plan.precision.value)
+
+
+def json_text(r: SimulateReport) -> str:
+    """The JSON report: evaluation_dict plus pace, step breakdown, layer times, lookups
+    outside the profile's points and, when asked, the sensitivity."""
+    doc = {"status": "ok", "model": r.model.name, "profile": r.profile.name}
+    doc.update(evaluation_dict(r.outcome))
+    doc["gemm_pace_fraction"] = r.pace
+    doc["step_breakdown_s"] = {
+        part: round(seconds, 3) for part, seconds in step_breakdown_s(r.outcome).items()
+    }
+    doc["layer_forward_ms"] = 1e3 * r.layer.forward_s
+    doc["layer_backward_ms"] = 1e3 * r.layer.backward_s
+    doc["out_of_range_lookups"] = [dataclasses.asdict(o) for o in r.outside]
+    if r.sens is not None:
+        doc["sensitivity"] = sensitivity_dict(r.sens)
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def table_text(r: SimulateReport) -> str:
+    """The human report: metrics, where the step goes, memory, one layer's times, notes."""
+    plan, profile, outcome = r.plan, r.profile, r.outcome
+    parts = [f"{r.model.name} on {plan.num_gpus} x {profile.name}: {plan.label()}\n\n"]
+    row = plan_row(outcome)
+    parts.append(
+        render(pd.DataFrame([row]).T.reset_index().set_axis(["metric", "value"], axis=1), "table")
+    )
+    ranks = "one pipeline rank" if plan.pp == 1 else f"mean over the {plan.pp} pipeline ranks"
+    parts.append(f"\nwhere the step goes ({ranks}):\n")
+    parts.append(render(step_breakdown_table(outcome), "table"))
+    parts.append(f"\nmemory of the worst pipeline rank (stage {outcome.memory.rank}), GiB:\n")
+    parts.append(render(memory_table(outcome), "table"))
+    parts.append(
+        f"\none layer, one micro-batch: forward {1e3 * r.layer.forward_s:.2f} ms, backward "
+        f"{1e3 * r.layer.backward_s:.2f} ms (as a per-layer timer sees them: blocking TP "
+        "collectives and recompute included)\n"
+    )
+    if r.pace < 1.0:
+        parts.append(pace_note(profile, plan.num_gpus, r.pace, dtype=plan.precision.value))
+    parts.append(outside_text(r.outside, profile_name=profile.name))
+    if r.sens is not None:
+        parts.append(sensitivity_text(r.sens, profile_name=profile.name))
+    return "".join(parts)
+
+
+def pace_note(profile: HardwareProfile, num_gpus: int, pace: float, *, dtype: str) -> str:
+    """One line on the GEMM rate the job sustains (``plansim.analytic.sustained``)."""
+    slowest = slowest_gpu_fraction(profile, num_gpus)
+    power = (
+        f"{dtype} GEMMs run below the power limit"
+        if dtype in UNTHROTTLED_DTYPES
+        else f"{100 * profile.sustained_matmul_fraction:.1f}% sustained at the power limit"
+    )
+    return (
+        f"\nGEMMs and attention at {100 * pace:.1f}% of {profile.name}'s burst rate: "
+        f"{power} x {100 * slowest:.1f}% for the slowest of {num_gpus} GPUs\n"
+    )
+
+
+#: Output flags of ``plansim simulate``: argparse dest -> flag as typed.
