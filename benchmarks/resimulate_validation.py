@@ -6,8 +6,14 @@ This rebuilds both, simulates them as ``plansim validate`` does
 (``plansim.validate.simulated.simulate_plan``) on the profile given, and prints the measured
 figures beside the saved simulation and the current one.
 
+With ``--terms-from OTHER`` it says instead which of the profile's terms make its error: the
+step error on PROFILE, then with each group of OTHER's figures put into PROFILE alone (GEMM
+curves, sustained rate, attention curves, memory rates, kernel launch, host), then with all
+of them (e.g. PROFILE a datasheet profile, OTHER the measured profile of the same GPU).
+
 Usage:
     python benchmarks/resimulate_validation.py --profile PROFILE DIR [DIR ...]
+    python benchmarks/resimulate_validation.py --profile PROFILE --terms-from OTHER DIR [DIR ...]
 (DIR: a ``plansim validate --out`` folder, e.g. benchmarks/gpu_runs/h100-2026-11-27/validate_full)
 """
 
@@ -84,15 +90,62 @@ def resimulate(folder: Path, profile_name: str) -> dict[str, Any]:
     return row
 
 
+#: Profile fields swapped together by ``--terms-from`` (HardwareProfile field names).
+TERM_FIELDS: dict[str, tuple[str, ...]] = {
+    "gemm": ("matmul_efficiency",),
+    "sustained": ("sustained_matmul_fraction", "gpu_matmul_spread_fraction"),
+    "attention": ("attention_efficiency",),
+    "memory": (
+        "hbm_bytes_per_s",
+        "hbm_efficiency_fraction",
+        "elementwise_forward_bytes_per_s",
+        "elementwise_backward_bytes_per_s",
+    ),
+    "launch": ("kernel_launch_s",),
+    "host": ("host_overhead",),
+}
+
+
+def term_errors(folder: Path, profile_name: str, other_name: str) -> dict[str, Any]:
+    """Step error (%) of one validate folder on ``profile_name``, with each
+    :data:`TERM_FIELDS` group of ``other_name`` put in alone, and with all of them."""
+    doc = json.loads((folder / "comparison.json").read_text(encoding="utf-8"))
+    model = _spec(ModelSpec, doc["run"]["model"])
+    plan = _spec(ParallelPlan, doc["run"]["plan"])
+    base, other = load_profile(profile_name), load_profile(other_name)
+    measured = doc["measured_step_time_s"]
+
+    def error(groups: tuple[str, ...]) -> float:
+        fields = {f: getattr(other, f) for g in groups for f in TERM_FIELDS[g]}
+        priced = simulate_plan(
+            model, plan, dataclasses.replace(base, **fields), dtype=plan.precision.value
+        )
+        return 100 * (priced.step_time_s / measured - 1)
+
+    row: dict[str, Any] = {"run": folder.name, profile_name: error(())}
+    row.update({f"+{group}": error((group,)) for group in TERM_FIELDS})
+    row[f"all of {other_name}"] = error(tuple(TERM_FIELDS))
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", required=True, help="profile name or YAML path")
+    parser.add_argument(
+        "--terms-from",
+        default=None,
+        metavar="OTHER",
+        help="print the step error with each group of OTHER's figures put into PROFILE",
+    )
     parser.add_argument("folders", nargs="+", type=Path)
     args = parser.parse_args(argv)
     rows = []
     for folder in args.folders:
         try:
-            rows.append(resimulate(folder, args.profile))
+            if args.terms_from is not None:
+                rows.append(term_errors(folder, args.profile, args.terms_from))
+            else:
+                rows.append(resimulate(folder, args.profile))
         except PlansimError as exc:  # e.g. an fp32 run on a profile without fp32 GEMM data
             print(f"{folder.name}: not re-simulated: {exc}", file=sys.stderr)
     if not rows:

@@ -56,7 +56,8 @@ from plansim.analytic.memo import Memo, fields_getter, memoised
 from plansim.analytic.offload_microbatch import with_host_grad_accumulation, with_param_fetch
 from plansim.analytic.pipeline_send import pipeline_send
 from plansim.analytic.rank_work import ParamGatherCover, gather_cover, rank_work, segments
-from plansim.analytic.stage_compute import pass_inputs
+from plansim.analytic.ranks import LayoutGroups
+from plansim.analytic.stage_compute import PassInputs, pass_inputs
 from plansim.analytic.stage_seconds import StageSeconds, stage_seconds
 from plansim.analytic.stored_activations import stage_activation_bytes
 from plansim.analytic.zero3 import (
@@ -192,14 +193,43 @@ def _build(
     links: bool = True,
 ) -> PipelineWork:
     inputs = pass_inputs(model, plan, profile, memo)
+    stages = _stages(model, plan, profile, memo, inputs)
+    stages = with_param_fetch(stages, model=model, plan=plan, profile=profile)
+    stages = with_host_grad_accumulation(stages, model=model, plan=plan, profile=profile)
+    groups = inputs.groups
+    ranks = _ranks(stages, model=model, plan=plan, profile=profile, groups=groups)
+    if plan.zero_stage == 3 and plan.zero3_param_fetch is Zero3ParamFetch.PER_STEP:
+        ranks = with_per_step_traffic(ranks, model, plan, profile, groups, inputs.layer, memo)
+    work = PipelineWork(
+        stages=tuple(stages),
+        ranks=tuple(ranks),
+        num_microbatches=plan.num_microbatches,
+        blocking_p2p=not plan.overlap_p2p_comm,
+        overlap_grad_reduce=plan.overlap_grad_reduce,
+        overlap_slowdown=profile.overlap_compute_slowdown_fraction,
+    )
+    if not links:
+        return work
+    return with_links(work, plan=plan, profile=profile, groups=groups, memo=memo)
+
+
+def _stages(
+    model: ModelSpec,
+    plan: ParallelPlan,
+    profile: HardwareProfile,
+    memo: Memo | None,
+    inputs: PassInputs,
+) -> list[StageWork]:
+    """Every model chunk's work, in stage order.
+
+    A stage's work depends on its index only through first/last, whether it sits on rank 0
+    (embedding activations), its layer count (uneven splits) and its bf16 edge layers. Each
+    kind is costed once: O(1) costings per plan instead of O(pp * vpp), with bit-identical
+    results."""
     groups, layer, layer16, edges = inputs.groups, inputs.layer, inputs.layer16, inputs.edges
     bf16_ends = inputs.bf16_ends
     bucket_key = _bucket_key(plan)
     p2p = pipeline_send(model, plan, profile, groups)
-    # A stage's work depends on its index only through first/last, whether it sits on
-    # rank 0 (embedding activations) and its layer count (uneven splits); a rank's only
-    # through first/last. Each kind is costed once: O(1) costings per plan instead of
-    # O(pp * vpp), with bit-identical results.
     stage_kinds: dict[tuple[bool, bool, bool, int, tuple[int, int]], StageWork] = {}
     stages = []
     for s, layers in enumerate(stage_layer_counts(model.num_layers, plan)):
@@ -230,8 +260,19 @@ def _build(
                 else (),
             )
         stages.append(stage_kinds[key])
-    stages = with_param_fetch(stages, model=model, plan=plan, profile=profile)
-    stages = with_host_grad_accumulation(stages, model=model, plan=plan, profile=profile)
+    return stages
+
+
+def _ranks(
+    stages: list[StageWork],
+    *,
+    model: ModelSpec,
+    plan: ParallelPlan,
+    profile: HardwareProfile,
+    groups: LayoutGroups,
+) -> list[RankWork]:
+    """Every pipeline rank's own work (``rank_work``), costed once per kind: first, last and
+    the parameter-gather cover of its stages."""
     rank_kinds: dict[tuple[bool, bool, ParamGatherCover | None], RankWork] = {}
     ranks = []
     for r in range(plan.pp):
@@ -242,16 +283,4 @@ def _build(
                 r, model=model, plan=plan, profile=profile, groups=groups, cover=cover
             )
         ranks.append(rank_kinds[edge])
-    if plan.zero_stage == 3 and plan.zero3_param_fetch is Zero3ParamFetch.PER_STEP:
-        ranks = with_per_step_traffic(ranks, model, plan, profile, inputs.groups, layer, memo)
-    work = PipelineWork(
-        stages=tuple(stages),
-        ranks=tuple(ranks),
-        num_microbatches=plan.num_microbatches,
-        blocking_p2p=not plan.overlap_p2p_comm,
-        overlap_grad_reduce=plan.overlap_grad_reduce,
-        overlap_slowdown=profile.overlap_compute_slowdown_fraction,
-    )
-    if not links:
-        return work
-    return with_links(work, plan=plan, profile=profile, groups=groups, memo=memo)
+    return ranks

@@ -247,32 +247,17 @@ def layer_pass_times(
     ring = ring_attention_times(
         model, plan, profile, groups, core_forward_s=core.forward_s, core_backward_s=core.backward_s
     )
-    recompute_s, tp_recompute, cp_recompute = 0.0, 0.0, 0.0
-    if plan.recompute is Recompute.FULL:
-        recompute_s, tp_recompute, cp_recompute = forward_s, tp_pass, ring.forward_s
-        if plan.recompute_early_stop and not model.dropout:
-            recompute_s, tp_recompute = early_stop_recompute(
-                forward_s, tp_pass, down_projection_s=g.by_name["mlp_down"], plan=plan
-            )
-    elif plan.recompute is Recompute.SELECTIVE and unfused:
-        queries_x_keys = local.seq_length * model.seq_length
-        width = plan.precision.activation_bytes / 2.0
-        softmax_bytes = (
-            9.0 * model.num_attention_heads * queries_x_keys * plan.micro_batch_size * width
-        )
-        recompute_s = g.core_s + softmax_bytes / plan.tp / profile.streaming_bytes_per_s()
-    elif plan.recompute is Recompute.SELECTIVE:
-        # Megatron-core checkpoints the fused attention call (recompute module "core_attn"):
-        # its forward, and with cp its KV ring, run again before its backward
-        recompute_s, cp_recompute = core.forward_s, ring.forward_s
-    elif plan.recompute is Recompute.SELECTIVE_OP:
-        # torchtitan's per-op policy: its GEMMs, every non-matmul op and the unsaved
-        # collectives again (SP: the all-gathers, half the pass; else the all-reduces)
-        again = fl.op_selective_recompute_gemms(
-            local, micro_batch_size=plan.micro_batch_size, tp=plan.tp
-        )
-        recompute_s = sum(gemm_time_s(x, profile, dtype=dtype) for x in again) + ew_fwd
-        tp_recompute = tp_pass / 2 if plan.sequence_parallel else tp_pass
+    recompute_s, tp_recompute, cp_recompute = _recompute_times(
+        model,
+        plan,
+        profile,
+        g=g,
+        core_forward_s=core.forward_s,
+        forward_s=forward_s,
+        ew_forward_s=ew_fwd,
+        tp_pass_s=tp_pass,
+        ring_forward_s=ring.forward_s,
+    )
     return PassTimes(
         forward_s=forward_s,
         backward_input_s=dgrad + ew_bwd + host_bwd,
@@ -287,6 +272,55 @@ def layer_pass_times(
         cp_forward_bytes=ring.forward_bytes,
         cp_backward_bytes=ring.backward_bytes,
     )
+
+
+def _recompute_times(
+    model: ModelSpec,
+    plan: ParallelPlan,
+    profile: HardwareProfile,
+    *,
+    g: _GemmSeconds,
+    core_forward_s: float,
+    forward_s: float,
+    ew_forward_s: float,
+    tp_pass_s: float,
+    ring_forward_s: float,
+) -> tuple[float, float, float]:
+    """(compute, TP-collective, CP-ring) seconds one layer runs again before its backward,
+    by the plan's recompute: full (its forward, or with early stop without the MLP down
+    projection), selective (unfused: the attention core's GEMMs and softmax bytes; fused: the
+    attention call and its KV ring), torchtitan's per-op selective (its GEMMs, every
+    non-matmul op and the unsaved collectives), none."""
+    dtype = matmul_dtype(plan)
+    if plan.recompute is Recompute.FULL:
+        if plan.recompute_early_stop and not model.dropout:
+            recompute_s, tp_recompute = early_stop_recompute(
+                forward_s, tp_pass_s, down_projection_s=g.by_name["mlp_down"], plan=plan
+            )
+            return recompute_s, tp_recompute, ring_forward_s
+        return forward_s, tp_pass_s, ring_forward_s
+    if plan.recompute is Recompute.SELECTIVE and plan.attention is AttentionKernel.UNFUSED:
+        local = cp_local_model(model, plan.cp)
+        queries_x_keys = local.seq_length * model.seq_length
+        width = plan.precision.activation_bytes / 2.0
+        softmax_bytes = (
+            9.0 * model.num_attention_heads * queries_x_keys * plan.micro_batch_size * width
+        )
+        return g.core_s + softmax_bytes / plan.tp / profile.streaming_bytes_per_s(), 0.0, 0.0
+    if plan.recompute is Recompute.SELECTIVE:
+        # Megatron-core checkpoints the fused attention call (recompute module "core_attn"):
+        # its forward, and with cp its KV ring, run again before its backward
+        return core_forward_s, 0.0, ring_forward_s
+    if plan.recompute is Recompute.SELECTIVE_OP:
+        # torchtitan's per-op policy: its GEMMs, every non-matmul op and the unsaved
+        # collectives again (SP: the all-gathers, half the pass; else the all-reduces)
+        local = cp_local_model(model, plan.cp)
+        again = fl.op_selective_recompute_gemms(
+            local, micro_batch_size=plan.micro_batch_size, tp=plan.tp
+        )
+        recompute_s = sum(gemm_time_s(x, profile, dtype=dtype) for x in again) + ew_forward_s
+        return recompute_s, tp_pass_s / 2 if plan.sequence_parallel else tp_pass_s, 0.0
+    return 0.0, 0.0, 0.0
 
 
 def early_stop_recompute(

@@ -96,9 +96,9 @@ def _add_search_mode_args(g: argparse._ArgumentGroup) -> None:
 
 
 def _add_space_args(g: argparse._ArgumentGroup) -> None:
-    """The framework options the search also tries or prices its plans with (overlap,
-    bf16 reduction, early-stop recompute, FSDP, ZeRO-3 fetch, HSDP, per-op selective
-    recompute, TP overlap) and the context-parallel sizes."""
+    """The Megatron-LM options the search also tries or prices its plans with (parameter
+    gather overlap, bf16 reduction, early-stop recompute, TP overlap), then the sharding ones
+    (:func:`_add_sharding_space_args`)."""
     g.add_argument(
         "--overlap-param-gather",
         action="store_true",
@@ -118,6 +118,18 @@ def _add_space_args(g: argparse._ArgumentGroup) -> None:
         "early (torchtitan, checkpoint_wrapper): a layer's MLP down projection and the TP "
         "collective after it are not rerun (models without dropout)",
     )
+    g.add_argument(
+        "--tp-comm-overlap",
+        action="store_true",
+        help="also try Megatron's --tp-comm-overlap for the sequence-parallel plans (TP "
+        "collectives pipelined with their GEMMs; Transformer Engine userbuffers)",
+    )
+    _add_sharding_space_args(g)
+
+
+def _add_sharding_space_args(g: argparse._ArgumentGroup) -> None:
+    """ZeRO-3 and sharding options (FSDP, parameter fetch, resharding, HSDP), torchtitan's
+    per-op selective recompute and the context-parallel sizes."""
     g.add_argument(
         "--use-torch-fsdp2",
         action="store_true",
@@ -153,12 +165,6 @@ def _add_space_args(g: argparse._ArgumentGroup) -> None:
         help="also try torchtitan's per-op selective activation checkpointing (--recompute "
         "selective-op: every second matmul and all non-matmul ops recomputed; needs "
         "--attention flash)",
-    )
-    g.add_argument(
-        "--tp-comm-overlap",
-        action="store_true",
-        help="also try Megatron's --tp-comm-overlap for the sequence-parallel plans (TP "
-        "collectives pipelined with their GEMMs; Transformer Engine userbuffers)",
     )
     g.add_argument(
         "--cp",

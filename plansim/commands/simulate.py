@@ -196,26 +196,8 @@ def _add_sharding_args(g: argparse._ArgumentGroup) -> None:
 
 def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
     """Build the ParallelPlan the flags describe; SpecError names inconsistent values."""
-    for name in ("gpus", "gbs", "tp", "pp", "cp", "vpp", "mbs"):
-        require_positive_int(f"--{name}", getattr(args, name))
-    model_parallel = args.tp * args.pp * args.cp
-    if args.gpus % model_parallel:
-        raise SpecError(
-            f"--gpus({args.gpus}) is not divisible by tp({args.tp}) * pp({args.pp}) * "
-            f"cp({args.cp}) = {model_parallel}"
-        )
-    dp = args.gpus // model_parallel
-    if args.dp is not None and args.dp != dp:
-        raise SpecError(
-            f"tp({args.tp}) * pp({args.pp}) * dp({args.dp}) * cp({args.cp}) = "
-            f"{model_parallel * args.dp} != --gpus({args.gpus})"
-        )
-    fetch = args.zero3_param_fetch or Zero3ParamFetch.LAYER_PREFETCH.value
-    if args.zero3_param_fetch is not None and args.zero != 3:
-        raise SpecError(
-            f"--zero3-param-fetch {args.zero3_param_fetch} needs --zero 3 (got --zero "
-            f"{args.zero}): it says how ZeRO-3 gathers parameters"
-        )
+    dp = _data_parallel_size(args)
+    fetch = _zero3_fetch(args)
     bf16_start, bf16_end = bf16_layers_from_args(args)
     return ParallelPlan(
         dp=dp,
@@ -245,7 +227,7 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
         scatter_gather_p2p=args.scatter_gather_p2p,
         offload_optimizer=OffloadDevice(args.offload_optimizer),
         offload_param=OffloadDevice(args.offload_param),
-        zero3_param_fetch=Zero3ParamFetch(fetch),
+        zero3_param_fetch=fetch,
         use_torch_fsdp2=args.use_torch_fsdp2,
         reshard_after_forward=args.reshard_after_forward,
         dp_shard=args.dp_shard,
@@ -256,6 +238,43 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
         num_layers_at_start_in_bf16=bf16_start,
         num_layers_at_end_in_bf16=bf16_end,
     )
+
+
+def _data_parallel_size(args: argparse.Namespace) -> int:
+    """dp = --gpus / (tp * pp * cp), checked against --dp when given.
+
+    Raises:
+        SpecError: a size that is not a positive integer, or sizes that do not multiply out.
+    """
+    for name in ("gpus", "gbs", "tp", "pp", "cp", "vpp", "mbs"):
+        require_positive_int(f"--{name}", getattr(args, name))
+    model_parallel = args.tp * args.pp * args.cp
+    if args.gpus % model_parallel:
+        raise SpecError(
+            f"--gpus({args.gpus}) is not divisible by tp({args.tp}) * pp({args.pp}) * "
+            f"cp({args.cp}) = {model_parallel}"
+        )
+    dp: int = args.gpus // model_parallel
+    if args.dp is not None and args.dp != dp:
+        raise SpecError(
+            f"tp({args.tp}) * pp({args.pp}) * dp({args.dp}) * cp({args.cp}) = "
+            f"{model_parallel * args.dp} != --gpus({args.gpus})"
+        )
+    return dp
+
+
+def _zero3_fetch(args: argparse.Namespace) -> Zero3ParamFetch:
+    """--zero3-param-fetch (default layer-prefetch).
+
+    Raises:
+        SpecError: given without --zero 3.
+    """
+    if args.zero3_param_fetch is not None and args.zero != 3:
+        raise SpecError(
+            f"--zero3-param-fetch {args.zero3_param_fetch} needs --zero 3 (got --zero "
+            f"{args.zero}): it says how ZeRO-3 gathers parameters"
+        )
+    return Zero3ParamFetch(args.zero3_param_fetch or Zero3ParamFetch.LAYER_PREFETCH.value)
 
 
 def run(args: argparse.Namespace) -> int:

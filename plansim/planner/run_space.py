@@ -148,15 +148,18 @@ def _attention(row: RunRow, year: int | None, notes: list[str]) -> AttentionKern
 
 
 def row_space(row: RunRow, notes: list[str]) -> SearchSpace:
+    """The search space of a runs-CSV row: the knobs it states fixed, blank ones searched
+    within what the row's framework and year allow (module docstring); ``notes`` gets each
+    knob that was derived or searched, in order.
+
+    Raises:
+        Skip: a precision or recompute plansim does not model.
+    """
     precision_text = row.choice("precision") or ""
     if precision_text not in {p.value for p in Precision}:
         raise Skip(f"precision {precision_text or 'blank'} not modelled")
     facts = script_facts(row)
-    recompute = row.choice("recompute")
-    if recompute is None and facts is not None and facts.recompute is not None:
-        recompute = facts.recompute
-        notes.append(f"recompute {recompute} from {facts.source}")
-    recompute = framework_recompute(row, recompute, notes)
+    recompute = _recompute_choice(row, facts, notes)
     zero = zero_stage(row, notes)
     sp = row.flag("sequence_parallel")
     for label, value in (("recompute", recompute), ("zero_stage", zero), ("sp", sp)):
@@ -165,29 +168,26 @@ def row_space(row: RunRow, notes: list[str]) -> SearchSpace:
     if recompute is not None and recompute not in {r.value for r in Recompute}:
         raise Skip(f"recompute {recompute!r} not modelled")
     year = run_year(row)
-    stated_cp = row.integer("cp")
-    if stated_cp is not None and stated_cp > 1:
-        attention = AttentionKernel.FLASH
-        notes.append(f"cp {stated_cp} (flash attention, as context parallelism needs)")
-    else:
-        attention = _attention(row, year, notes)
-    cps = _cp_values(row, stated_cp, attention, notes)
+    attention, cps = _attention_and_cps(row, year, notes)
     modern = (year is None or year >= SP_AND_SELECTIVE_YEAR) and not is_megatron_fork(row, year)
     vpps, schedules = _pipeline_schedule(row, year, notes, facts=facts)
     interleave_from = min_interleaved_pp(row, year)
     if vpps is None and interleave_from > 2:
         notes.append(f"interleaving only with pp >= {interleave_from} (Megatron-LM before 2024)")
     torch_fsdp = is_torch_fsdp(row, notes)
+    layout = {  # in this order: each may add a note
+        "tp": _fixed(row, "tp", notes, "tp"),
+        "cp": cps,
+        "pp": deepspeed_pp(row, zero, notes),
+        "dp": _fixed(row, "dp", notes, "dp"),
+        "micro_batch_size": _micro_batch_sizes(row, facts, notes),
+        "zero_stages": zero_stages(row, zero, year, notes),
+    }
     space = SearchSpace(
         vpps=vpps,
         min_interleaved_pp=interleave_from,
         schedules=schedules,
-        tp=_fixed(row, "tp", notes, "tp"),
-        cp=cps,
-        pp=deepspeed_pp(row, zero, notes),
-        dp=_fixed(row, "dp", notes, "dp"),
-        micro_batch_size=_micro_batch_sizes(row, facts, notes),
-        zero_stages=zero_stages(row, zero, year, notes),
+        **layout,  # type: ignore[arg-type]
         recomputes=_recomputes(row, recompute, modern=modern, attention=attention),
         sequence_parallel=(sp,) if sp is not None else ((False, True) if modern else (False,)),
         overlap_p2p_comm=(False, True) if year is None or year >= OVERLAP_P2P_YEAR else (False,),
@@ -214,6 +214,30 @@ def row_space(row: RunRow, notes: list[str]) -> SearchSpace:
         )
         return replace(space, zero_stages=(3,), reshard_after_forward=(False,))
     return space
+
+
+def _recompute_choice(row: RunRow, facts: ScriptFacts | None, notes: list[str]) -> str | None:
+    """The row's recompute, else its launch script's, as the framework runs it
+    (``framework_recompute``); None: searched."""
+    recompute = row.choice("recompute")
+    if recompute is None and facts is not None and facts.recompute is not None:
+        recompute = facts.recompute
+        notes.append(f"recompute {recompute} from {facts.source}")
+    return framework_recompute(row, recompute, notes)
+
+
+def _attention_and_cps(
+    row: RunRow, year: int | None, notes: list[str]
+) -> tuple[AttentionKernel, tuple[int, ...]]:
+    """The attention kernel (flash wherever the row states cp > 1, as context parallelism
+    needs) and the cp sizes to search."""
+    stated_cp = row.integer("cp")
+    if stated_cp is not None and stated_cp > 1:
+        attention = AttentionKernel.FLASH
+        notes.append(f"cp {stated_cp} (flash attention, as context parallelism needs)")
+    else:
+        attention = _attention(row, year, notes)
+    return attention, _cp_values(row, stated_cp, attention, notes)
 
 
 def _micro_batch_sizes(

@@ -220,6 +220,32 @@ def search(
             )
     if progress is not None:
         progress.close()
+    return _result(
+        sims,
+        rejected,
+        num_candidates=num_candidates,
+        num_feasible=len(feasible),
+        fully_costed=fully_costed,
+        top_k=0 if simulate_top is not None else top_k,
+        indivisible_dps=tuple(
+            sorted({lay.dp for lay in layouts(num_gpus, space) if global_batch_size % lay.dp})
+        ),
+    )
+
+
+def _result(
+    sims: list[tuple[Candidate, Outcome]],
+    rejected: list[RejectedRows],
+    *,
+    num_candidates: int,
+    num_feasible: int,
+    fully_costed: int,
+    top_k: int,
+    indivisible_dps: tuple[int, ...],
+) -> SearchResult:
+    """The search's outcome: the simulated plans ranked by (step time, peak memory, label),
+    the rejections counted by category (most first), and the closest miss on memory as the
+    example of running out of it."""
     evaluations = [out for _, out in sims if isinstance(out, Evaluation)]
     rejections = Rejections(rejected, [out for _, out in sims if isinstance(out, Rejected)])
     evaluations.sort(key=lambda e: (e.step_time_s, e.peak_memory_bytes, e.plan.label()))
@@ -233,16 +259,14 @@ def search(
         rejection_counts=dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))),
         rejection_examples=examples,
         num_candidates=num_candidates,
-        num_feasible=len(feasible),
-        num_not_simulated=len(feasible) - len(sims),
+        num_feasible=num_feasible,
+        num_not_simulated=num_feasible - len(sims),
         num_simulated=len(sims),
         num_fully_costed=fully_costed,
-        top_k=0 if simulate_top is not None else top_k,
+        top_k=top_k,
         rejected=rejections,
         closest_miss=closest,
-        batch_indivisible_dps=tuple(
-            sorted({lay.dp for lay in layouts(num_gpus, space) if global_batch_size % lay.dp})
-        ),
+        batch_indivisible_dps=indivisible_dps,
     )
 
 

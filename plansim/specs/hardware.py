@@ -8,7 +8,7 @@ say whether the query was inside the measured range.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from plansim.errors import SpecError, require_positive, require_positive_int
@@ -69,6 +69,19 @@ class HostSpec:
 #: Largest per-GPU rate spread a profile may state: the slowest of 10^6 GPUs (4.9 standard
 #: deviations below the median) must still run at a positive rate.
 MAX_SPREAD_FRACTION = 0.2
+
+#: Fractions a profile must keep in range: (field, allowed interval, test); None is allowed.
+_FRACTIONS: tuple[tuple[str, str, Callable[[float], bool]], ...] = (
+    ("hbm_efficiency_fraction", "(0, 1]", lambda v: 0 < v <= 1),
+    ("overlap_compute_slowdown_fraction", "[0, 1)", lambda v: 0 <= v < 1),
+    ("sustained_matmul_fraction", "(0, 1]", lambda v: 0 < v <= 1),
+    (
+        "gpu_matmul_spread_fraction",
+        f"[0, {MAX_SPREAD_FRACTION})",
+        lambda v: 0 <= v < MAX_SPREAD_FRACTION,
+    ),
+    ("ampere_attention_fraction_of_peak", "(0, 1]", lambda v: 0 < v <= 1),
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -176,31 +189,15 @@ class HardwareProfile:
             "pcie_bytes_per_s",
         ):
             require_positive(f"{self.name}.{key}", getattr(self, key))
-        if not 0 < self.hbm_efficiency_fraction <= 1:
-            raise SpecError(
-                f"{self.name}.hbm_efficiency_fraction must be in (0, 1], "
-                f"got {self.hbm_efficiency_fraction}"
-            )
-        if not 0 <= self.overlap_compute_slowdown_fraction < 1:
-            raise SpecError(
-                f"{self.name}.overlap_compute_slowdown_fraction must be in [0, 1), "
-                f"got {self.overlap_compute_slowdown_fraction}"
-            )
-        if not 0 < self.sustained_matmul_fraction <= 1:
-            raise SpecError(
-                f"{self.name}.sustained_matmul_fraction must be in (0, 1], "
-                f"got {self.sustained_matmul_fraction}"
-            )
-        if not 0 <= self.gpu_matmul_spread_fraction < MAX_SPREAD_FRACTION:
-            raise SpecError(
-                f"{self.name}.gpu_matmul_spread_fraction must be in [0, {MAX_SPREAD_FRACTION}), "
-                f"got {self.gpu_matmul_spread_fraction}"
-            )
-        cap = self.ampere_attention_fraction_of_peak
-        if cap is not None and not 0 < cap <= 1:
-            raise SpecError(
-                f"{self.name}.ampere_attention_fraction_of_peak must be in (0, 1], got {cap}"
-            )
+        for key, interval, inside in _FRACTIONS:
+            value = getattr(self, key)
+            if value is not None and not inside(value):
+                raise SpecError(f"{self.name}.{key} must be in {interval}, got {value}")
+        self._check_curves_and_dtypes()
+
+    def _check_curves_and_dtypes(self) -> None:
+        """Network fractions in (0, 1], elementwise rates >= 0, the reserve inside the
+        capacity, every collective's curve, and a peak for each dtype with a curve."""
         for key in ("inter_node_ring_fraction", "inter_node_message_fraction"):
             curve = getattr(self, key)
             if curve is not None and any(not 0 < y <= 1 for y in curve.y):

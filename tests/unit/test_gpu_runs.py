@@ -204,3 +204,19 @@ def test_the_kernel_profile_runs_on_a_cpu(tmp_path: Path) -> None:
     assert tool.category("vectorized_elementwise_kernel<GeluCUDAKernelImpl>") == (
         "elementwise_other"
     )
+
+
+def test_terms_from_swaps_exactly_the_other_profiles_figures() -> None:
+    """``resimulate_validation --terms-from``: with the profile's own figures every column is
+    its error; with the measured profile's, all groups together give the measured profile's
+    error (no figure that prices these runs is left out of the groups), and the sustained
+    rate alone moves the datasheet profile's error towards it (9.4 points on this run)."""
+    tool = _module("resimulate_validation")
+    run = BF16_RUNS / "validate_bf16_gpt-h2048-none"
+    own = tool.term_errors(run, PROFILE, PROFILE)
+    values = [v for k, v in own.items() if k != "run"]
+    assert max(values) - min(values) < 1e-9
+    swapped = tool.term_errors(run, "h100-sxm5-80gb", PROFILE)
+    measured = tool.resimulate(run, PROFILE)["step now error %"]
+    assert swapped[f"all of {PROFILE}"] == pytest.approx(measured, abs=1e-9)
+    assert swapped["+sustained"] - swapped["h100-sxm5-80gb"] > 5.0
