@@ -1,14 +1,16 @@
 """Raw calibration rows -> a profile's ``host_overhead`` section. Pure (pandas, no torch).
 
-Seconds per op of the forward and of the backward through a chain of
-tiny ops (``kind == "host_op"``, ``chain_fwd`` / ``chain_fwd_bwd``, work = ops; see
-``plansim.calibrate.plan``), and when its tensor-parallel twin was measured
-(``dtensor_chain_*``) the extra per DTensor linear: (DTensor chain - plain chain) / linears,
-the linears being half the chain's ops. ``serial`` is true on a CPU device. With more
+Seconds per op of the forward and of the backward through a chain of tiny ops
+(``kind == "host_op"``, ``chain_fwd`` / ``chain_fwd_bwd``, work = ops; see
+``plansim.calibrate.plan``). Where a twin of the chain was measured, its extra over the plain
+chain (:func:`_twin_chain_terms`): per DTensor linear (``dtensor_chain_*``: (DTensor chain -
+plain chain) / linears, the linears being half the chain's ops) and per op of a per-op
+selective checkpoint region (``sac_chain_*``). ``serial`` is true on a CPU device. With more
 than one rank also the chains over every rank: per DTensor all-reduce, per FSDP2 unit
 (:func:`_world_chain_terms`) and per pipeline action (:func:`_pipeline_terms`).
 
-``table`` is :func:`plansim.calibrate.aggregate.aggregate`'s (``plansim.calibrate.build_terms``).
+``table`` is :func:`plansim.calibrate.aggregate.aggregate`'s, as in
+``plansim.calibrate.build_terms``.
 """
 
 from __future__ import annotations

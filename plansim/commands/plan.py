@@ -263,19 +263,26 @@ def run(args: argparse.Namespace) -> int:
     out.write(render(table, "table") if len(table) else "no feasible plan\n")
     out.write(_summary(result, global_batch_size=args.gbs))
     if result.num_candidates == 0:
-        lines = empty_search_lines(
-            args,
-            space,
-            unconstrained,
-            num_gpus=args.gpus,
-            global_batch_size=args.gbs,
-            num_layers=model.num_layers,
-        )
-        out.write("".join(line + "\n" for line in lines))
+        out.write(_empty_search_text(args, space, unconstrained, num_layers=model.num_layers))
     out.write(outside_text(outside, profile_name=profile.name, reader=" by rank 1's pricing"))
     if trust is not None:
         out.write(trust_text(trust, profile_name=profile.name))
     return 0
+
+
+def _empty_search_text(
+    args: argparse.Namespace, space: SearchSpace, unconstrained: SearchSpace, *, num_layers: int
+) -> str:
+    """Why a search had no candidate at all: what each constraint left (``empty_search``)."""
+    lines = empty_search_lines(
+        args,
+        space,
+        unconstrained,
+        num_gpus=args.gpus,
+        global_batch_size=args.gbs,
+        num_layers=num_layers,
+    )
+    return "".join(line + "\n" for line in lines)
 
 
 def _json_doc(

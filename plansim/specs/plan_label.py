@@ -15,6 +15,12 @@ def plan_label(plan: ParallelPlan) -> str:
     """Compact one-line description, e.g. 'tp8 pp16 dp8 mbs1 zero1 selective sp 1f1b' or
     'tp8 pp8 dp1 vpp3 mbs1 zero0 full interleaved-1f1b' (vpp shown when > 1); a
     parameter server adds 'ps' (colocated) or 'ps4' (4 dedicated servers)."""
+    parts = _layout_parts(plan) + _framework_parts(plan) + _sharding_parts(plan)
+    return " ".join(parts + _split_parts(plan))
+
+
+def _layout_parts(plan: ParallelPlan) -> list[str]:
+    """Sizes, micro-batch, ZeRO stage, recompute, SP and the schedule."""
     parts = [f"tp{plan.tp}", f"pp{plan.pp}", f"dp{plan.dp}"]
     if plan.cp > 1:
         parts.append(f"cp{plan.cp}")
@@ -24,6 +30,13 @@ def plan_label(plan: ParallelPlan) -> str:
     if plan.sequence_parallel:
         parts.append("sp-overlap" if plan.tp_comm_overlap else "sp")
     parts.append(plan.schedule.value)
+    return parts
+
+
+def _framework_parts(plan: ParallelPlan) -> list[str]:
+    """Overlap flags, gradient accumulation and reduction, pipeline sends, attention kernel
+    and the DP synchronisation (parameter server or DDP implementation)."""
+    parts = []
     if plan.overlap_p2p_comm:
         parts.append("overlap-p2p")
     if plan.overlap_grad_reduce:
@@ -42,6 +55,12 @@ def plan_label(plan: ParallelPlan) -> str:
         parts.append(f"ps{plan.ps_servers or ''}")
     elif plan.zero_stage < 2 and plan.ddp_impl is not DdpImpl.MEGATRON_CORE:
         parts.append(f"ddp-{plan.ddp_impl.value}")
+    return parts
+
+
+def _sharding_parts(plan: ParallelPlan) -> list[str]:
+    """Offload, ZeRO-3 parameter fetch, PyTorch FSDP, resharding and hybrid sharding."""
+    parts = []
     if plan.offload_optimizer is not OffloadDevice.NONE:
         parts.append(f"offload-opt-{plan.offload_optimizer.value}")
     if plan.offload_param is not OffloadDevice.NONE:
@@ -54,6 +73,12 @@ def plan_label(plan: ParallelPlan) -> str:
         parts.append("no-reshard")
     if plan.dp_shard is not None:  # HSDP, or a partial distributed optimizer
         parts.append(f"{'hsdp' if plan.zero_stage == 3 else 'shard'}{plan.dp_shard}")
+    return parts
+
+
+def _split_parts(plan: ParallelPlan) -> list[str]:
+    """An uneven pipeline split and the bf16 layers at the ends (fp8 / fp4 plans)."""
+    parts = []
     if plan.decoder_first_pipeline_num_layers is not None:
         parts.append(f"first-stage-{plan.decoder_first_pipeline_num_layers}")
     if plan.decoder_last_pipeline_num_layers is not None:
@@ -65,4 +90,4 @@ def plan_label(plan: ParallelPlan) -> str:
     if plan.num_layers_at_start_in_bf16 or plan.num_layers_at_end_in_bf16:
         start, end = plan.num_layers_at_start_in_bf16, plan.num_layers_at_end_in_bf16
         parts.append(f"bf16-layers-{start}-{end}")
-    return " ".join(parts)
+    return parts

@@ -24,7 +24,8 @@ a pipeline's actions, which no event isolates. In order:
 4. **Pipeline transfers** (``intra_node.sendrecv``): a measured receive includes the wait
    for the sender, so the transfer time is read where the receiver was already waiting:
    from the end of the sender's compute to the end of the receive
-   (:func:`waited_transfers_s`); ``r`` = median measured / median simulated of those.
+   (:func:`plansim.validate.refit_comm.waited_transfers_s`); ``r`` = median measured /
+   median simulated of those.
 5. **Collectives** (``intra_node.<collective>``: latency and bus bandwidth): per collective,
    ``r = measured / simulated`` total seconds of the observed communication kinds it prices.
    ``tp_comm`` prices ``all_reduce`` (``all_gather`` and ``reduce_scatter`` with SP);
@@ -49,18 +50,15 @@ back), so a failure leaves the previous file intact.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
-
 from plansim.io.profiles import merge_profile, profiles_dir
-from plansim.sim import timeline as tl
-from plansim.specs.curves import CollectiveCurve, Curve
+from plansim.specs.curves import Curve
 from plansim.specs.hardware import HardwareProfile
 from plansim.validate.compare import CATEGORY_KINDS, Comparison, compare, simulate_plan
-from plansim.validate.executed_dp import executes_flat_all_reduce
+from plansim.validate.refit_comm import kind_totals, ratio, refit_collectives
 from plansim.validate.refit_pipeline import refit_pipeline
 from plansim.validate.refit_terms import (
     PassTotals,
@@ -108,10 +106,6 @@ def profile_path(name_or_path: str) -> Path:
     if name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path:
         return Path(name_or_path)
     return profiles_dir() / f"{name_or_path}.yaml"
-
-
-def _ratio(measured: float, simulated: float) -> float | None:
-    return measured / simulated if measured > 0 and simulated > 0 else None
 
 
 def _scale_streaming(profile: HardwareProfile, r: float) -> HardwareProfile:
@@ -201,23 +195,6 @@ def _refit_host(
     return scale_host(profile, forward=scale, backward=scale)
 
 
-def _scale_collective(profile: HardwareProfile, name: str, r: float) -> HardwareProfile:
-    """One collective's time x ``r`` at every size: latency x r, bus bandwidth / r."""
-    old = profile.intra_node[name]
-    bw = old.busbw_bytes_per_s
-    new = CollectiveCurve(
-        collective=name,
-        latency_s=old.latency_s * r,
-        busbw_bytes_per_s=Curve(x=bw.x, y=tuple(y / r for y in bw.y)),
-    )
-    return dataclasses.replace(profile, intra_node={**profile.intra_node, name: new})
-
-
-def _kind_totals(c: Comparison, kinds: tuple[str, ...]) -> tuple[float, float]:
-    rows = c.kinds[c.kinds.index.isin(kinds)]
-    return float(rows["measured_total_s"].sum()), float(rows["simulated_total_s"].sum())
-
-
 def _unobserved_in_action_s(c: Comparison) -> float:
     """Simulated seconds of in-action communication (rows tied to a micro-batch: TP, CP,
     ZeRO-3 gathers) of kinds the run did not record."""
@@ -228,71 +205,8 @@ def _unobserved_in_action_s(c: Comparison) -> float:
 
 def _pass_ratio(c: Comparison) -> float | None:
     """Measured / simulated F+B compute (simulated: plus unobserved in-action comm)."""
-    measured, simulated = _kind_totals(c, _PASS_KINDS)
-    return _ratio(measured, simulated + _unobserved_in_action_s(c))
-
-
-def _collectives_by_kind(run: MeasuredRun) -> dict[str, tuple[str, ...]]:
-    """Each collective -> the communication kinds it prices (see module doc); a collective
-    pricing several kinds is refitted once, from their totals together."""
-    plan = run.plan
-    tp = ("all_gather", "reduce_scatter") if plan.sequence_parallel else ("all_reduce",)
-    dp: tuple[str, ...] = ("reduce_scatter", "all_gather")
-    if executes_flat_all_reduce(plan):  # ZeroRedundancyOptimizer broadcasts: send/recv
-        dp = ("all_reduce",) if plan.zero_stage == 0 else ("all_reduce", "sendrecv")
-    kinds: dict[str, list[str]] = {}
-    for kind, names in (("tp_comm", tp), ("dp_comm", dp), ("embedding_grad_comm", ("all_reduce",))):
-        for name in names:
-            kinds.setdefault(name, []).append(kind)
-    return {name: tuple(k) for name, k in sorted(kinds.items())}
-
-
-def waited_transfers_s(df: pd.DataFrame) -> list[float]:
-    """Pipeline transfer times read from a Timeline where the receiver was already waiting.
-
-    For a receive of micro-batch j at stage s (``recv_forward``: sent after F(s-1, j);
-    ``recv_backward``: after B or I(s+1, j)) that started no later than the sender's
-    compute ended, the transfer took ``receive end - sender compute end``: the time from
-    the data being ready to its arrival, with no waiting of the receiver in it. Receives
-    that started later (the data was already there) say nothing about the transfer. Ranks
-    on one machine share the clock (``time.perf_counter_ns``).
-    """
-    compute = df[(df[tl.STREAM] == tl.COMPUTE) & (df[tl.STAGE] >= 0) & (df[tl.MICROBATCH] >= 0)]
-    done: dict[tuple[str, int, int], float] = {}
-    for kind, stage, mb, end in zip(
-        compute[tl.KIND], compute[tl.STAGE], compute[tl.MICROBATCH], compute[tl.END_S], strict=True
-    ):
-        side = "F" if kind == "forward" else "B" if kind in ("backward", "backward_input") else ""
-        if side:
-            done[(side, int(stage), int(mb))] = float(end)
-    recv = df[df[tl.KIND].isin(("recv_forward", "recv_backward"))]
-    out = []
-    for kind, stage, mb, start, end in zip(
-        recv[tl.KIND],
-        recv[tl.STAGE],
-        recv[tl.MICROBATCH],
-        recv[tl.START_S],
-        recv[tl.END_S],
-        strict=True,
-    ):
-        key = (
-            ("F", int(stage) - 1, int(mb))
-            if kind == "recv_forward"
-            else ("B", int(stage) + 1, int(mb))
-        )
-        ready = done.get(key)
-        if ready is not None and start <= ready < end:
-            out.append(float(end) - ready)
-    return out
-
-
-def _transfer_ratio(run: MeasuredRun, simulated: pd.DataFrame) -> float | None:
-    """Median measured over median simulated :func:`waited_transfers_s`, or None."""
-    measured = [t for df in run.timelines for t in waited_transfers_s(df)]
-    sim = waited_transfers_s(simulated)
-    if not measured or not sim:
-        return None
-    return _ratio(float(np.median(measured)), float(np.median(sim)))
+    measured, simulated = kind_totals(c, _PASS_KINDS)
+    return ratio(measured, simulated + _unobserved_in_action_s(c))
 
 
 def refit_profile(
@@ -310,7 +224,7 @@ def refit_profile(
         return compare(run, simulate_plan(run.model, run.plan, p, dtype=dtype))
 
     c = comparison(profile)
-    r_opt = _ratio(*_kind_totals(c, ("optimizer",)))
+    r_opt = ratio(*kind_totals(c, ("optimizer",)))
     if r_opt is None:
         notes.append("streaming: no optimizer event measured and simulated; kept")
     else:
@@ -319,6 +233,25 @@ def refit_profile(
     if profile.host_overhead is not None:
         profile = _refit_host(run, profile, dtype=dtype, factors=factors, notes=notes)
         c = comparison(profile)
+    profile, c = _refit_gemm(profile, c, comparison, dtype=dtype, factors=factors, notes=notes)
+    profile = refit_collectives(run, profile, c, dtype=dtype, factors=factors, notes=notes)
+    if run.plan.pp > 1:
+        profile = refit_pipeline(run, profile, dtype=dtype, factors=factors, notes=notes)
+    return profile, factors, tuple(notes)
+
+
+def _refit_gemm(
+    profile: HardwareProfile,
+    c: Comparison,
+    comparison: Callable[[HardwareProfile], Comparison],
+    *,
+    dtype: str,
+    factors: dict[str, float],
+    notes: list[str],
+) -> tuple[HardwareProfile, Comparison]:
+    """Scale the GEMM curve and kernel launch until the forward/backward events agree (at
+    most ``_MAX_ROUNDS`` times, to ``_TOLERANCE``); ``factors`` gets the product, ``notes``
+    what it could not separate or left off."""
     gemm = 1.0
     for _ in range(_MAX_ROUNDS):
         r = _pass_ratio(c)
@@ -340,26 +273,7 @@ def refit_profile(
         notes.append("gemm_and_launch: no forward/backward event measured; kept")
     elif abs(r_left - 1.0) >= 0.01:
         notes.append(f"gemm_and_launch: F/B still off by x{r_left:.3g} (streaming-bound passes)")
-    sim_tl = simulate_plan(run.model, run.plan, profile, dtype=dtype).result.timeline
-    r_p2p = _transfer_ratio(run, sim_tl)
-    if r_p2p is not None:
-        profile = _scale_collective(profile, "sendrecv", r_p2p)
-        factors["intra_node.sendrecv"] = r_p2p
-    elif run.plan.pp > 1:
-        notes.append("sendrecv: no pipeline receive waited for its data; kept")
-    for name, kinds in _collectives_by_kind(run).items():
-        counts = c.kinds["measured_count"].to_dict()
-        observed = tuple(k for k in kinds if float(counts.get(k, 0.0)) > 0)
-        r = _ratio(*_kind_totals(c, observed))
-        if r is None:
-            if _kind_totals(c, kinds)[1] > 0:
-                notes.append(f"{name}: {'/'.join(kinds)} not observed; kept")
-            continue
-        profile = _scale_collective(profile, name, r)
-        factors[f"intra_node.{name}"] = r
-    if run.plan.pp > 1:
-        profile = refit_pipeline(run, profile, dtype=dtype, factors=factors, notes=notes)
-    return profile, factors, tuple(notes)
+    return profile, c
 
 
 def refit(run: MeasuredRun, profile: HardwareProfile, *, dtype: str, source: str) -> Refit:
