@@ -8,18 +8,13 @@ from dataclasses import dataclass
 
 from plansim.analytic import flops as fl
 from plansim.analytic.comm import collective_time_s
-from plansim.analytic.elementwise import QUANTIZED_ELEMENT_BYTES, cross_entropy_bytes
-from plansim.analytic.layer_cost import cp_local_model, gemm_time_s, matmul_dtype
+from plansim.analytic.elementwise import cross_entropy_bytes
+from plansim.analytic.layer_cost import cp_local_model, gemm_time_s, unquantized_dtype
 from plansim.analytic.op_overheads import edge_ops, with_host_s
 from plansim.analytic.ranks import LayoutGroups
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan
-
-
-def head_dtype(plan: ParallelPlan) -> str:
-    """dtype of the logits GEMMs: 16-bit under fp8 / fp4 (:func:`edge_times`)."""
-    return "bf16" if plan.precision in QUANTIZED_ELEMENT_BYTES else matmul_dtype(plan)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,7 +66,7 @@ def edge_times(
             profile, collective="all_reduce", message_bytes=4.0 * tokens, span=groups.tp
         )
     logits = fl.logits_forward_gemm(local, micro_batch_size=b, tp=tp)
-    logits_s = gemm_time_s(logits, profile, dtype=head_dtype(plan))
+    logits_s = gemm_time_s(logits, profile, dtype=unquantized_dtype(plan))
     num_logits = tokens * model.vocab_size / tp
     norm_s = 2.0 * act * model.hidden_size * tokens / hbm + launch
     first, last = edge_ops(model.position_embedding)

@@ -134,6 +134,13 @@ def matmul_dtype(plan: ParallelPlan) -> str:
     return plan.precision.value
 
 
+def unquantized_dtype(plan: ParallelPlan) -> str:
+    """The dtype of the matmuls Transformer Engine leaves unquantized (the attention core,
+    and the logits: Megatron-core's output layer is a PyTorch matmul outside TE): bf16 under
+    fp8 / fp4 precision, else the plan's :func:`matmul_dtype`."""
+    return "bf16" if plan.precision in QUANTIZED_ELEMENT_BYTES else matmul_dtype(plan)
+
+
 @dataclass(frozen=True, slots=True)
 class _GemmSeconds:
     """One layer's forward GEMM seconds on one rank: all of them, the weight GEMMs (each
@@ -219,8 +226,7 @@ def layer_pass_times(
     local = cp_local_model(model, plan.cp)
     dtype = matmul_dtype(plan)
     unfused = plan.attention is AttentionKernel.UNFUSED
-    # the attention core stays 16-bit beside fp8 / fp4 GEMMs (Transformer Engine)
-    core_dtype = "bf16" if plan.precision in QUANTIZED_ELEMENT_BYTES else dtype
+    core_dtype = unquantized_dtype(plan)  # 16-bit beside fp8 / fp4 GEMMs
     gemms = layer_gemms(model, plan)
     g = _gemm_seconds(gemms, plan, profile, dtype=dtype, core_dtype=core_dtype)
     core = attention_core_times(gemms, plan, profile, dtype=core_dtype, gemm_forward_s=g.core_s)
@@ -251,6 +257,7 @@ def layer_pass_times(
         model,
         plan,
         profile,
+        local=local,
         g=g,
         core_forward_s=core.forward_s,
         forward_s=forward_s,
@@ -279,6 +286,7 @@ def _recompute_times(
     plan: ParallelPlan,
     profile: HardwareProfile,
     *,
+    local: ModelSpec,
     g: _GemmSeconds,
     core_forward_s: float,
     forward_s: float,
@@ -290,8 +298,8 @@ def _recompute_times(
     by the plan's recompute: full (its forward, or with early stop without the MLP down
     projection), selective (unfused: the attention core's GEMMs and softmax bytes; fused: the
     attention call and its KV ring), torchtitan's per-op selective (its GEMMs, every
-    non-matmul op and the unsaved collectives), none."""
-    dtype = matmul_dtype(plan)
+    non-matmul op and the unsaved collectives), none. ``local``: the model as one cp rank
+    sees it (``cp_local_model``)."""
     if plan.recompute is Recompute.FULL:
         if plan.recompute_early_stop and not model.dropout:
             recompute_s, tp_recompute = early_stop_recompute(
@@ -300,7 +308,6 @@ def _recompute_times(
             return recompute_s, tp_recompute, ring_forward_s
         return forward_s, tp_pass_s, ring_forward_s
     if plan.recompute is Recompute.SELECTIVE and plan.attention is AttentionKernel.UNFUSED:
-        local = cp_local_model(model, plan.cp)
         queries_x_keys = local.seq_length * model.seq_length
         width = plan.precision.activation_bytes / 2.0
         softmax_bytes = (
@@ -314,10 +321,10 @@ def _recompute_times(
     if plan.recompute is Recompute.SELECTIVE_OP:
         # torchtitan's per-op policy: its GEMMs, every non-matmul op and the unsaved
         # collectives again (SP: the all-gathers, half the pass; else the all-reduces)
-        local = cp_local_model(model, plan.cp)
         again = fl.op_selective_recompute_gemms(
             local, micro_batch_size=plan.micro_batch_size, tp=plan.tp
         )
+        dtype = matmul_dtype(plan)
         recompute_s = sum(gemm_time_s(x, profile, dtype=dtype) for x in again) + ew_forward_s
         return recompute_s, tp_pass_s / 2 if plan.sequence_parallel else tp_pass_s, 0.0
     return 0.0, 0.0, 0.0

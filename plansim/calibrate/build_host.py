@@ -25,6 +25,29 @@ from plansim.calibrate.fit import HostOpFit, fit_host_ops
 from plansim.calibrate.plan import PIPELINE_OPS
 from plansim.specs.compute_terms import HostOverhead
 
+_DTENSOR = (
+    "with DTensor ColwiseParallel/RowwiseParallel linears on a one-rank mesh, less the plain chain"
+)
+_SAC = "as one region checkpointed with the per-op selective policy, less the plain chain"
+#: Twins of the plain chain: (row prefix, scale of the per-op difference, provenance of the
+#: forward and of the backward figure). DTensor's extra is per linear, the linears being half
+#: the chain's ops (x 2); the per-op selective checkpoint's is per op, its backward holding
+#: the recompute.
+_TWINS: tuple[tuple[str, float, str, str], ...] = (
+    (
+        "dtensor",
+        2.0,
+        f"forward of {{chain}} {_DTENSOR}, per linear",
+        f"backward of {{chain}} {_DTENSOR}, per linear",
+    ),
+    (
+        "sac",
+        1.0,
+        f"forward of {{chain}} {_SAC}",
+        f"backward (with its recompute) of {{chain}} {_SAC}",
+    ),
+)
+
 
 def host_overhead_term(table: pd.DataFrame, *, source: str, serial: bool) -> Terms:
     """The ``host_overhead`` section from the chain rows, or no term when they are missing.
@@ -55,9 +78,22 @@ def host_overhead_term(table: pd.DataFrame, *, source: str, serial: bool) -> Ter
         ),
     }
     extra: dict[str, float] = {}
+    twins = [
+        _twin_chain_terms(
+            rows,
+            twin=twin,
+            scale=scale,
+            ops=ops,
+            plain=plain,
+            provenance=(
+                f"{source}; {fwd.format(chain=chain)}",
+                f"{source}; {bwd.format(chain=chain)}",
+            ),
+        )
+        for twin, scale, fwd, bwd in _TWINS
+    ]
     for part in (
-        _dtensor_terms(rows, ops=ops, plain=plain, chain=chain, source=source),
-        _sac_terms(rows, ops=ops, plain=plain, chain=chain, source=source),
+        *twins,
         _world_chain_terms(rows, ops=ops, chain=chain, source=source),
         _pipeline_terms(table, plain=plain, source=source),
     ):
@@ -97,44 +133,6 @@ def _twin_chain_terms(
     out.provenance[f"host_overhead.{twin}_forward_op_us"] = provenance[0]
     out.provenance[f"host_overhead.{twin}_backward_op_us"] = provenance[1]
     return out
-
-
-def _dtensor_terms(
-    rows: Mapping[str, tuple[float, float]],
-    *,
-    ops: float,
-    plain: HostOpFit,
-    chain: str,
-    source: str,
-) -> _World:
-    """DTensor's extra host seconds per linear: the chain with DTensor linears less the plain
-    chain, per op times 2 (the linears are half the chain's ops)."""
-    what = "ColwiseParallel/RowwiseParallel linears on a one-rank mesh, less the plain chain"
-    texts = (
-        f"{source}; forward of {chain} with DTensor {what}, per linear",
-        f"{source}; backward of {chain} with DTensor {what}, per linear",
-    )
-    return _twin_chain_terms(
-        rows, twin="dtensor", scale=2.0, ops=ops, plain=plain, provenance=texts
-    )
-
-
-def _sac_terms(
-    rows: Mapping[str, tuple[float, float]],
-    *,
-    ops: float,
-    plain: HostOpFit,
-    chain: str,
-    source: str,
-) -> _World:
-    """The per-op selective checkpoint's extra host seconds per op: its chain less the plain
-    one, forward and backward with its recompute."""
-    region = "as one region checkpointed with the per-op selective policy, less the plain chain"
-    texts = (
-        f"{source}; forward of {chain} {region}",
-        f"{source}; backward (with its recompute) of {chain} {region}",
-    )
-    return _twin_chain_terms(rows, twin="sac", scale=1.0, ops=ops, plain=plain, provenance=texts)
 
 
 def _host_summary(plain: HostOpFit, extra: Mapping[str, float]) -> list[tuple[str, str]]:

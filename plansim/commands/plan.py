@@ -62,7 +62,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     add_dp_sync_args(p, allow_all=True)
     add_bf16_layer_args(p)
-    _add_space_args(p.add_argument_group("search space (framework options also tried)"))
+    space = p.add_argument_group("search space (framework options also tried)")
+    _add_space_args(space)
+    _add_sharding_space_args(space)
     add_constraint_args(p)
     p.add_argument(
         "--plot",
@@ -97,8 +99,7 @@ def _add_search_mode_args(g: argparse._ArgumentGroup) -> None:
 
 def _add_space_args(g: argparse._ArgumentGroup) -> None:
     """The Megatron-LM options the search also tries or prices its plans with (parameter
-    gather overlap, bf16 reduction, early-stop recompute, TP overlap), then the sharding ones
-    (:func:`_add_sharding_space_args`)."""
+    gather overlap, bf16 reduction, early-stop recompute, TP overlap)."""
     g.add_argument(
         "--overlap-param-gather",
         action="store_true",
@@ -124,7 +125,6 @@ def _add_space_args(g: argparse._ArgumentGroup) -> None:
         help="also try Megatron's --tp-comm-overlap for the sequence-parallel plans (TP "
         "collectives pipelined with their GEMMs; Transformer Engine userbuffers)",
     )
-    _add_sharding_space_args(g)
 
 
 def _add_sharding_space_args(g: argparse._ArgumentGroup) -> None:

@@ -89,8 +89,9 @@ def table_text(r: SimulateReport) -> str:
         f"{1e3 * r.layer.backward_s:.2f} ms (as a per-layer timer sees them: blocking TP "
         "collectives and recompute included)\n"
     )
-    if r.pace < 1.0:
-        parts.append(pace_note(profile, plan.num_gpus, r.pace, dtype=plan.precision.value))
+    pace = r.pace
+    if pace < 1.0:
+        parts.append(pace_note(profile, plan.num_gpus, pace, dtype=plan.precision.value))
     parts.append(outside_text(r.outside, profile_name=profile.name))
     if r.sens is not None:
         parts.append(sensitivity_text(r.sens, profile_name=profile.name))

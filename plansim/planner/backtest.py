@@ -30,7 +30,6 @@ from plansim.errors import PlansimError
 from plansim.io.profile_names import AmbiguousProfileError, match_profile_name
 from plansim.io.profiles import list_datasheet_profiles, list_profiles, load_profile
 from plansim.io.runs import RunRow
-from plansim.planner.enumerate import SearchSpace
 from plansim.planner.evaluate import OUT_OF_MEMORY, Evaluation, Rejected
 from plansim.planner.lookups import out_of_range_lookups
 from plansim.planner.run_checks import (
@@ -48,6 +47,7 @@ from plansim.planner.run_model import Skip, row_model
 from plansim.planner.run_space import row_space
 from plansim.planner.search import SearchResult, search
 from plansim.planner.sensitivity import sensitivity as plan_sensitivity
+from plansim.planner.space import SearchSpace
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 
@@ -229,11 +229,12 @@ def _layer_only(
 ) -> Prediction:
     """A row with per-layer timings only: its stated layout's layer times against them."""
     plan = stated_layer_plan(row, space, notes)
-    notes.append(f"per-layer times of {plan.label()}")
+    label = plan.label()
+    notes.append(f"per-layer times of {label}")
     return Prediction(
         status=PER_LAYER,
         note="; ".join(notes),
-        plan_label=plan.label(),
+        plan_label=label,
         layer=layer_check(row, model, plan, profile),
     )
 
@@ -281,14 +282,15 @@ def _best_prediction(
     notes: list[str],
 ) -> Prediction:
     """The prediction of the fastest plan ``best`` against the measured step seconds."""
-    notes.append(f"chosen: {best.plan.label()}")
+    label = best.plan.label()
+    notes.append(f"chosen: {label}")
     return Prediction(
         status=status,
         note="; ".join(notes),
         predicted_step_time_s=best.step_time_s,
         step_time_error_pct=100.0 * (best.step_time_s - measured) / measured,
         predicted_peak_memory_gib=best.peak_memory_bytes / 2**30,
-        plan_label=best.plan.label(),
+        plan_label=label,
         mfu_pct=100.0 * best.mfu,
         bubble_fraction=best.bubble_fraction,
         exposed_comm_s_by_kind={

@@ -198,7 +198,7 @@ def _knobs(
     fetch = _fetch(space, pp=layout.pp)
     base = _fixed_fields(layout, mbs, vpp, gbs, space) | split
     for zero, dp_sync, opt_dev, param_dev in _zero_modes(space, dp_cp=dp_cp):
-        sharding = {
+        sharding = base | {
             "zero_stage": zero,
             "dp_sync": dp_sync,
             "ps_servers": space.ps_servers if dp_sync is DpSync.PARAMETER_SERVER else 0,
@@ -228,7 +228,7 @@ def _knobs(
                 and Recompute.NONE in space.recomputes
             ):
                 continue  # FlashAttention stores no s x s scores: selective ~ none, but slower
-            recomputing = {
+            fixed = sharding | {
                 "recompute": recompute,
                 "recompute_num_layers": block,
                 "recompute_early_stop": space.recompute_early_stop and recompute is Recompute.FULL,
@@ -236,8 +236,7 @@ def _knobs(
             }
             for sp, tp_overlap in _sp_modes(space, tp=layout.tp):
                 for (schedule, modes), bf16_grads, reshard in product(comm, bf16_modes, reshards):
-                    fields = base | sharding | recomputing
-                    fields |= {
+                    fields = fixed | {
                         "sequence_parallel": sp,
                         "tp_comm_overlap": tp_overlap,
                         "schedule": schedule,
