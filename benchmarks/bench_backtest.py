@@ -26,6 +26,7 @@ FILES = (
     ROOT.parent / "shared" / "reference" / "published_runs.csv",
     ROOT / "benchmarks" / "published_runs" / "nemo_performance.csv",
     ROOT / "benchmarks" / "published_runs" / "mosaic_llm_foundry.csv",
+    ROOT / "benchmarks" / "published_runs" / "other_frameworks.csv",
 )
 
 

@@ -208,6 +208,22 @@ def _elementwise_seconds(
     return ew_fwd, ew_bwd
 
 
+def _layer_elementwise(
+    local: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
+) -> tuple[float, float, int]:
+    """Forward and backward seconds of one layer's memory-bound kernels on the cp-local
+    model ``local``, and their kernel count (``elementwise.layer_elementwise_traffic``)."""
+    traffic = layer_elementwise_traffic(
+        local,
+        micro_batch_size=plan.micro_batch_size,
+        tp=plan.tp,
+        sequence_parallel=plan.sequence_parallel,
+        unfused_attention=plan.attention is AttentionKernel.UNFUSED,
+    )
+    ew_fwd, ew_bwd = _elementwise_seconds(local, plan, profile, traffic)
+    return ew_fwd, ew_bwd, traffic.num_kernels
+
+
 def layer_pass_times(
     model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, groups: LayoutGroups
 ) -> PassTimes:
@@ -225,22 +241,14 @@ def layer_pass_times(
     """
     local = cp_local_model(model, plan.cp)
     dtype = matmul_dtype(plan)
-    unfused = plan.attention is AttentionKernel.UNFUSED
     core_dtype = unquantized_dtype(plan)  # 16-bit beside fp8 / fp4 GEMMs
     gemms = layer_gemms(model, plan)
     g = _gemm_seconds(gemms, plan, profile, dtype=dtype, core_dtype=core_dtype)
     core = attention_core_times(gemms, plan, profile, dtype=core_dtype, gemm_forward_s=g.core_s)
     # Input-grad GEMMs: one forward each; the attention core's backward from ``core``.
     dgrad = (g.forward_s - g.core_s) + core.backward_s
-    traffic = layer_elementwise_traffic(
-        local,
-        micro_batch_size=plan.micro_batch_size,
-        tp=plan.tp,
-        sequence_parallel=plan.sequence_parallel,
-        unfused_attention=unfused,
-    )
-    ew_fwd, ew_bwd = _elementwise_seconds(local, plan, profile, traffic)
-    ops = layer_ops(gemms, plan, num_kernels=traffic.num_kernels)
+    ew_fwd, ew_bwd, num_kernels = _layer_elementwise(local, plan, profile)
+    ops = layer_ops(gemms, plan, num_kernels=num_kernels)
     forward_s = with_host_s(
         g.forward_s + (core.forward_s - g.core_s) + ew_fwd, ops, profile, backward=False
     )

@@ -143,19 +143,9 @@ class _Bench:
         if item.work >= self.too_slow.get(item.family, math.inf):  # the same on every rank
             reason = f"a call this large of this {item.kind} dtype took over {timing.max_call_s} s"
             return self._note(item, "skipped", reason)
-        member = item.kind != "collective" or self.rank < item.group_size
         cold = item.kind in COLD_KINDS
         timer = self.cold if cold else self._time
-        fn: Fn | None = None
-        estimate, note = 0.0, "failed on another rank"
-        if member:
-            try:
-                fn = self._build(item)
-                estimate = self._estimate(item, fn, timer)
-            except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
-                fn, estimate = None, math.inf
-                note = f"unsupported: {str(exc).splitlines()[0][:200]}"
-        agreed = self._agree_max(estimate)
+        fn, agreed, note = self._build_and_estimate(item, timer)
         if math.isinf(agreed):
             return self._note(item, "unsupported", note)
         if item.kind in ("gemm", "attention") and agreed > timing.max_call_s:
@@ -167,6 +157,39 @@ class _Bench:
         if self.device.type != "cpu" or not _busy(item):
             samples, _ = self._repeat(item, fn, inner, reps, timer)
             return [self._row(item, samples, inner, math.nan, note=note)]
+        return self._timed_on_shared_cpu(item, (fn, timer), inner, reps, note)
+
+    def _build_and_estimate(
+        self, item: Item, timer: Callable[[Fn, int], float]
+    ) -> tuple[Fn | None, float, str]:
+        """Build ``item``'s call on the ranks that run it and agree on its one-call estimate:
+        (the call or None, the largest estimate over all ranks (inf when any rank failed),
+        the note for a failure)."""
+        member = item.kind != "collective" or self.rank < item.group_size
+        fn: Fn | None = None
+        estimate, note = 0.0, "failed on another rank"
+        if member:
+            try:
+                fn = self._build(item)
+                estimate = self._estimate(item, fn, timer)
+            except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
+                fn, estimate = None, math.inf
+                note = f"unsupported: {str(exc).splitlines()[0][:200]}"
+        return fn, self._agree_max(estimate), note
+
+    def _timed_on_shared_cpu(
+        self,
+        item: Item,
+        call: tuple[Fn, Callable[[Fn, int], float]],
+        inner: int,
+        reps: int,
+        note: str,
+    ) -> list[dict[str, Any]]:
+        """Time a CPU item whose ranks share the cores, again (up to ``timing.retries``
+        times) while some rank had less than ``CPU_SHARE_OK`` of a core; keeps the attempt
+        whose least-CPU rank had the most (``call``: the function and its timer)."""
+        timing = self.plan.timing
+        fn, timer = call
         samples, share = self._repeat(item, fn, inner, reps, timer)
         worst = -self._agree_max(-share)  # the least CPU any rank had (same on all ranks)
         best, attempts = (worst, samples, share), 1
@@ -178,16 +201,11 @@ class _Bench:
             if worst > best[0]:
                 best = (worst, samples, share)
         if attempts > 1:
-            note = "; ".join(
-                filter(
-                    None,
-                    (
-                        note,
-                        f"timed {attempts} times (a rank had < {CPU_SHARE_OK:.0%} of a core); "
-                        f"kept the attempt whose least-CPU rank had {best[0]:.0%}",
-                    ),
-                )
+            retried = (
+                f"timed {attempts} times (a rank had < {CPU_SHARE_OK:.0%} of a core); "
+                f"kept the attempt whose least-CPU rank had {best[0]:.0%}"
             )
+            note = "; ".join(filter(None, (note, retried)))
         return [self._row(item, best[1], inner, best[2], note=note)]
 
     def _estimate(self, item: Item, fn: Fn, timer: Callable[[Fn, int], float]) -> float:

@@ -17,11 +17,14 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from plansim.errors import InputFileError, SpecError
 from plansim.io.profiles import load_profile
 from plansim.specs.hardware import HardwareProfile
+
+if TYPE_CHECKING:  # the runner imports torch
+    from plansim.calibrate.runner import Request, Result
 
 #: Default bound on one launch, seconds (--timeout overrides).
 DEFAULT_TIMEOUT_S = {"quick": 300.0, "full": 3600.0}
@@ -102,17 +105,7 @@ def _check_out(out: str) -> tuple[Path, HardwareProfile | None]:
 def run(args: argparse.Namespace) -> int:
     """Validate, calibrate, print a summary; returns 0."""
     device = _device(args)
-    _check_nproc(args.nproc, device)
-    out, base = _check_out(args.out)
-    if args.nproc == 1 and base is None:
-        raise SpecError(
-            "--nproc 1 times no collectives (a group of one rank moves nothing), so it cannot "
-            "make a new profile: merge it into an existing one (--out an existing PROFILE.yaml, "
-            "e.g. a copy of hardware_profiles/h100-sxm5-80gb.yaml; its collectives and "
-            "gpus_per_node are kept) or run 2 or more ranks"
-        )
-    if args.timeout is not None and args.timeout <= 0:
-        raise SpecError(f"--timeout must be positive, got {args.timeout}")
+    out, base = _checked_args(args, device)
     from plansim.calibrate.runner import Request, calibrate  # imports torch
 
     request = Request(
@@ -129,14 +122,43 @@ def run(args: argparse.Namespace) -> int:
     result = calibrate(request, base=base)
     if args.dry_run:
         sys.stdout.write(result.yaml_text)
+    _report(args, request, result, merged=base is not None)
+    return 0
+
+
+def _checked_args(args: argparse.Namespace, device: str) -> tuple[Path, HardwareProfile | None]:
+    """Check the rank count, --out and --timeout; returns the output path and the profile
+    already there (None: a new file).
+
+    Raises:
+        SpecError: --nproc 1 without an existing profile to merge into, a --timeout <= 0.
+        InputFileError: --out cannot be written.
+    """
+    _check_nproc(args.nproc, device)
+    out, base = _check_out(args.out)
+    if args.nproc == 1 and base is None:
+        raise SpecError(
+            "--nproc 1 times no collectives (a group of one rank moves nothing), so it cannot "
+            "make a new profile: merge it into an existing one (--out an existing PROFILE.yaml, "
+            "e.g. a copy of hardware_profiles/h100-sxm5-80gb.yaml; its collectives and "
+            "gpus_per_node are kept) or run 2 or more ranks"
+        )
+    if args.timeout is not None and args.timeout <= 0:
+        raise SpecError(f"--timeout must be positive, got {args.timeout}")
+    return out, base
+
+
+def _report(args: argparse.Namespace, request: Request, result: Result, *, merged: bool) -> None:
+    """The run's summary (stdout; stderr with --dry-run, whose stdout is the YAML) and
+    notes on a busy machine (stderr)."""
     report = sys.stderr if args.dry_run else sys.stdout
-    merged = "merged into" if base is not None else "wrote"
-    target = "nothing written (--dry-run)" if args.dry_run else f"{merged} {out.name}"
+    verb = "merged into" if merged else "wrote"
+    target = "nothing written (--dry-run)" if args.dry_run else f"{verb} {request.out.name}"
     print(
-        f"calibrated {request.name}: {args.nproc} ranks, {args.backend} on {device}"
+        f"calibrated {request.name}: {args.nproc} ranks, {args.backend} on {request.device}"
         f"{', quick' if args.quick else ''}, {len(result.plan.items)} items in "
         f"{result.wall_s:.1f} s; {target}"
-        + ("" if args.dry_run else f" and {out.stem}.raw.csv ({len(result.raw)} new rows)"),
+        + ("" if args.dry_run else f" and {request.out.stem}.raw.csv ({len(result.raw)} new rows)"),
         file=report,
     )
     if result.info.busy and result.info.load_average is not None:
@@ -155,4 +177,3 @@ def run(args: argparse.Namespace) -> int:
     width = max(len(label) for label, _ in result.built.summary)
     for label, value in result.built.summary:
         print(f"  {label:<{width}}  {value}", file=report)
-    return 0

@@ -194,7 +194,6 @@ def _knobs(
     the layers of a model chunk (0: unknown), for the block-recompute options."""
     dp_cp = layout.dp * layout.cp  # ranks that reduce gradients and shard ZeRO states together
     schedules = _schedules(layout.pp, vpp, gbs // (mbs * layout.dp), space)
-    bf16_modes = _bf16_grad_modes(space)  # gradient memory differs: not one group
     fetch = _fetch(space, pp=layout.pp)
     base = _fixed_fields(layout, mbs, vpp, gbs, space) | split
     for zero, dp_sync, opt_dev, param_dev in _zero_modes(space, dp_cp=dp_cp):
@@ -221,37 +220,56 @@ def _knobs(
         )
         comm = list(_comm_modes(schedules, space, dp_cp=dp_cp, zero=zero))
         reshards = _reshard_modes(space, zero=zero, offload=(opt_dev, param_dev), fetch=fetch)
-        for (recompute, block), shard in product(_recompute_modes(space, chunk=chunk), shards):
-            if (
-                recompute is Recompute.SELECTIVE
-                and space.attention.fused
-                and Recompute.NONE in space.recomputes
-            ):
-                continue  # FlashAttention stores no s x s scores: selective ~ none, but slower
-            fixed = sharding | {
-                "recompute": recompute,
-                "recompute_num_layers": block,
-                "recompute_early_stop": space.recompute_early_stop and recompute is Recompute.FULL,
-                "dp_shard": shard,
-            }
-            for sp, tp_overlap in _sp_modes(space, tp=layout.tp):
-                for (schedule, modes), bf16_grads, reshard in product(comm, bf16_modes, reshards):
-                    fields = fixed | {
-                        "sequence_parallel": sp,
-                        "tp_comm_overlap": tp_overlap,
-                        "schedule": schedule,
-                        "grad_reduce_in_bf16": bf16_grads,
-                        "reshard_after_forward": reshard,
-                    }
-                    yield tuple(
-                        ParallelPlan(
-                            overlap_p2p_comm=overlap,
-                            overlap_grad_reduce=grad,
-                            overlap_param_gather=param,
-                            **fields,  # type: ignore[arg-type]
-                        )
-                        for overlap, grad, param in modes
+        yield from _recompute_groups(
+            sharding, space, tp=layout.tp, chunk=chunk, shards=shards, modes=(comm, reshards)
+        )
+
+
+def _recompute_groups(
+    sharding: dict[str, object],
+    space: SearchSpace,
+    *,
+    tp: int,
+    chunk: int,
+    shards: tuple[int | None, ...],
+    modes: tuple[list[tuple[Schedule, list[tuple[bool, bool, bool]]]], tuple[bool, ...]],
+) -> Iterator[tuple[ParallelPlan, ...]]:
+    """The plan groups of one ZeRO mode (``sharding``: its fields): each recompute mode and
+    hybrid-shard option, SP mode, schedule with its overlap flags, bf16-gradient choice and
+    reshard choice (``modes``: the schedules' comm modes and the reshard choices)."""
+    comm, reshards = modes
+    bf16_modes = _bf16_grad_modes(space)  # gradient memory differs: not one group
+    for (recompute, block), shard in product(_recompute_modes(space, chunk=chunk), shards):
+        if (
+            recompute is Recompute.SELECTIVE
+            and space.attention.fused
+            and Recompute.NONE in space.recomputes
+        ):
+            continue  # FlashAttention stores no s x s scores: selective ~ none, but slower
+        fixed = sharding | {
+            "recompute": recompute,
+            "recompute_num_layers": block,
+            "recompute_early_stop": space.recompute_early_stop and recompute is Recompute.FULL,
+            "dp_shard": shard,
+        }
+        for sp, tp_overlap in _sp_modes(space, tp=tp):
+            for (schedule, flags), bf16_grads, reshard in product(comm, bf16_modes, reshards):
+                fields = fixed | {
+                    "sequence_parallel": sp,
+                    "tp_comm_overlap": tp_overlap,
+                    "schedule": schedule,
+                    "grad_reduce_in_bf16": bf16_grads,
+                    "reshard_after_forward": reshard,
+                }
+                yield tuple(
+                    ParallelPlan(
+                        overlap_p2p_comm=overlap,
+                        overlap_grad_reduce=grad,
+                        overlap_param_gather=param,
+                        **fields,  # type: ignore[arg-type]
                     )
+                    for overlap, grad, param in flags
+                )
 
 
 def _fixed_fields(

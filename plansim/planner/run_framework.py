@@ -207,8 +207,15 @@ def bf16_grad_modes(
     torchtitan's default and Composer's ``DEFAULT`` since mosaicml/composer PR #2628 of
     2023-10-10, the parameter dtype in Composer's ``PURE`` and in its ``DEFAULT`` before that
     patch) and for undated rows; fp32 only otherwise (the search applies it only to bf16 /
-    fp8 / fp4)."""
+    fp8 / fp4). torchtitan rows reduce in fp32 only: its ``--training.mixed_precision_reduce``
+    defaults to ``float32`` and offered no other choice (``choices=["float32"]``,
+    ``torchtitan/config_manager.py``, 2024; ``MixedPrecisionPolicy(reduce_dtype=...)`` in its
+    ``parallelize`` takes it from there)."""
     bf16_precision = (row.choice("precision") or "") in ("bf16", "fp8", "fp4")
+    if torch_fsdp and is_torchtitan(row):
+        if bf16_precision:
+            notes.append("fp32 gradient reduction (torchtitan's mixed_precision_reduce: float32)")
+        return (False,)
     if torch_fsdp:
         if bf16_precision:
             notes.append("PyTorch FSDP reduce dtype (fp32 or bf16) searched")

@@ -155,18 +155,8 @@ def row_space(row: RunRow, notes: list[str]) -> SearchSpace:
     Raises:
         Skip: a precision or recompute plansim does not model.
     """
-    precision_text = row.choice("precision") or ""
-    if precision_text not in {p.value for p in Precision}:
-        raise Skip(f"precision {precision_text or 'blank'} not modelled")
     facts = script_facts(row)
-    recompute = _recompute_choice(row, facts, notes)
-    zero = zero_stage(row, notes)
-    sp = row.flag("sequence_parallel")
-    for label, value in (("recompute", recompute), ("zero_stage", zero), ("sp", sp)):
-        if value is None:
-            notes.append(f"{label} searched")
-    if recompute is not None and recompute not in {r.value for r in Recompute}:
-        raise Skip(f"recompute {recompute!r} not modelled")
+    precision, recompute, zero, sp = _stated_knobs(row, facts, notes)
     year = run_year(row)
     attention, cps = _attention_and_cps(row, year, notes)
     modern = (year is None or year >= SP_AND_SELECTIVE_YEAR) and not is_megatron_fork(row, year)
@@ -193,7 +183,7 @@ def row_space(row: RunRow, notes: list[str]) -> SearchSpace:
         overlap_p2p_comm=(False, True) if year is None or year >= OVERLAP_P2P_YEAR else (False,),
         overlap_grad_reduce=_overlap_grad_reduce(year, facts, notes),
         ddp_impl=_ddp_impl(row, year, facts, notes),
-        precision=Precision(precision_text),
+        precision=precision,
         attention=attention,
         gradient_accumulation_fusion=(year is None or year >= GRAD_ACC_FUSION_YEAR)
         and not is_megatron_fork(row, year),
@@ -214,6 +204,29 @@ def row_space(row: RunRow, notes: list[str]) -> SearchSpace:
         )
         return replace(space, zero_stages=(3,), reshard_after_forward=(False,))
     return space
+
+
+def _stated_knobs(
+    row: RunRow, facts: ScriptFacts | None, notes: list[str]
+) -> tuple[Precision, str | None, int | None, bool | None]:
+    """The row's precision, recompute, ZeRO stage and sequence parallelism (None: searched,
+    noted).
+
+    Raises:
+        Skip: a precision or recompute plansim does not model.
+    """
+    precision_text = row.choice("precision") or ""
+    if precision_text not in {p.value for p in Precision}:
+        raise Skip(f"precision {precision_text or 'blank'} not modelled")
+    recompute = _recompute_choice(row, facts, notes)
+    zero = zero_stage(row, notes)
+    sp = row.flag("sequence_parallel")
+    for label, value in (("recompute", recompute), ("zero_stage", zero), ("sp", sp)):
+        if value is None:
+            notes.append(f"{label} searched")
+    if recompute is not None and recompute not in {r.value for r in Recompute}:
+        raise Skip(f"recompute {recompute!r} not modelled")
+    return Precision(precision_text), recompute, zero, sp
 
 
 def _recompute_choice(row: RunRow, facts: ScriptFacts | None, notes: list[str]) -> str | None:

@@ -90,6 +90,13 @@ def test_backtest_searches_it_for_recent_megatron_family_rows() -> None:
     assert bf16_grad_modes(llm_foundry, 2023, fsdp_notes, torch_fsdp=True) == (False, True)
     assert fsdp_notes == ["PyTorch FSDP reduce dtype (fp32 or bf16) searched"]
     assert bf16_grad_modes(llm_foundry, 2023, []) == (False,)
+    # torchtitan's mixed_precision_reduce had one choice, float32: not searched
+    titan_notes: list[str] = []
+    titan = RunRow(
+        path="r.csv", line=2, cells={"framework": "torchtitan (FSDP2, 2024)", "precision": "bf16"}
+    )
+    assert bf16_grad_modes(titan, 2024, titan_notes, torch_fsdp=True) == (False,)
+    assert titan_notes == ["fp32 gradient reduction (torchtitan's mixed_precision_reduce: float32)"]
     notes: list[str] = []
     undated = RunRow(path="r.csv", line=2, cells={"precision": "bf16"})
     assert bf16_grad_modes(undated, None, notes) == (False, True)

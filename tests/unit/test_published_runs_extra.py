@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from plansim.analytic.params import count_parameters
 from plansim.cli import main
 from plansim.io.runs import read_runs
 from plansim.planner.run_model import row_model
@@ -52,6 +53,31 @@ def test_the_mosaic_rows_agree_with_their_published_mfu() -> None:
         assert mfu == pytest.approx(row.number("mfu_pct"), rel=1e-3), row.row_id
         batch = row.integer("micro_batch_size_seqs") * row.integer("grad_accum_steps")
         assert batch * row.integer("num_gpus") == row.integer("global_batch_size_seqs")
+
+
+def test_the_other_frameworks_rows_follow_from_their_sources_figures() -> None:
+    """other_frameworks.csv: each step time is the source's own figure or follows from the
+    throughput it gives (tokens/s per GPU; for Llama 3, TFLOP/s per GPU over 6N + 6Lhs FLOPs
+    per token, N from the shape), and every stated layout multiplies to the GPU count."""
+    _, rows = read_runs(EXTRA / "other_frameworks.csv")
+    assert [row.row_id for row in rows] == [f"X{i:04d}" for i in range(1, 15)]
+    stated = {"X0001": 60.1, "X0002": 50.2, "X0003": 44.4, "X0004": 105.0}
+    for row in rows:
+        model = row_model(row, [])
+        gpus = row.integer("num_gpus")
+        tokens = row.integer("global_batch_size_seqs") * model.seq_length
+        if row.row_id in stated:
+            step = stated[row.row_id]
+        elif row.text("tokens_per_s_per_gpu"):
+            step = tokens / (row.number("tokens_per_s_per_gpu") * gpus)
+        else:
+            h, layers, seq = model.hidden_size, model.num_layers, model.seq_length
+            flops = 6 * count_parameters(model).total + 6 * layers * h * seq
+            step = tokens * flops / (row.number("tflops_per_gpu") * 1e12 * gpus)
+        assert row.number("step_time_s") == pytest.approx(step, abs=6e-5), row.row_id
+        if row.text("tp"):
+            layout = row.integer("tp") * row.integer("pp") * row.integer("cp") * row.integer("dp")
+            assert layout == gpus, row.row_id
 
 
 def test_backtest_groups_the_errors_by_a_column(
