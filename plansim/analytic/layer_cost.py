@@ -29,6 +29,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from plansim.analytic import flops as fl
+from plansim.analytic.eager_elementwise import eager_extra_traffic
 from plansim.analytic.elementwise import (
     QUANTIZED_ELEMENT_BYTES,
     ElementwiseTraffic,
@@ -212,7 +213,8 @@ def _layer_elementwise(
     local: ModelSpec, plan: ParallelPlan, profile: HardwareProfile
 ) -> tuple[float, float, int]:
     """Forward and backward seconds of one layer's memory-bound kernels on the cp-local
-    model ``local``, and their kernel count (``elementwise.layer_elementwise_traffic``)."""
+    model ``local``, and their kernel count (``elementwise.layer_elementwise_traffic``; with
+    ``plan.fused_elementwise`` off, plus ``eager_elementwise.eager_extra_traffic``)."""
     traffic = layer_elementwise_traffic(
         local,
         micro_batch_size=plan.micro_batch_size,
@@ -220,6 +222,18 @@ def _layer_elementwise(
         sequence_parallel=plan.sequence_parallel,
         unfused_attention=plan.attention is AttentionKernel.UNFUSED,
     )
+    if not plan.fused_elementwise:
+        extra = eager_extra_traffic(
+            local,
+            micro_batch_size=plan.micro_batch_size,
+            tp=plan.tp,
+            sequence_parallel=plan.sequence_parallel,
+        )
+        traffic = ElementwiseTraffic(
+            forward_bytes=traffic.forward_bytes + extra.forward_bytes,
+            backward_bytes=traffic.backward_bytes + extra.backward_bytes,
+            num_kernels=traffic.num_kernels + extra.num_kernels,
+        )
     ew_fwd, ew_bwd = _elementwise_seconds(local, plan, profile, traffic)
     return ew_fwd, ew_bwd, traffic.num_kernels
 

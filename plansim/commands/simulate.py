@@ -134,6 +134,13 @@ def _add_framework_args(g: argparse._ArgumentGroup) -> None:
         help="add each micro-batch's weight gradients in a separate pass (pre-2022 Megatron)",
     )
     g.add_argument(
+        "--eager-elementwise",
+        dest="fused_elementwise",
+        action="store_false",
+        help="norms, RoPE, SwiGLU as eager PyTorch ops (Meta's reference Llama code, "
+        "torchtitan 2024 without torch.compile) instead of fused kernels",
+    )
+    g.add_argument(
         "--grad-reduce-in-bf16",
         action="store_true",
         help="accumulate and reduce gradients in bf16 instead of an fp32 main-gradient buffer "
@@ -223,6 +230,7 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
         overlap_grad_reduce=args.overlap_grad_reduce,
         overlap_param_gather=args.overlap_param_gather,
         gradient_accumulation_fusion=args.gradient_accumulation_fusion,
+        fused_elementwise=args.fused_elementwise,
         grad_reduce_in_bf16=args.grad_reduce_in_bf16,
         scatter_gather_p2p=args.scatter_gather_p2p,
         offload_optimizer=OffloadDevice(args.offload_optimizer),

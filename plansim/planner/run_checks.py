@@ -154,4 +154,5 @@ def stated_layer_plan(row: RunRow, space: SearchSpace, notes: list[str]) -> Para
         precision=space.precision,
         attention=space.attention,
         gradient_accumulation_fusion=space.gradient_accumulation_fusion,
+        fused_elementwise=space.fused_elementwise,
     )

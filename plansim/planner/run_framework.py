@@ -167,6 +167,20 @@ def is_torchtitan(row: RunRow) -> bool:
     return "torchtitan" in framework_text(row)
 
 
+def fused_elementwise(row: RunRow, notes: list[str]) -> bool:
+    """Whether the row's elementwise work runs as fused kernels
+    (``ParallelPlan.fused_elementwise``): not for torchtitan rows whose framework cell does
+    not name ``torch.compile``. torchtitan's Llama is Meta's reference code in eager ops
+    (``torchtitan/models/llama/model.py``: complex-number RoPE, ``repeat_kv``, silu and mul;
+    ``torchtitan/models/norms.py`` ``RMSNorm`` for the ``norm_type = "rmsnorm"`` of its
+    train configs) and ``--training.compile`` is off by default; with it, Inductor fuses
+    those ops, which the fused count stands for."""
+    if not is_torchtitan(row) or "compile" in framework_text(row):
+        return True
+    notes.append("eager elementwise ops (torchtitan without torch.compile)")
+    return False
+
+
 def framework_recompute(row: RunRow, recompute: str | None, notes: list[str]) -> str | None:
     """The row's recompute as plansim names it: a torchtitan row's ``selective`` is its per-op
     policy (``Recompute.SELECTIVE_OP``: ``--activation_checkpoint.selective_ac_option op``,

@@ -61,6 +61,7 @@ from plansim.planner.run_framework import (
     deepspeed_pipeline_engine,
     deepspeed_pp,
     framework_recompute,
+    fused_elementwise,
     is_llm_foundry,
     is_megatron_fork,
     is_nvidia_megatron,
@@ -187,6 +188,7 @@ def row_space(row: RunRow, notes: list[str]) -> SearchSpace:
         attention=attention,
         gradient_accumulation_fusion=(year is None or year >= GRAD_ACC_FUSION_YEAR)
         and not is_megatron_fork(row, year),
+        fused_elementwise=fused_elementwise(row, notes),
         grad_reduce_in_bf16=bf16_grad_modes(row, year, notes, torch_fsdp=torch_fsdp),
         scatter_gather_p2p=year is None or year >= SCATTER_GATHER_P2P_YEAR,
         zero3_param_fetch=zero3_fetch(row, year, notes),

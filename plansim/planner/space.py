@@ -50,10 +50,10 @@ class SearchSpace:
             offload (PyTorch FSDP's ``reshard_after_forward``); default resharding only.
         grad_reduce_in_bf16: values tried when the precision keeps an fp32 main-gradient
             buffer (bf16, fp8, fp4; Megatron-LM ``--grad-reduce-in-bf16``); default off only.
-        precision, attention, gradient_accumulation_fusion, scatter_gather_p2p,
-            zero3_param_fetch, use_torch_fsdp2 (ZeRO-3 plans only), recompute_early_stop
-            (full-recompute plans only), bf16_layers ((start,
-            end) layers kept in bf16 under fp8 / fp4): fixed for the whole search
+        precision, attention, gradient_accumulation_fusion, fused_elementwise,
+            scatter_gather_p2p, zero3_param_fetch, use_torch_fsdp2 (ZeRO-3 plans only),
+            recompute_early_stop (full-recompute plans only), bf16_layers ((start, end)
+            layers kept in bf16 under fp8 / fp4): fixed for the whole search
             (``per-step`` for the plans with pp > 1: without a pipeline FSDP2 gathers layer
             by layer)
             (implementation facts of the framework, not layout choices).
@@ -110,6 +110,7 @@ class SearchSpace:
     precision: Precision = Precision.BF16
     attention: AttentionKernel = AttentionKernel.FLASH
     gradient_accumulation_fusion: bool = True
+    fused_elementwise: bool = True
     scatter_gather_p2p: bool = True
     dp_syncs: tuple[DpSync, ...] = (DpSync.RING,)
     ps_servers: int = 0

@@ -122,6 +122,12 @@ class ParallelPlan:
             2022); off, every micro-batch adds its fresh weight gradients into the buffer with
             a separate memory-bound pass (Megatron-LM 2021's ``main_grad.add_``, PyTorch
             autograd accumulation).
+        fused_elementwise: the layer's memory-bound work runs as Megatron-LM's fused kernels
+            (one per norm, RoPE, activation: ``plansim.analytic.elementwise``); off, as the
+            eager PyTorch ops of Meta's reference Llama code (torchtitan 2024 without
+            ``torch.compile``: RMSNorm in eight ops, RoPE on complex numbers, ``repeat_kv``
+            copies, SwiGLU as silu and mul), which move more bytes and launch more kernels
+            (``plansim.analytic.eager_elementwise``).
         scatter_gather_p2p: without sequence parallelism, each of the tp ranks sends only
             its 1/tp slice of the b*s*h pipeline tensor and the receiving stage re-forms it
             with an all-gather over its TP group (Megatron-LM
@@ -242,6 +248,7 @@ class ParallelPlan:
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
     gradient_accumulation_fusion: bool = True
+    fused_elementwise: bool = True
     grad_reduce_in_bf16: bool = False
     scatter_gather_p2p: bool = True
     dp_sync: DpSync = DpSync.RING

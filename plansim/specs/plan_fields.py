@@ -39,6 +39,7 @@ ENUM_FIELDS = (
 FLAG_FIELDS = (
     "overlap_grad_reduce",
     "gradient_accumulation_fusion",
+    "fused_elementwise",
     "scatter_gather_p2p",
     "tp_comm_overlap",
     "overlap_param_gather",

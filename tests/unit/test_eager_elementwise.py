@@ -1,0 +1,114 @@
+"""Eager PyTorch elementwise ops (Meta's reference Llama code, torchtitan 2024 without
+torch.compile) priced op by op beyond Megatron-LM's fused kernels
+(``plansim.analytic.eager_elementwise``), and where plansim applies them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from plansim.analytic.eager_elementwise import eager_extra_traffic
+from plansim.analytic.layer_cost import layer_pass_times
+from plansim.analytic.ranks import layout_groups
+from plansim.catalog import resolve_model
+from plansim.cli import main
+from plansim.io.runs import RunRow
+from plansim.planner.run_space import row_space
+from plansim.specs.plan import ParallelPlan, Recompute
+from tests.unit.synthetic import round_profile
+
+
+def test_a_llama_layer_adds_the_tables_bytes_per_token() -> None:
+    """Llama 3 8B (RMSNorm, RoPE, GQA, SwiGLU): forward 64h + 20(h + kv) + 4f + 4h and
+    backward 140h + 20(h + kv) + 8f + 4h bytes per token, 23 kernels; split over TP except
+    the norms, which sequence parallelism splits too."""
+    model = resolve_model("llama3-8b")
+    h, kv, f = model.hidden_size, model.kv_size, model.ffn_hidden_size
+    one = eager_extra_traffic(model, micro_batch_size=1, tp=1, sequence_parallel=False)
+    tokens = model.seq_length
+    assert one.forward_bytes == tokens * (64 * h + 20 * (h + kv) + 4 * f + 4 * h)
+    assert one.backward_bytes == tokens * (140 * h + 20 * (h + kv) + 8 * f + 4 * h)
+    assert one.num_kernels == 23
+    two = eager_extra_traffic(model, micro_batch_size=2, tp=2, sequence_parallel=False)
+    norms = tokens * 2 * 64 * h
+    assert two.forward_bytes == pytest.approx(norms + (2 * one.forward_bytes - norms) / 2)
+    sp = eager_extra_traffic(model, micro_batch_size=2, tp=2, sequence_parallel=True)
+    assert sp.forward_bytes == pytest.approx(one.forward_bytes)
+
+
+def test_a_gpt_layer_adds_only_the_output_copy() -> None:
+    """LayerNorm, GELU, learned positions and MHA run as one kernel each in eager PyTorch
+    too: only the attention output's contiguous copy (4h each way) is extra."""
+    model = resolve_model("gpt3-175b")
+    extra = eager_extra_traffic(model, micro_batch_size=1, tp=8, sequence_parallel=True)
+    per_token = 4 * model.hidden_size / 8
+    assert extra.forward_bytes == extra.backward_bytes == model.seq_length * per_token
+    assert extra.num_kernels == 1
+
+
+def test_the_layer_moves_the_extra_bytes_at_the_elementwise_rate() -> None:
+    model = resolve_model("llama3-8b")
+    profile = round_profile()
+    plan = ParallelPlan(dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=1)
+    eager = dataclasses.replace(plan, fused_elementwise=False)
+    groups = layout_groups(plan, gpus_per_node=profile.gpus_per_node)
+    fused_t = layer_pass_times(model, plan, profile, groups)
+    eager_t = layer_pass_times(model, eager, profile, groups)
+    extra = eager_extra_traffic(model, micro_batch_size=1, tp=1, sequence_parallel=False)
+    launches = extra.num_kernels * profile.kernel_launch_s
+    forward = extra.forward_bytes / profile.elementwise_bytes_per_s(backward=False) + launches
+    backward = extra.backward_bytes / profile.elementwise_bytes_per_s(backward=True) + launches
+    assert eager_t.forward_s - fused_t.forward_s == pytest.approx(forward)
+    assert eager_t.backward_input_s - fused_t.backward_input_s == pytest.approx(backward)
+    assert eager_t.backward_weight_s == fused_t.backward_weight_s
+    # recompute re-runs the forward's elementwise work, eager ops included
+    full = dataclasses.replace(plan, recompute=Recompute.FULL)
+    full_eager = dataclasses.replace(full, fused_elementwise=False)
+    assert layer_pass_times(model, full_eager, profile, groups).recompute_s == pytest.approx(
+        layer_pass_times(model, full, profile, groups).recompute_s + forward
+    )
+
+
+@pytest.mark.parametrize(
+    ("framework", "fused"),
+    [
+        ("torchtitan (FSDP2, 2024)", False),
+        ("torchtitan (FSDP2, torch.compile, 2024)", True),
+        ("Megatron-LM (2024)", True),
+        ("llm-foundry (2023)", True),
+    ],
+)
+def test_the_backtest_prices_eager_ops_for_torchtitan_without_compile(
+    framework: str, fused: bool
+) -> None:
+    row = RunRow(
+        path="runs.csv",
+        line=2,
+        cells={"row_id": "Z1", "precision": "bf16", "framework": framework, "zero_stage": "3"},
+    )
+    notes: list[str] = []
+    assert row_space(row, notes).fused_elementwise is fused
+    assert ("eager elementwise ops (torchtitan without torch.compile)" in notes) is not fused
+
+
+def test_simulate_flag_labels_the_plan_and_slows_the_step(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["simulate", "--model", "llama3-8b", "--gpu", "a100-sxm4-80gb", "--gpus", "8"]
+    args += ["--gbs", "8", "--tp", "1", "--pp", "1", "--mbs", "1", "--zero", "3"]
+    args += ["--recompute", "full", "--format", "json"]
+    assert main(args) == 0
+    fused = capsys.readouterr().out
+    assert main([*args, "--eager-elementwise"]) == 0
+    eager = capsys.readouterr().out
+    assert '"fused_elementwise": false' in eager and "fused_elementwise" not in fused
+    plan = ParallelPlan(dp=8, tp=1, pp=1, micro_batch_size=1, global_batch_size=8)
+    assert "eager-ops" in dataclasses.replace(plan, fused_elementwise=False).label()
+    assert "eager-ops" not in plan.label()
+
+    def step(text: str) -> float:
+        line = next(x for x in text.splitlines() if '"step_time_s"' in x)
+        return float(line.split(":")[1].strip().rstrip(","))
+
+    assert step(eager) > step(fused)
