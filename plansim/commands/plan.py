@@ -120,6 +120,13 @@ def _add_space_args(g: argparse._ArgumentGroup) -> None:
         "collective after it are not rerun (models without dropout)",
     )
     g.add_argument(
+        "--eager-elementwise",
+        dest="fused_elementwise",
+        action="store_false",
+        help="price every plan's norms, RoPE, SwiGLU as eager PyTorch ops (Meta's reference "
+        "Llama code, torchtitan without torch.compile; as plansim simulate)",
+    )
+    g.add_argument(
         "--tp-comm-overlap",
         action="store_true",
         help="also try Megatron's --tp-comm-overlap for the sequence-parallel plans (TP "

@@ -112,3 +112,14 @@ def test_simulate_flag_labels_the_plan_and_slows_the_step(
         return float(line.split(":")[1].strip().rstrip(","))
 
     assert step(eager) > step(fused)
+
+
+def test_plan_flag_prices_every_plan_eager(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["plan", "--model", "llama3-8b", "--gpu", "a100-sxm4-80gb", "--gpus", "8"]
+    args += ["--gbs", "8", "--tp", "1", "--pp", "1", "--zero", "3", "--top", "1"]
+    args += ["--format", "json", "--jobs", "1"]
+    assert main(args) == 0
+    fused = capsys.readouterr().out
+    assert main([*args, "--eager-elementwise"]) == 0
+    eager = capsys.readouterr().out
+    assert '"fused_elementwise": false' in eager and "fused_elementwise" not in fused
