@@ -92,17 +92,23 @@ def test_the_backtest_prices_eager_ops_for_torchtitan_without_compile(
     assert ("eager elementwise ops (torchtitan without torch.compile)" in notes) is not fused
 
 
+def _fused_and_eager(command: str, capsys: pytest.CaptureFixture[str], *extra: str) -> list[str]:
+    """JSON output of ``command`` for Llama 3 8B on 8 A100s (tp 1, pp 1, ZeRO-3), without
+    and with ``--eager-elementwise``; the flag shows in the plan only when given."""
+    args = [command, "--model", "llama3-8b", "--gpu", "a100-sxm4-80gb", "--gpus", "8"]
+    args += ["--gbs", "8", "--tp", "1", "--pp", "1", "--zero", "3", "--format", "json", *extra]
+    outs = []
+    for flags in ([], ["--eager-elementwise"]):
+        assert main([*args, *flags]) == 0
+        outs.append(capsys.readouterr().out)
+    assert '"fused_elementwise": false' in outs[1] and "fused_elementwise" not in outs[0]
+    return outs
+
+
 def test_simulate_flag_labels_the_plan_and_slows_the_step(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    args = ["simulate", "--model", "llama3-8b", "--gpu", "a100-sxm4-80gb", "--gpus", "8"]
-    args += ["--gbs", "8", "--tp", "1", "--pp", "1", "--mbs", "1", "--zero", "3"]
-    args += ["--recompute", "full", "--format", "json"]
-    assert main(args) == 0
-    fused = capsys.readouterr().out
-    assert main([*args, "--eager-elementwise"]) == 0
-    eager = capsys.readouterr().out
-    assert '"fused_elementwise": false' in eager and "fused_elementwise" not in fused
+    fused, eager = _fused_and_eager("simulate", capsys, "--mbs", "1", "--recompute", "full")
     plan = ParallelPlan(dp=8, tp=1, pp=1, micro_batch_size=1, global_batch_size=8)
     assert "eager-ops" in dataclasses.replace(plan, fused_elementwise=False).label()
     assert "eager-ops" not in plan.label()
@@ -115,11 +121,4 @@ def test_simulate_flag_labels_the_plan_and_slows_the_step(
 
 
 def test_plan_flag_prices_every_plan_eager(capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["plan", "--model", "llama3-8b", "--gpu", "a100-sxm4-80gb", "--gpus", "8"]
-    args += ["--gbs", "8", "--tp", "1", "--pp", "1", "--zero", "3", "--top", "1"]
-    args += ["--format", "json", "--jobs", "1"]
-    assert main(args) == 0
-    fused = capsys.readouterr().out
-    assert main([*args, "--eager-elementwise"]) == 0
-    eager = capsys.readouterr().out
-    assert '"fused_elementwise": false' in eager and "fused_elementwise" not in fused
+    _fused_and_eager("plan", capsys, "--top", "1", "--jobs", "1")
