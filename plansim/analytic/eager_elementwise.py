@@ -34,8 +34,10 @@ Per token, eager beyond fused: forward 64h + 16(h + kv) + 4(h + kv) + 4f + 4h, b
 RMSNorm, RoPE, GQA and SwiGLU terms only where the model has them). Residual adds, LayerNorm
 (``F.layer_norm``, one kernel), GELU (``F.gelu``, one kernel) and the loss move what the
 fused count has. Per-token reductions (mean, rsqrt) and the broadcast RoPE table are left
-out (1/h of the rest). Kernels, each direction: 7 more per RMSNorm (8 ops for 1), 5 for RoPE
-(3 per tensor for 1 in all), 2 for repeat_kv, 1 for SwiGLU, 1 for the output copy.
+out (1/h of the rest), and pow's gradient is counted as one multiply where PyTorch's
+``pow_backward`` (grad * (2 * x.pow(1))) may make two more passes: a lower bound. Kernels,
+each direction: 7 more per RMSNorm (8 ops for 1), 5 for RoPE (3 per tensor for 1 in all),
+2 for repeat_kv, 1 for SwiGLU, 1 for the output copy.
 
 Limit, known: the tensors autograd keeps for these ops (the fp32 copies in RMSNorm, the
 complex RoPE inputs, repeat_kv's copies) are not added to the memory model.
