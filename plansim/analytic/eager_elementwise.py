@@ -45,7 +45,7 @@ complex RoPE inputs, repeat_kv's copies) are not added to the memory model.
 
 from __future__ import annotations
 
-from plansim.analytic.elementwise import ElementwiseTraffic
+from plansim.analytic.elementwise import ElementwiseTraffic, rank_traffic
 from plansim.specs.model import Activation, ModelSpec, Normalization, PositionEmbedding
 
 #: Bytes per element of one eager RMSNorm beyond the fused kernel's (forward 36 - 4,
@@ -85,10 +85,11 @@ def eager_extra_traffic(
             split_fwd += fwd * width
             split_bwd += bwd * width
             kernels += count
-    tokens = model.seq_length * micro_batch_size
-    rep_div = tp if sequence_parallel else 1
-    return ElementwiseTraffic(
-        forward_bytes=tokens * (rep_fwd / rep_div + split_fwd / tp),
-        backward_bytes=tokens * (rep_bwd / rep_div + split_bwd / tp),
+    return rank_traffic(
+        model.seq_length * micro_batch_size,
+        replicated=(rep_fwd, rep_bwd),
+        split=(split_fwd, split_bwd),
+        tp=tp,
+        sequence_parallel=sequence_parallel,
         num_kernels=kernels,
     )

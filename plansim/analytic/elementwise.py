@@ -47,6 +47,34 @@ class ElementwiseTraffic:
     backward_bytes: float
     num_kernels: int
 
+    def __add__(self, other: ElementwiseTraffic) -> ElementwiseTraffic:
+        """Both sets of kernels: bytes and kernel counts summed."""
+        return ElementwiseTraffic(
+            forward_bytes=self.forward_bytes + other.forward_bytes,
+            backward_bytes=self.backward_bytes + other.backward_bytes,
+            num_kernels=self.num_kernels + other.num_kernels,
+        )
+
+
+def rank_traffic(
+    tokens: float,
+    *,
+    replicated: tuple[float, float],
+    split: tuple[float, float],
+    tp: int,
+    sequence_parallel: bool,
+    num_kernels: int,
+) -> ElementwiseTraffic:
+    """One TP rank's share of ``tokens`` tokens' traffic, given per token as (forward,
+    backward) bytes: ``replicated`` over TP (split by tp with sequence parallelism) and
+    ``split`` over TP."""
+    rep_div = tp if sequence_parallel else 1
+    return ElementwiseTraffic(
+        forward_bytes=tokens * (replicated[0] / rep_div + split[0] / tp),
+        backward_bytes=tokens * (replicated[1] / rep_div + split[1] / tp),
+        num_kernels=num_kernels,
+    )
+
 
 def layer_elementwise_traffic(
     model: ModelSpec,
@@ -75,10 +103,12 @@ def layer_elementwise_traffic(
         sh_fwd += 9.0 * per_head + 4.0 * h
         sh_bwd += 11.0 * per_head + 4.0 * h
         kernels += 3
-    rep_div = tp if sequence_parallel else 1
-    return ElementwiseTraffic(
-        forward_bytes=tokens * (rep_fwd / rep_div + sh_fwd / tp),
-        backward_bytes=tokens * (rep_bwd / rep_div + sh_bwd / tp),
+    return rank_traffic(
+        tokens,
+        replicated=(rep_fwd, rep_bwd),
+        split=(sh_fwd, sh_bwd),
+        tp=tp,
+        sequence_parallel=sequence_parallel,
         num_kernels=kernels,
     )
 

@@ -223,16 +223,11 @@ def _layer_elementwise(
         unfused_attention=plan.attention is AttentionKernel.UNFUSED,
     )
     if not plan.fused_elementwise:
-        extra = eager_extra_traffic(
+        traffic = traffic + eager_extra_traffic(
             local,
             micro_batch_size=plan.micro_batch_size,
             tp=plan.tp,
             sequence_parallel=plan.sequence_parallel,
-        )
-        traffic = ElementwiseTraffic(
-            forward_bytes=traffic.forward_bytes + extra.forward_bytes,
-            backward_bytes=traffic.backward_bytes + extra.backward_bytes,
-            num_kernels=traffic.num_kernels + extra.num_kernels,
         )
     ew_fwd, ew_bwd = _elementwise_seconds(local, plan, profile, traffic)
     return ew_fwd, ew_bwd, traffic.num_kernels

@@ -157,7 +157,7 @@ class _Bench:
         if self.device.type != "cpu" or not _busy(item):
             samples, _ = self._repeat(item, fn, inner, reps, timer)
             return [self._row(item, samples, inner, math.nan, note=note)]
-        return self._timed_on_shared_cpu(item, (fn, timer), inner, reps, note)
+        return self._timed_on_shared_cpu(item, fn, timer, inner=inner, reps=reps, note=note)
 
     def _build_and_estimate(
         self, item: Item, timer: Callable[[Fn, int], float]
@@ -180,16 +180,17 @@ class _Bench:
     def _timed_on_shared_cpu(
         self,
         item: Item,
-        call: tuple[Fn, Callable[[Fn, int], float]],
+        fn: Fn,
+        timer: Callable[[Fn, int], float],
+        *,
         inner: int,
         reps: int,
         note: str,
     ) -> list[dict[str, Any]]:
         """Time a CPU item whose ranks share the cores, again (up to ``timing.retries``
         times) while some rank had less than ``CPU_SHARE_OK`` of a core; keeps the attempt
-        whose least-CPU rank had the most (``call``: the function and its timer)."""
+        whose least-CPU rank had the most."""
         timing = self.plan.timing
-        fn, timer = call
         samples, share = self._repeat(item, fn, inner, reps, timer)
         worst = -self._agree_max(-share)  # the least CPU any rank had (same on all ranks)
         best, attempts = (worst, samples, share), 1

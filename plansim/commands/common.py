@@ -105,6 +105,17 @@ def add_bf16_layer_args(p: argparse.ArgumentParser) -> None:
         )
 
 
+def add_eager_elementwise_arg(g: argparse._ArgumentGroup) -> None:
+    """--eager-elementwise (``ParallelPlan.fused_elementwise`` off), for plan and simulate."""
+    g.add_argument(
+        "--eager-elementwise",
+        dest="fused_elementwise",
+        action="store_false",
+        help="price the norms, RoPE, SwiGLU as eager PyTorch ops (Meta's reference Llama code, "
+        "torchtitan without torch.compile) instead of fused kernels",
+    )
+
+
 def bf16_layers_from_args(args: argparse.Namespace) -> tuple[int, int]:
     """(start, end) layers kept in bf16: (0, 0) without --first-last-layers-bf16, else the
     counts given (1 each by default). SpecError when a count comes without the flag."""

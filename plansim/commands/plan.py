@@ -11,6 +11,7 @@ from plansim.analytic.sustained import dtype_pace_fraction
 from plansim.commands.common import (
     add_bf16_layer_args,
     add_dp_sync_args,
+    add_eager_elementwise_arg,
     add_model_args,
     resolve,
 )
@@ -119,13 +120,7 @@ def _add_space_args(g: argparse._ArgumentGroup) -> None:
         "early (torchtitan, checkpoint_wrapper): a layer's MLP down projection and the TP "
         "collective after it are not rerun (models without dropout)",
     )
-    g.add_argument(
-        "--eager-elementwise",
-        dest="fused_elementwise",
-        action="store_false",
-        help="price every plan's norms, RoPE, SwiGLU as eager PyTorch ops (Meta's reference "
-        "Llama code, torchtitan without torch.compile; as plansim simulate)",
-    )
+    add_eager_elementwise_arg(g)
     g.add_argument(
         "--tp-comm-overlap",
         action="store_true",

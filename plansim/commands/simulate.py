@@ -10,6 +10,7 @@ from plansim.analytic.layer_timing import layer_wall_times
 from plansim.commands.common import (
     add_bf16_layer_args,
     add_dp_sync_args,
+    add_eager_elementwise_arg,
     add_model_args,
     add_offload_args,
     add_pipeline_split_args,
@@ -133,13 +134,7 @@ def _add_framework_args(g: argparse._ArgumentGroup) -> None:
         action="store_false",
         help="add each micro-batch's weight gradients in a separate pass (pre-2022 Megatron)",
     )
-    g.add_argument(
-        "--eager-elementwise",
-        dest="fused_elementwise",
-        action="store_false",
-        help="norms, RoPE, SwiGLU as eager PyTorch ops (Meta's reference Llama code, "
-        "torchtitan 2024 without torch.compile) instead of fused kernels",
-    )
+    add_eager_elementwise_arg(g)
     g.add_argument(
         "--grad-reduce-in-bf16",
         action="store_true",

@@ -221,7 +221,7 @@ def _knobs(
         comm = list(_comm_modes(schedules, space, dp_cp=dp_cp, zero=zero))
         reshards = _reshard_modes(space, zero=zero, offload=(opt_dev, param_dev), fetch=fetch)
         yield from _recompute_groups(
-            sharding, space, tp=layout.tp, chunk=chunk, shards=shards, modes=(comm, reshards)
+            sharding, space, tp=layout.tp, chunk=chunk, shards=shards, comm=comm, reshards=reshards
         )
 
 
@@ -232,12 +232,12 @@ def _recompute_groups(
     tp: int,
     chunk: int,
     shards: tuple[int | None, ...],
-    modes: tuple[list[tuple[Schedule, list[tuple[bool, bool, bool]]]], tuple[bool, ...]],
+    comm: list[tuple[Schedule, list[tuple[bool, bool, bool]]]],
+    reshards: tuple[bool, ...],
 ) -> Iterator[tuple[ParallelPlan, ...]]:
     """The plan groups of one ZeRO mode (``sharding``: its fields): each recompute mode and
-    hybrid-shard option, SP mode, schedule with its overlap flags, bf16-gradient choice and
-    reshard choice (``modes``: the schedules' comm modes and the reshard choices)."""
-    comm, reshards = modes
+    hybrid-shard option, SP mode, schedule with its overlap flags (``comm``), bf16-gradient
+    choice and reshard choice."""
     bf16_modes = _bf16_grad_modes(space)  # gradient memory differs: not one group
     for (recompute, block), shard in product(_recompute_modes(space, chunk=chunk), shards):
         if (
