@@ -16,14 +16,17 @@ T = TypeVar("T")
 
 Memo = dict[tuple[object, ...], object]
 
+_MISSING = object()
+
 
 def memoised(memo: Memo | None, key: tuple[object, ...], compute: Callable[[], T]) -> T:
     """``memo[key]``, computed by ``compute()`` the first time; ``compute()`` without a memo."""
     if memo is None:
         return compute()
-    if key not in memo:
-        memo[key] = compute()
-    return memo[key]  # type: ignore[return-value]
+    value = memo.get(key, _MISSING)  # one hash of the key (a hit is the common case)
+    if value is _MISSING:
+        value = memo[key] = compute()
+    return value  # type: ignore[return-value]
 
 
 def fields_getter(names: tuple[str, ...]) -> Callable[[object], tuple[object, ...]]:

@@ -7,16 +7,16 @@ say whether the query was inside the measured range.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from plansim.errors import SpecError, require_positive, require_positive_int
+from plansim.specs.choice_enum import ChoiceEnum
 from plansim.specs.compute_terms import AttentionEfficiency, HostOverhead
 from plansim.specs.curves import COLLECTIVES, CollectiveCurve, Curve
 
 
-class LinkTier(enum.Enum):
+class LinkTier(ChoiceEnum):
     """Network tier a collective group spans (the slowest one it crosses)."""
 
     INTRA_NODE = "intra_node"  # NVLink/NVSwitch (one scale-up domain)

@@ -6,13 +6,13 @@ Field names follow Megatron-LM's arguments where one exists (``num_layers``, ``h
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 from plansim.errors import SpecError, require_positive_int
+from plansim.specs.choice_enum import ChoiceEnum
 
 
-class Activation(enum.Enum):
+class Activation(ChoiceEnum):
     """MLP activation. Gated ones (SwiGLU) have three FFN weight matrices instead of two."""
 
     GELU = "gelu"
@@ -26,7 +26,7 @@ class Activation(enum.Enum):
         return 3 if self is Activation.SWIGLU else 2
 
 
-class Normalization(enum.Enum):
+class Normalization(ChoiceEnum):
     """Normalisation layer: LayerNorm has weight and bias, RMSNorm only a weight."""
 
     LAYERNORM = "layernorm"
@@ -38,7 +38,7 @@ class Normalization(enum.Enum):
         return 2 if self is Normalization.LAYERNORM else 1
 
 
-class PositionEmbedding(enum.Enum):
+class PositionEmbedding(ChoiceEnum):
     """Learned absolute position embeddings (GPT-2/3) carry s x h parameters; RoPE carries none."""
 
     LEARNED = "learned"

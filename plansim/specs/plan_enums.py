@@ -7,9 +7,10 @@ from __future__ import annotations
 import enum
 
 from plansim.errors import choice_error
+from plansim.specs.choice_enum import ChoiceEnum
 
 
-class Precision(enum.Enum):
+class Precision(ChoiceEnum):
     """Training precision of the matmuls.
 
     BF16, FP16, FP8, FP4: mixed precision (16-bit working weights and activations, fp32
@@ -40,7 +41,7 @@ class Precision(enum.Enum):
         return 4 if self is Precision.FP32 else 2
 
 
-class Recompute(enum.Enum):
+class Recompute(ChoiceEnum):
     """Activation recomputation: none; Megatron-LM's selective (the attention core) and full
     (whole layers), Korthikanti et al. 2022 §4-5; torchtitan's per-op selective policy
     (``SELECTIVE_OP``: ``--activation_checkpoint.mode selective`` with
@@ -54,7 +55,7 @@ class Recompute(enum.Enum):
     SELECTIVE_OP = "selective-op"
 
 
-class AttentionKernel(enum.Enum):
+class AttentionKernel(ChoiceEnum):
     """Attention implementation: fused FlashAttention (Dao et al. 2022; priced as a
     FlashAttention-2-class kernel), the Triton FlashAttention of 2022 (``flash-triton``:
     ``flash_attn/flash_attn_triton.py``, which MosaicML's llm-foundry ran as
@@ -80,7 +81,7 @@ class AttentionKernel(enum.Enum):
         }.get(self, "")
 
 
-class DdpImpl(enum.Enum):
+class DdpImpl(ChoiceEnum):
     """The data-parallel wrapper whose once-per-step gradient average the optimizer segment
     carries (``plansim.analytic.elementwise.grad_average_bytes``): Megatron-core's
     ``DistributedDataParallel`` (scales each gradient bucket by 1 / dp before its collective
@@ -96,7 +97,7 @@ class DdpImpl(enum.Enum):
     AVERAGE_IN_COLLECTIVE = "average-in-collective"
 
 
-class Zero3ParamFetch(enum.Enum):
+class Zero3ParamFetch(ChoiceEnum):
     """How ZeRO-3 gathers parameters (``plansim.analytic.zero3``): one prefetched all-gather
     per layer overlapped with compute (PyTorch FSDP, Zhao et al. VLDB 2023; DeepSpeed since
     2022), one synchronous collective per parameter tensor (DeepSpeed ZeRO-3 in 2021), or one
@@ -116,7 +117,7 @@ class Zero3ParamFetch(enum.Enum):
 PER_LAYER_FETCH = (Zero3ParamFetch.LAYER_PREFETCH, Zero3ParamFetch.LAYER_SYNC)
 
 
-class Schedule(enum.Enum):
+class Schedule(ChoiceEnum):
     """Pipeline schedule; action lists are built by ``plansim.schedule.builders``.
 
     GPIPE and ONE_F_ONE_B run one model chunk per rank (vpp == 1); INTERLEAVED_1F1B runs
@@ -137,7 +138,7 @@ class Schedule(enum.Enum):
         return self is Schedule.INTERLEAVED_1F1B
 
 
-class DpSync(enum.Enum):
+class DpSync(ChoiceEnum):
     """How data-parallel ranks synchronise gradients and weights each step.
 
     RING: collective all-reduce (ZeRO-0) or reduce-scatter + all-gather (ZeRO-1/2) over the
@@ -151,7 +152,7 @@ class DpSync(enum.Enum):
     PARAMETER_SERVER = "parameter-server"
 
 
-class OffloadDevice(enum.Enum):
+class OffloadDevice(ChoiceEnum):
     """Where ZeRO offload puts model states (DeepSpeed ``zero_optimization.offload_optimizer``
     / ``offload_param`` ``device``, ``OffloadDeviceEnum``): kept on the GPU, host memory
     (ZeRO-Offload, Ren et al. USENIX ATC 2021) or NVMe (ZeRO-Infinity, Rajbhandari et al.
