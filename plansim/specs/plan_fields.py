@@ -52,6 +52,10 @@ FLAG_FIELDS = (
 _sizes = attrgetter(*POSITIVE_FIELDS)
 _choices = attrgetter(*(name for name, _ in ENUM_FIELDS))
 _flags = attrgetter(*FLAG_FIELDS)
+#: The types valid values have, field by field (one C-level tuple comparison per group).
+_SIZE_TYPES = (int,) * len(POSITIVE_FIELDS)
+_CHOICE_TYPES = tuple(cls for _, cls in ENUM_FIELDS)
+_FLAG_TYPES = (bool,) * len(FLAG_FIELDS)
 
 
 def check_sizes_and_choices(plan: ParallelPlan) -> None:
@@ -60,14 +64,18 @@ def check_sizes_and_choices(plan: ParallelPlan) -> None:
     Raises:
         SpecError: the first field out of its allowed values.
     """
-    for field, size in zip(POSITIVE_FIELDS, _sizes(plan), strict=True):
-        if type(size) is not int or size < 1:
-            require_positive_int(f"plan.{field}", size)
+    sizes = _sizes(plan)
+    if tuple(map(type, sizes)) != _SIZE_TYPES or min(sizes) < 1:
+        for field, size in zip(POSITIVE_FIELDS, sizes, strict=True):
+            if type(size) is not int or size < 1:
+                require_positive_int(f"plan.{field}", size)
     if plan.zero_stage not in (0, 1, 2, 3) or isinstance(plan.zero_stage, bool):
         raise choice_error("plan.zero_stage", plan.zero_stage, [0, 1, 2, 3])
-    for (field, cls), choice in zip(ENUM_FIELDS, _choices(plan), strict=True):
-        if type(choice) is not cls:
-            raise choice_error(f"plan.{field}", choice, [m.value for m in cls])
+    choices = _choices(plan)
+    if tuple(map(type, choices)) != _CHOICE_TYPES:
+        for (field, cls), choice in zip(ENUM_FIELDS, choices, strict=True):
+            if type(choice) is not cls:
+                raise choice_error(f"plan.{field}", choice, [m.value for m in cls])
 
 
 def check_flags(plan: ParallelPlan) -> None:
@@ -76,6 +84,8 @@ def check_flags(plan: ParallelPlan) -> None:
     Raises:
         SpecError: the first flag that is not.
     """
-    for flag, value in zip(FLAG_FIELDS, _flags(plan), strict=True):
-        if type(value) is not bool:
-            raise choice_error(f"plan.{flag}", value, [True, False])
+    flags = _flags(plan)
+    if tuple(map(type, flags)) != _FLAG_TYPES:
+        for flag, value in zip(FLAG_FIELDS, flags, strict=True):
+            if type(value) is not bool:
+                raise choice_error(f"plan.{flag}", value, [True, False])
