@@ -81,13 +81,17 @@ fetches parameters (``plan.zero3_param_fetch``):
   group copies each of the n chunks separately (``ProcessGroupNCCL::allgather`` /
   ``reduce_scatter`` flatten and unflatten one tensor per rank): n small copy kernels per
   collective, each priced at the profile's ``kernel_launch_s``, together moving the tensor
-  once through memory (read + write its bytes at the streaming bandwidth). Each all-gather
-  also pays DeepSpeed's own host work, which the ``torch.cuda.synchronize()`` before every
-  gather leaves exposed: ``DEEPSPEED_2021_GATHER_HOST_S`` (measured on DeepSpeed 0.3.16,
-  below). Every term is serial:
+  once through memory (read + write its bytes at the streaming bandwidth). Before each
+  all-gather, ``_allgather_param`` allocates the gathered tensor with ``torch.zeros`` (a
+  memset writing its bytes once, on the stream ahead of the gather, and before the
+  ``torch.cuda.synchronize()``). Each all-gather also pays DeepSpeed's own host work, which
+  that synchronize leaves exposed: ``DEEPSPEED_2021_GATHER_HOST_S`` (measured on DeepSpeed
+  0.3.16, below; the memset's launch is inside it). Every term is serial:
 
-      per gather = host + collective_time_s(bytes) + n * kernel_launch_s + 2 * bytes / streaming
+      per gather = host + collective_time_s(bytes) + n * kernel_launch_s + 3 * bytes / streaming
       per reduce-scatter = collective_time_s(bytes) + n * kernel_launch_s + 2 * bytes / streaming
+
+  (the reduce-scatter's inputs are views of the unsharded gradient: no memset).
 
   which grows linearly with the data-parallel size through both the copies and NCCL's ring
   latency (``plansim.analytic.comm``): the mechanism behind the ZeRO-3 rows of Narayanan
@@ -303,8 +307,8 @@ def unit_traffic(
     for numel in units:
         if per_tensor:  # dp * cp chunk copies out of / into the flat NCCL buffer
             launches_s = span.size * profile.kernel_launch_s
-            gather_copy_s = (
-                DEEPSPEED_2021_GATHER_HOST_S + launches_s + 2.0 * numel * param_bytes / stream
+            gather_copy_s = (  # zeroed buffer (one write), then the chunk copies (2)
+                DEEPSPEED_2021_GATHER_HOST_S + launches_s + 3.0 * numel * param_bytes / stream
             )
             scatter_copy_s = launches_s + 2.0 * numel * grad_bytes / stream
         else:

@@ -78,6 +78,7 @@ def test_per_tensor_sync_pays_one_collective_and_dp_copies_per_tensor() -> None:
         DEEPSPEED_2021_GATHER_HOST_S  # DeepSpeed's Python around each gather (issue #1069)
         + 64 * 5e-6
         + 2 * 2 * t / prof.streaming_bytes_per_s()  # the chunk copies: read + write the tensor
+        + 2 * t / prof.streaming_bytes_per_s()  # torch.zeros of the gathered tensor: one write
         + collective_time_s(prof, collective="all_gather", message_bytes=2 * t, span=groups.dp)
         for t in tensors
     )
