@@ -81,41 +81,38 @@ fetches parameters (``plan.zero3_param_fetch``):
   group copies each of the n chunks separately (``ProcessGroupNCCL::allgather`` /
   ``reduce_scatter`` flatten and unflatten one tensor per rank): n small copy kernels per
   collective, each priced at the profile's ``kernel_launch_s``, together moving the tensor
-  once through memory (read + write its bytes at the streaming bandwidth). Before each
-  all-gather, ``_allgather_param`` allocates the gathered tensor with ``torch.zeros`` (a
-  memset writing its bytes once, on the stream ahead of the gather, and before the
-  ``torch.cuda.synchronize()``). Each all-gather also pays DeepSpeed's own host work, which
-  that synchronize leaves exposed: ``DEEPSPEED_2021_GATHER_HOST_S`` (measured on DeepSpeed
-  0.3.16, below; the memset's launch is inside it). Every term is serial:
+  once through memory (read + write its bytes at the streaming bandwidth). DeepSpeed's own
+  passes over the tensor, serial on their stream and in every configuration: each gather
+  first allocates the gathered tensor with ``torch.zeros`` (a memset, one write), and
+  ``stage3.py`` divides the unsharded gradients by the data-parallel size in place before
+  reducing them (``average_tensor``'s ``div_``, or the ``div_`` / ``mul_`` around the
+  all-reduce it falls back to: a read and a write); the bucket copies that depend on its
+  configuration (``contiguous_gradients``) are not priced. Each all-gather also pays
+  DeepSpeed's host work, which the ``torch.cuda.synchronize()`` leaves exposed:
+  ``DEEPSPEED_2021_GATHER_HOST_S`` (measured on DeepSpeed 0.3.16, below; the memset's launch
+  is inside it). Every term is serial:
 
       per gather = host + collective_time_s(bytes) + n * kernel_launch_s + 3 * bytes / streaming
-      per reduce-scatter = collective_time_s(bytes) + n * kernel_launch_s + 2 * bytes / streaming
-
-  (the reduce-scatter's inputs are views of the unsharded gradient: no memset).
+      per reduce-scatter = collective_time_s(bytes) + n * kernel_launch_s + 4 * bytes / streaming
 
   which grows linearly with the data-parallel size through both the copies and NCCL's ring
   latency (``plansim.analytic.comm``): the mechanism behind the ZeRO-3 rows of Narayanan
   et al. SC21 Table 2 getting no faster from 768 to 1536 GPUs.
 
-  The host term, measured (DeepSpeed issue #1069, comment of 2021-06-21, profiler trace of
-  DeepSpeed 0.3.16 with PyTorch 1.8 on one p4d node, 8 x A100): "all_gathers for one
-  parameter takes about 0.5ms to finish", each one's Python before the call ("pre_launch")
-  about 130 us and the call itself ("launch") about 250 us, with a
-  ``torch.cuda.synchronize()`` at the next gather. The same author's run of a 5.1B BERT (64
-  layers, hidden 2560, FFN 10240; DeepSpeed issue #1174 and PR #1188, same node and version)
-  took about 470 ms per forward under ZeRO-3 against about 60 ms under ZeRO-2: about 410 ms
-  of gathers. This mode prices those 1024 per-tensor gathers (16 per layer: separate Q, K,
-  V) at 131 ms without the host term and 479 ms with it (``tests/unit/test_zero3.py``). The
-  reduce-scatter's host work (DeepSpeed's gradient hooks and buckets) was not measured and
-  is not priced.
+  The host term, measured (DeepSpeed issue #1069, 2021-06-21, a profiler trace of DeepSpeed
+  0.3.16 / PyTorch 1.8 on 8 x A100): "all_gathers for one parameter takes about 0.5ms to
+  finish", its Python before the call about 130 us and the call about 250 us, with a
+  ``torch.cuda.synchronize()`` at the next gather. The same author's 5.1B BERT (64 layers,
+  hidden 2560, FFN 10240; issue #1174, PR #1188) took about 470 ms per forward under ZeRO-3,
+  60 ms under ZeRO-2: about 410 ms of gathers, which this mode prices (16 per layer) at 138
+  ms without the host term and 486 ms with it (``tests/unit/test_zero3.py``). The
+  reduce-scatter's host work (gradient hooks, buckets) was not measured and is not priced.
 
   Limit, known: DeepSpeed's ZeRO-3 code from its first version (``stage3.py``, 2021) does
   less than this. Parameters under 100000 elements (``persistence_threshold``: every bias
   and norm weight of a GPT-3-size layer) stay gathered and are never fetched per layer (yet
-  the 0.3.16 run of issue #1069 did gather them: "most of the all_gather operations are very
-  small, e.g., all_gather 320 elements for each partition", a 2560-wide bias or norm over 8
-  ranks; its configuration is not shown), and
-  after a module is fetched the next module's parameters are gathered asynchronously on a
+  the 0.3.16 run of issue #1069 did: "all_gather 320 elements for each partition", a 2560
+  bias or norm over 8 ranks), and after a module is fetched the next one's are gathered on a
   side stream (``prefetch_next_sub_modules``). Without the small tensors' gathers alone the
   SC21 ZeRO-3 rows come out 28-41% too fast (-22..+5% here), more with the prefetch, so
   the measured runs paid a cost the code does not show (the SC21 authors' DeepSpeed
@@ -310,7 +307,8 @@ def unit_traffic(
             gather_copy_s = (  # zeroed buffer (one write), then the chunk copies (2)
                 DEEPSPEED_2021_GATHER_HOST_S + launches_s + 3.0 * numel * param_bytes / stream
             )
-            scatter_copy_s = launches_s + 2.0 * numel * grad_bytes / stream
+            # chunk copies (2), and DeepSpeed's in-place division by the dp size (2)
+            scatter_copy_s = launches_s + 4.0 * numel * grad_bytes / stream
         else:
             gather_bytes, scatter_bytes = flat_copy_bytes(
                 numel,
