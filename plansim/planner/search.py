@@ -7,7 +7,9 @@ bound on its simulated step time from its compute and ZeRO-2/3 segments alone
 increasing bound order: one whose bound is still the compute-only one is costed (its work
 built, memoised per search) and gets the full bound (``bounds.step_time_lower_bound_s``,
 never below the compute-only one) and goes back in line; one with its full bound is
-simulated as events, in fixed-size batches. The search stops when the next bound exceeds the
+simulated as events, in batches: the first of K plans (the K lowest full bounds are never
+above the final K-th step time, so all K would be simulated anyway), then fixed-size ones
+(``PRUNED_BATCH``). The search stops when the next bound exceeds the
 K-th best simulated step time (K = ``top_k``). Plans leave the line in the order of their
 full bounds, as if every plan had been fully bounded first, so the plans simulated do not
 depend on the cheap bound. Every plan that could be among the K fastest (ties included) has
@@ -336,8 +338,11 @@ def _branch_and_bound(
     while line:
         kth = times[top_k - 1] if len(times) >= top_k else math.inf
         limit = math.inf if exhaustive else kth
+        # the top_k lowest bounds are all <= the final K-th step time (each of the K fastest
+        # plans is bounded below its time), so a first round of top_k wastes no simulation
+        size = batch if sims or exhaustive else max(batch, top_k)
         take: list[Candidate] = []
-        while line and len(take) < batch and line[0][0] <= limit:
+        while line and len(take) < size and line[0][0] <= limit:
             if line[0][3].refined:
                 take.append(heapq.heappop(line)[3])
             else:

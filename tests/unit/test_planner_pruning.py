@@ -239,3 +239,32 @@ def test_pruned_search_stays_exact_with_the_megatron_overlap_flags() -> None:
     flags = [(e.plan.tp_comm_overlap, e.plan.overlap_param_gather) for e in full.ranked]
     assert (True, False) in flags or (True, True) in flags
     assert any(param for _, param in flags)
+
+
+def test_the_first_round_simulates_top_k_plans_and_stays_exact(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The top_k lowest full bounds are all under the final K-th step time, so the exact
+    search simulates them in one first round (fewer rounds, no plan it would not simulate
+    anyway); later rounds keep PRUNED_BATCH. The top 7 still equals the exhaustive one."""
+    import plansim.planner.search as search_module
+
+    rounds: list[int] = []
+    real = search_module._simulate
+
+    def recording(workers, chosen, *, keep_below_s):  # type: ignore[no-untyped-def]
+        rounds.append(len(chosen))
+        return real(workers, chosen, keep_below_s=keep_below_s)
+
+    monkeypatch.setattr(search_module, "_simulate", recording)
+    model, space = resolve_model("megatron-1.7b"), SearchSpace(max_micro_batch_size=4)
+    pruned = search(model, A100, num_gpus=8, global_batch_size=16, space=space, top_k=7)
+    assert search_module.PRUNED_BATCH < 7 < pruned.num_feasible
+    assert rounds[0] == 7 and all(r <= search_module.PRUNED_BATCH for r in rounds[1:])
+    assert sum(rounds) == pruned.num_simulated
+    rounds.clear()
+    full = search(
+        model, A100, num_gpus=8, global_batch_size=16, space=space, top_k=7, exhaustive=True
+    )
+    top = [(ev.plan.label(), ev.step_time_s) for ev in pruned.ranked[:7]]
+    assert top == [(ev.plan.label(), ev.step_time_s) for ev in full.ranked[:7]]
