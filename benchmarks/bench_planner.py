@@ -6,6 +6,7 @@ time of the branch-and-bound search (``plansim.planner.search``, target <= 10 s 
 2-core machine), then the same for the exhaustive search (every feasible plan simulated),
 and whether both return the same top 10 (plans and step times). Run:
     .venv/bin/python benchmarks/bench_planner.py [--jobs N] [--top K] [--skip-exhaustive]
+        [--repeats R]   (R pruned searches; the target is judged on their median)
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import statistics
 import sys
 import time
 
@@ -72,10 +74,28 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=default_jobs())
     parser.add_argument("--top", type=int, default=10)
     parser.add_argument("--skip-exhaustive", action="store_true")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="pruned searches to time; the target is judged on their median wall time "
+        "(a shared 2-core VM varies about 30%% between runs)",
+    )
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be a positive integer, got {args.repeats}")
     print(f"gpt3-175b on 1024 x a100-sxm4-80gb, gbs 1536, full space, jobs {args.jobs}")
-    pruned, pruned_s, pruned_cpu = timed_search(exhaustive=False, jobs=args.jobs, top=args.top)
-    describe("pruned (branch and bound, exact top K)", pruned, pruned_s, pruned_cpu)
+    walls = []
+    for _ in range(args.repeats):
+        pruned, pruned_s, pruned_cpu = timed_search(exhaustive=False, jobs=args.jobs, top=args.top)
+        describe("pruned (branch and bound, exact top K)", pruned, pruned_s, pruned_cpu)
+        walls.append(pruned_s)
+    pruned_s = statistics.median(walls)
+    if args.repeats > 1:
+        print(
+            f"  median wall time    {pruned_s:.2f} s over {args.repeats} runs "
+            f"({min(walls):.2f}-{max(walls):.2f} s)"
+        )
     print(f"  target              <= 10 s: {'met' if pruned_s <= 10 else 'NOT met'}")
     if args.skip_exhaustive:
         return
