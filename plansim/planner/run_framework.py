@@ -195,20 +195,42 @@ def framework_recompute(row: RunRow, recompute: str | None, notes: list[str]) ->
 
 def recompute_early_stop(row: RunRow, recompute: str | None, notes: list[str]) -> bool:
     """Whether the row's full recompute stops early (``ParallelPlan.recompute_early_stop``):
-    torchtitan's full activation checkpointing wraps each block in PyTorch's
-    ``checkpoint_wrapper(module, preserve_rng_state=False)`` (``_apply_ac_to_transformer_block``
-    in ``torchtitan/models/llama3/infra/parallelize.py``), non-reentrant by default, whose
-    recompute ends once the saved tensors are back: no MLP down projection again. Measured
-    on an H100: 52.7 ms of recompute against 74.3 ms without early stop
-    (benchmarks/gpu_runs/h100-2026-11-27). Not for other frameworks: Megatron-LM and
-    DeepSpeed checkpoint with their own functions, which rerun the whole forward."""
-    if not is_torchtitan(row) or recompute not in (None, "full"):
+    the layers are checkpointed through PyTorch's ``checkpoint_wrapper`` without reentrant
+    autograd, whose recompute ends once the saved tensors are back (on by default since
+    pytorch/pytorch PR #96866, March 2023, so from torch 2.1): no MLP down projection again.
+    Measured on an H100: 52.7 ms of recompute against 74.3 ms without early stop
+    (benchmarks/gpu_runs/h100-2026-11-27). Two frameworks checkpoint that way:
+
+    * torchtitan wraps each block in ``checkpoint_wrapper(module, preserve_rng_state=False)``
+      (``_apply_ac_to_transformer_block`` in ``torchtitan/models/llama3/infra/parallelize.py``),
+      non-reentrant by default.
+    * MosaicML's llm-foundry (Composer's FSDP): its MPT yamls set ``fsdp_config:
+      activation_checkpointing_reentrant: false`` (``scripts/train/yamls/pretrain/mpt-*.yaml``),
+      so does ``scripts/train/benchmarking/submit_benchmarks.py`` (``mod_parameters``), and
+      Composer then wraps each block in ``checkpoint_wrapper(m,
+      checkpoint_impl=CheckpointImpl.NO_REENTRANT)`` (``composer/trainer/dist_strategy.py``).
+      The benchmarking README's tables ran on ``mosaicml/pytorch:2.1.0_cu121-nightly20230827``
+      (``h100new.md`` @beb8dee6), which has early stop. Assumed for every llm-foundry row; a
+      run on torch 2.0 or older reran the whole forward.
+
+    Not for other frameworks: Megatron-LM and DeepSpeed checkpoint with their own functions,
+    which rerun the whole forward. Early stop saves nothing where a dropout follows the down
+    projection (``layer_cost`` checks the model)."""
+    if recompute not in (None, "full"):
         return False
-    notes.append(
-        "full recompute on torchtitan: torch's checkpoint stops early (no MLP down "
-        "projection again)"
-    )
-    return True
+    if is_torchtitan(row):
+        notes.append(
+            "full recompute on torchtitan: torch's checkpoint stops early (no MLP down "
+            "projection again)"
+        )
+        return True
+    if is_llm_foundry(row):
+        notes.append(
+            "full recompute on llm-foundry (activation_checkpointing_reentrant: false): "
+            "torch's checkpoint stops early (no MLP down projection again)"
+        )
+        return True
+    return False
 
 
 def bf16_grad_modes(

@@ -79,11 +79,11 @@ class ParallelPlan:
         recompute_early_stop: with recompute full, the layers are checkpointed by torch's
             non-reentrant checkpoint with early stop (``torch.utils.checkpoint``,
             ``use_reentrant=False``, ``set_checkpoint_early_stop`` on by default; what
-            ``checkpoint_wrapper``, torchtitan and ``plansim validate`` use): the recompute
-            stops once every tensor the backward saved is back, so a layer's last GEMM (the
-            MLP down projection, whose output nobody saved) and the TP collective after it
-            are not rerun. False (the default): the whole forward again, as Megatron-LM's
-            and DeepSpeed's own checkpoint functions do.
+            ``checkpoint_wrapper``, torchtitan, llm-foundry and ``plansim validate`` use):
+            the recompute stops once every tensor the backward saved is back, so a layer's
+            last GEMM (the MLP down projection, whose output nobody saved) and the TP
+            collective after it are not rerun. False (the default): the whole forward
+            again, as Megatron-LM's and DeepSpeed's own checkpoint functions do.
         sequence_parallel: Megatron sequence parallelism (needs tp > 1).
         schedule: pipeline schedule; interleaved-1f1b needs vpp > 1, pp > 1 and a number of
             micro-batches that is a multiple of pp (Megatron-LM's rule for interleaving);

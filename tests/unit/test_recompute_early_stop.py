@@ -142,3 +142,30 @@ def test_a_torchtitan_rows_full_recompute_stops_early() -> None:
     plain = predict_row(_row(recompute="none"), simulate_top=2)
     assert plain.predicted_step_time_s is not None and titan.predicted_step_time_s is not None
     assert plain.predicted_step_time_s < titan.predicted_step_time_s
+
+
+def test_an_llm_foundry_rows_full_recompute_stops_early(monkeypatch: pytest.MonkeyPatch) -> None:
+    """llm-foundry checkpoints through Composer's non-reentrant checkpoint_wrapper
+    (activation_checkpointing_reentrant: false): an MPT row's full recompute stops early and
+    costs less than rerunning the whole forward; its rows without recompute are unchanged."""
+    from pathlib import Path
+
+    from plansim.io.runs import read_runs
+    from plansim.planner import run_space
+    from plansim.planner.backtest import predict_row
+
+    path = Path(__file__).parents[2] / "benchmarks" / "published_runs" / "mosaic_llm_foundry.csv"
+    rows = {r.text("row_id"): r for r in read_runs(path)[1]}
+    full = rows["M0017"]  # MPT-7B, 8 A100 80GB, sequence 8192, recompute full
+    assert full.text("recompute") == "full"
+    early = predict_row(full)
+    assert early.status == "ok" and "full-early-stop" in early.plan_label
+    assert "activation_checkpointing_reentrant: false" in early.note
+    monkeypatch.setattr(run_space, "recompute_early_stop", lambda row, recompute, notes: False)
+    whole = predict_row(full)
+    monkeypatch.undo()
+    assert whole.plan_label == early.plan_label.replace("full-early-stop", "full")
+    assert early.predicted_step_time_s is not None and whole.predicted_step_time_s is not None
+    assert early.predicted_step_time_s < 0.97 * whole.predicted_step_time_s
+    none = predict_row(rows["M0019"])  # MPT-7B without recompute
+    assert "early-stop" not in none.plan_label and "stops early" not in none.note
