@@ -28,16 +28,29 @@ write), autograd's kernels for the backward, against the fused count:
       (SwiGLU, per FFN element)                                    silu grad 2+2+2: 18
     attention output                  copy 2+2: 4                  its gradient's copy   0 / 0
       transpose(1, 2).contiguous()                                 2+2: 4
+    LayerNorm, each of the two norms  one kernel: 4                input-gradient        4 / 6
+      (LayerNorm): F.layer_norm                                    kernel 2+2+2, then
+                                                                   the weight and bias
+                                                                   gradients' kernel,
+                                                                   reading dy and x
+                                                                   again 2+2: 10
 
 Per token, eager beyond fused: forward 64h + 16(h + kv) + 4(h + kv) + 4f + 4h, backward
-140h + 16(h + kv) + 4(h + kv) + 8f + 4h (h = hidden, kv = K (= V) width, f = FFN width; the
-RMSNorm, RoPE, GQA and SwiGLU terms only where the model has them). Residual adds, LayerNorm
-(``F.layer_norm``, one kernel), GELU (``F.gelu``, one kernel) and the loss move what the
-fused count has. Per-token reductions (mean, rsqrt) and the broadcast RoPE table are left
-out (1/h of the rest), and pow's gradient is counted as one multiply where PyTorch's
-``pow_backward`` (grad * (2 * x.pow(1))) may make two more passes: a lower bound. Kernels,
-each direction: 7 more per RMSNorm (8 ops for 1), 5 for RoPE (3 per tensor for 1 in all),
-2 for repeat_kv, 1 for SwiGLU, 1 for the output copy.
+140h + 16(h + kv) + 4(h + kv) + 8f + 4h for a Llama layer, forward 4h and backward 8h + 4h
+for a GPT layer (h = hidden, kv = K (= V) width, f = FFN width; the RMSNorm, LayerNorm, RoPE,
+GQA and SwiGLU terms only where the model has them). Residual adds, GELU (``F.gelu``, one
+kernel), a LayerNorm's forward and the loss move what the fused count has. A LayerNorm's
+backward is two kernels in PyTorch (``layer_norm_backward_cuda``: the input gradient, then
+``GammaBetaBackwardCUDAKernel`` for the weight and bias gradients), where the fused count
+is one pass, as Megatron-LM's persistent layer norm computes both gradients; measured on an
+H100 (``benchmarks/gpu_runs/h100-2026-11-27-bf16/kernels_gpt_names.csv``, bf16, 4096 tokens,
+h 2048): 0.019 ms for the input-gradient kernel and 0.027 ms for the second one. Its
+launch is left out of the kernel count, which applies to both directions. Per-token
+reductions (mean, rsqrt) and the broadcast RoPE table are left out (1/h of the rest), and
+pow's gradient is counted as one multiply where PyTorch's ``pow_backward``
+(grad * (2 * x.pow(1))) may make two more passes: a lower bound. Kernels, each direction:
+7 more per RMSNorm (8 ops for 1), 5 for RoPE (3 per tensor for 1 in all), 2 for repeat_kv,
+1 for SwiGLU, 1 for the output copy.
 
 Limit, known: the tensors autograd keeps for these ops (the fp32 copies in RMSNorm, the
 complex RoPE inputs, repeat_kv's copies) are not added to the memory model.
@@ -59,6 +72,9 @@ REPEAT_KV_EXTRA = (4.0, 4.0)
 SWIGLU_EXTRA = (4.0, 8.0)
 #: Per element of h: the attention output's ``.contiguous()`` copy and its gradient's.
 CONTIGUOUS_EXTRA = (4.0, 4.0)
+#: Per element of h, each eager LayerNorm: its backward's second kernel (weight and bias
+#: gradients) reads dy and x again (module table).
+LAYERNORM_EXTRA = (0.0, 4.0)
 
 
 def eager_extra_traffic(
@@ -75,6 +91,8 @@ def eager_extra_traffic(
     if model.normalization is Normalization.RMSNORM:
         rep_fwd, rep_bwd = 2 * RMSNORM_EXTRA[0] * h, 2 * RMSNORM_EXTRA[1] * h
         kernels += 2 * 7
+    else:
+        rep_fwd, rep_bwd = 2 * LAYERNORM_EXTRA[0] * h, 2 * LAYERNORM_EXTRA[1] * h
     parts = (
         (model.position_embedding is PositionEmbedding.ROPE, ROPE_EXTRA, h + kv, 5),
         (kv < h, REPEAT_KV_EXTRA, h + kv, 2),

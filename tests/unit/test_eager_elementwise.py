@@ -37,14 +37,27 @@ def test_a_llama_layer_adds_the_tables_bytes_per_token() -> None:
     assert sp.forward_bytes == pytest.approx(one.forward_bytes)
 
 
-def test_a_gpt_layer_adds_only_the_output_copy() -> None:
-    """LayerNorm, GELU, learned positions and MHA run as one kernel each in eager PyTorch
-    too: only the attention output's contiguous copy (4h each way) is extra."""
+def test_a_gpt_layer_adds_the_output_copy_and_the_norms_second_backward_pass() -> None:
+    """GELU, learned positions, MHA and a LayerNorm's forward run as one kernel each in eager
+    PyTorch too. Extra: the attention output's contiguous copy (4h each way, split over TP)
+    and, in backward, each LayerNorm's weight-and-bias-gradient kernel reading dy and x
+    again (4h per norm, replicated over TP, split by sequence parallelism)."""
     model = resolve_model("gpt3-175b")
+    h, tokens = model.hidden_size, model.seq_length
     extra = eager_extra_traffic(model, micro_batch_size=1, tp=8, sequence_parallel=True)
-    per_token = 4 * model.hidden_size / 8
-    assert extra.forward_bytes == extra.backward_bytes == model.seq_length * per_token
+    assert extra.forward_bytes == tokens * 4 * h / 8
+    assert extra.backward_bytes == tokens * (4 * h + 2 * 4 * h) / 8
     assert extra.num_kernels == 1
+    no_sp = eager_extra_traffic(model, micro_batch_size=1, tp=8, sequence_parallel=False)
+    assert no_sp.backward_bytes == tokens * (4 * h / 8 + 2 * 4 * h)
+    llama = resolve_model("llama3-8b")  # RMSNorm: its own count, no LayerNorm term
+    rms = eager_extra_traffic(llama, micro_batch_size=1, tp=1, sequence_parallel=False)
+    assert rms.backward_bytes == llama.seq_length * (
+        140 * llama.hidden_size
+        + 20 * (llama.hidden_size + llama.kv_size)
+        + 8 * llama.ffn_hidden_size
+        + 4 * llama.hidden_size
+    )
 
 
 def test_the_layer_moves_the_extra_bytes_at_the_elementwise_rate() -> None:
