@@ -58,7 +58,7 @@ complex RoPE inputs, repeat_kv's copies) are not added to the memory model.
 
 from __future__ import annotations
 
-from plansim.analytic.elementwise import ElementwiseTraffic, rank_traffic
+from plansim.analytic.elementwise import NORM_SECOND_PASS_BYTES, ElementwiseTraffic, rank_traffic
 from plansim.specs.model import Activation, ModelSpec, Normalization, PositionEmbedding
 
 #: Bytes per element of one eager RMSNorm beyond the fused kernel's (forward 36 - 4,
@@ -74,7 +74,7 @@ SWIGLU_EXTRA = (4.0, 8.0)
 CONTIGUOUS_EXTRA = (4.0, 4.0)
 #: Per element of h, each eager LayerNorm: its backward's second kernel (weight and bias
 #: gradients) reads dy and x again (module table).
-LAYERNORM_EXTRA = (0.0, 4.0)
+LAYERNORM_EXTRA = (0.0, NORM_SECOND_PASS_BYTES)
 
 
 def eager_extra_traffic(

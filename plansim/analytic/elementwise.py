@@ -24,6 +24,11 @@ kv = K (= V) width.
       attention dropout                read 2s, write 2s+1s read dy + mask, write dx: 5s
       context permute + contiguous     4h (read, write)     4h
 
+A norm's backward is counted as one pass (Megatron-LM's persistent layer norm computes the
+input and the weight gradients together). With ``plan.persist_layer_norm`` off it is two
+passes, the weight (and bias) gradients' kernel reading dy and x again: 4h more per norm
+(:func:`norm_second_pass_traffic`).
+
 So an unfused GPT layer moves 22h + (4f + 9as + 4h)/t per token forward and
 38h + (8f + 11as + 4h)/t backward (t = TP size; replicated terms also /t with SP).
 Launch overhead: one kernel launch per kernel above, in each direction.
@@ -73,6 +78,30 @@ def rank_traffic(
         forward_bytes=tokens * (replicated[0] / rep_div + split[0] / tp),
         backward_bytes=tokens * (replicated[1] / rep_div + split[1] / tp),
         num_kernels=num_kernels,
+    )
+
+
+#: Bytes per element of h that a norm's backward moves in a second pass over dy and x for the
+#: weight (and bias) gradients (read 2 + 2; apex ``cuComputePartGradGammaBeta``, PyTorch
+#: ``GammaBetaBackwardCUDAKernel``).
+NORM_SECOND_PASS_BYTES = 4.0
+
+
+def norm_second_pass_traffic(
+    model: ModelSpec, *, micro_batch_size: int, tp: int, sequence_parallel: bool
+) -> ElementwiseTraffic:
+    """Backward bytes the two norms of one layer add on one TP rank when each computes its
+    weight gradients in a pass of its own (``plan.persist_layer_norm`` off): 4h per norm and
+    token, replicated over TP (split by tp with sequence parallelism); no extra kernel is
+    counted (the count applies to both directions)."""
+    per_token = 2 * NORM_SECOND_PASS_BYTES * model.hidden_size
+    return rank_traffic(
+        model.seq_length * micro_batch_size,
+        replicated=(0.0, per_token),
+        split=(0.0, 0.0),
+        tp=tp,
+        sequence_parallel=sequence_parallel,
+        num_kernels=0,
     )
 
 

@@ -34,6 +34,7 @@ from plansim.analytic.elementwise import (
     QUANTIZED_ELEMENT_BYTES,
     ElementwiseTraffic,
     layer_elementwise_traffic,
+    norm_second_pass_traffic,
     quantize_traffic,
 )
 from plansim.analytic.memory import plan_state_bytes
@@ -214,7 +215,8 @@ def _layer_elementwise(
 ) -> tuple[float, float, int]:
     """Forward and backward seconds of one layer's memory-bound kernels on the cp-local
     model ``local``, and their kernel count (``elementwise.layer_elementwise_traffic``; with
-    ``plan.fused_elementwise`` off, plus ``eager_elementwise.eager_extra_traffic``)."""
+    ``plan.fused_elementwise`` off, plus ``eager_elementwise.eager_extra_traffic``; else with
+    ``plan.persist_layer_norm`` off, plus ``elementwise.norm_second_pass_traffic``)."""
     traffic = layer_elementwise_traffic(
         local,
         micro_batch_size=plan.micro_batch_size,
@@ -222,8 +224,15 @@ def _layer_elementwise(
         sequence_parallel=plan.sequence_parallel,
         unfused_attention=plan.attention is AttentionKernel.UNFUSED,
     )
-    if not plan.fused_elementwise:
+    if not plan.fused_elementwise:  # its norms' passes are in the eager count
         traffic = traffic + eager_extra_traffic(
+            local,
+            micro_batch_size=plan.micro_batch_size,
+            tp=plan.tp,
+            sequence_parallel=plan.sequence_parallel,
+        )
+    elif not plan.persist_layer_norm:
+        traffic = traffic + norm_second_pass_traffic(
             local,
             micro_batch_size=plan.micro_batch_size,
             tp=plan.tp,

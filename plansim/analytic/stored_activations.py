@@ -108,7 +108,7 @@ NOT_IN_ACTIVATIONS = (
     "overlap_grad_reduce", "overlap_param_gather", "gradient_accumulation_fusion",
     "grad_reduce_in_bf16", "scatter_gather_p2p", "dp_sync", "ps_servers",
     "offload_optimizer", "offload_param", "zero3_param_fetch", "use_torch_fsdp2", "dp_shard",
-    "reshard_after_forward", "fused_elementwise",
+    "reshard_after_forward", "fused_elementwise", "persist_layer_norm",
 )  # fmt: skip
 #: The memo key fields of a rank's activation pricing (every plan field outside
 #: NOT_IN_ACTIVATIONS), for this module and ``memory.transient_bytes``.

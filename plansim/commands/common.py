@@ -116,6 +116,18 @@ def add_eager_elementwise_arg(g: argparse._ArgumentGroup) -> None:
     )
 
 
+def add_persist_layer_norm_arg(g: argparse._ArgumentGroup) -> None:
+    """--no-persist-layer-norm (``ParallelPlan.persist_layer_norm`` off), for plan and
+    simulate."""
+    g.add_argument(
+        "--no-persist-layer-norm",
+        dest="persist_layer_norm",
+        action="store_false",
+        help="price each norm's backward as two passes over dy and x (Megatron-LM's flag; "
+        "its non-persistent kernel, which runs before PyTorch 1.11 used)",
+    )
+
+
 def bf16_layers_from_args(args: argparse.Namespace) -> tuple[int, int]:
     """(start, end) layers kept in bf16: (0, 0) without --first-last-layers-bf16, else the
     counts given (1 each by default). SpecError when a count comes without the flag."""

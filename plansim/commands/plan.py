@@ -13,6 +13,7 @@ from plansim.commands.common import (
     add_dp_sync_args,
     add_eager_elementwise_arg,
     add_model_args,
+    add_persist_layer_norm_arg,
     resolve,
 )
 from plansim.commands.empty_search import empty_search_lines
@@ -121,6 +122,7 @@ def _add_space_args(g: argparse._ArgumentGroup) -> None:
         "collective after it are not rerun (models without dropout)",
     )
     add_eager_elementwise_arg(g)
+    add_persist_layer_norm_arg(g)
     g.add_argument(
         "--tp-comm-overlap",
         action="store_true",

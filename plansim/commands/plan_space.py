@@ -123,6 +123,7 @@ def search_spaces(
         use_torch_fsdp2=args.use_torch_fsdp2,
         recompute_early_stop=args.recompute_early_stop,
         fused_elementwise=args.fused_elementwise,
+        persist_layer_norm=args.persist_layer_norm,
         reshard_after_forward=(True,) if args.reshard_after_forward else (True, False),
         hsdp_shard_gpus=profile.gpus_per_node if args.hsdp else None,
         bf16_layers=bf16_layers_from_args(args),

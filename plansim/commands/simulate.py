@@ -13,6 +13,7 @@ from plansim.commands.common import (
     add_eager_elementwise_arg,
     add_model_args,
     add_offload_args,
+    add_persist_layer_norm_arg,
     add_pipeline_split_args,
     add_recompute_args,
     bf16_layers_from_args,
@@ -135,6 +136,7 @@ def _add_framework_args(g: argparse._ArgumentGroup) -> None:
         help="add each micro-batch's weight gradients in a separate pass (pre-2022 Megatron)",
     )
     add_eager_elementwise_arg(g)
+    add_persist_layer_norm_arg(g)
     g.add_argument(
         "--grad-reduce-in-bf16",
         action="store_true",
@@ -226,6 +228,7 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
         overlap_param_gather=args.overlap_param_gather,
         gradient_accumulation_fusion=args.gradient_accumulation_fusion,
         fused_elementwise=args.fused_elementwise,
+        persist_layer_norm=args.persist_layer_norm,
         grad_reduce_in_bf16=args.grad_reduce_in_bf16,
         scatter_gather_p2p=args.scatter_gather_p2p,
         offload_optimizer=OffloadDevice(args.offload_optimizer),

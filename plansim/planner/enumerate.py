@@ -289,6 +289,7 @@ def _fixed_fields(
         "attention": space.attention,
         "gradient_accumulation_fusion": space.gradient_accumulation_fusion,
         "fused_elementwise": space.fused_elementwise,
+        "persist_layer_norm": space.persist_layer_norm,
         "scatter_gather_p2p": space.scatter_gather_p2p,
         "ddp_impl": space.ddp_impl,
         "num_layers_at_start_in_bf16": space.bf16_layers[0],

@@ -34,9 +34,11 @@ row that states such a pp, and for a searched pp only where the framework had un
 (DeepSpeed; Megatron-LM from 2024). Rules that follow the framework rather than the date
 (DeepSpeed's pipeline engine and ZeRO-3, the DeepSpeed-based forks of Megatron-LM, a ZeRO
 stage named only in ``zero_stage_or_sharding``) are in ``plansim.planner.run_framework``.
-An undated row is searched over everything. Where the row's source has a launch script that
-states a blank knob (micro-batch size, virtual pipeline size, recompute, PyTorch DDP's
-overlapped all-reduce: ``plansim.planner.run_scripts``, e.g. SC21's
+Runs dated before 2022 price their layer norms' backward as two passes
+(``ParallelPlan.persist_layer_norm`` off): Megatron-LM's persistent kernel needs PyTorch
+1.11, released in 2022. An undated row is searched over everything. Where the row's source
+has a launch script that states a blank knob (micro-batch size, virtual pipeline size,
+recompute, PyTorch DDP's overlapped all-reduce: ``plansim.planner.run_scripts``, e.g. SC21's
 ``examples/sc21/run_table_1.sh``), the script's value is used instead of a search; MosaicML
 llm-foundry rows dated before 2024 use its Triton FlashAttention
 (``AttentionKernel.FLASH_TRITON``).
@@ -87,6 +89,11 @@ OVERLAP_GRAD_REDUCE_YEAR = 2023
 #: Megatron-LM's legacy local DDP (``megatron/model/distributed.py``) in 2023.
 MEGATRON_CORE_DDP_YEAR = 2023
 GRAD_ACC_FUSION_YEAR = 2022
+#: Megatron-LM's persistent layer norm (one backward pass for the input and weight
+#: gradients) needs PyTorch 1.11 ("Persistent fused layer norm kernel is supported from
+#: pytorch v1.11", ``megatron/arguments.py``, which otherwise sets ``no_persist_layer_norm``),
+#: released in 2022: runs dated before used the two-pass kernel.
+PERSIST_LAYER_NORM_YEAR = 2022
 INTERLEAVED_YEAR = 2021
 SCATTER_GATHER_P2P_YEAR = 2021
 ZERO_BUBBLE_YEAR = 2024
@@ -148,6 +155,15 @@ def _attention(row: RunRow, year: int | None, notes: list[str]) -> AttentionKern
     return AttentionKernel.FLASH
 
 
+def _persist_layer_norm(year: int | None, notes: list[str]) -> bool:
+    """Whether the norms' backward is one pass (``ParallelPlan.persist_layer_norm``): not
+    for runs dated before PERSIST_LAYER_NORM_YEAR."""
+    if year is not None and year < PERSIST_LAYER_NORM_YEAR:
+        notes.append(f"two-pass layer norm backward (run dated {year}, before PyTorch 1.11)")
+        return False
+    return True
+
+
 def row_space(row: RunRow, notes: list[str]) -> SearchSpace:
     """The search space of a runs-CSV row: the knobs it states fixed, blank ones searched
     within what the row's framework and year allow (module docstring); ``notes`` gets each
@@ -189,6 +205,7 @@ def row_space(row: RunRow, notes: list[str]) -> SearchSpace:
         gradient_accumulation_fusion=(year is None or year >= GRAD_ACC_FUSION_YEAR)
         and not is_megatron_fork(row, year),
         fused_elementwise=fused_elementwise(row, notes),
+        persist_layer_norm=_persist_layer_norm(year, notes),
         grad_reduce_in_bf16=bf16_grad_modes(row, year, notes, torch_fsdp=torch_fsdp),
         scatter_gather_p2p=year is None or year >= SCATTER_GATHER_P2P_YEAR,
         zero3_param_fetch=zero3_fetch(row, year, notes),

@@ -51,9 +51,10 @@ class SearchSpace:
         grad_reduce_in_bf16: values tried when the precision keeps an fp32 main-gradient
             buffer (bf16, fp8, fp4; Megatron-LM ``--grad-reduce-in-bf16``); default off only.
         precision, attention, gradient_accumulation_fusion, fused_elementwise,
-            scatter_gather_p2p, zero3_param_fetch, use_torch_fsdp2 (ZeRO-3 plans only),
-            recompute_early_stop (full-recompute plans only), bf16_layers ((start, end)
-            layers kept in bf16 under fp8 / fp4): fixed for the whole search
+            persist_layer_norm, scatter_gather_p2p, zero3_param_fetch, use_torch_fsdp2
+            (ZeRO-3 plans only), recompute_early_stop (full-recompute plans only),
+            bf16_layers ((start, end) layers kept in bf16 under fp8 / fp4): fixed for the
+            whole search
             (``per-step`` for the plans with pp > 1: without a pipeline FSDP2 gathers layer
             by layer)
             (implementation facts of the framework, not layout choices).
@@ -111,6 +112,7 @@ class SearchSpace:
     attention: AttentionKernel = AttentionKernel.FLASH
     gradient_accumulation_fusion: bool = True
     fused_elementwise: bool = True
+    persist_layer_norm: bool = True
     scatter_gather_p2p: bool = True
     dp_syncs: tuple[DpSync, ...] = (DpSync.RING,)
     ps_servers: int = 0

@@ -204,6 +204,7 @@ def plan_dict(p: ParallelPlan) -> dict[str, Any]:
         **({"overlap_param_gather": True} if p.overlap_param_gather else {}),
         "gradient_accumulation_fusion": p.gradient_accumulation_fusion,
         **({"fused_elementwise": False} if not p.fused_elementwise else {}),
+        **({"persist_layer_norm": False} if not p.persist_layer_norm else {}),
         **({"grad_reduce_in_bf16": True} if p.grad_reduce_in_bf16 else {}),
         **({"use_torch_fsdp2": True} if p.use_torch_fsdp2 else {}),
         **({"reshard_after_forward": False} if not p.reshard_after_forward else {}),

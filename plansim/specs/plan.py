@@ -128,6 +128,16 @@ class ParallelPlan:
             ``torch.compile``: RMSNorm in eight ops, RoPE on complex numbers, ``repeat_kv``
             copies, SwiGLU as silu and mul), which move more bytes and launch more kernels
             (``plansim.analytic.eager_elementwise``).
+        persist_layer_norm: a layer norm's backward computes the input gradient and the
+            weight (and bias) gradients in one pass over dy and x, as Megatron-LM's
+            persistent layer norm does (apex ``FastLayerNormFN``; ``--no-persist-layer-norm``
+            turns it off, and Megatron-LM turns it off itself before PyTorch 1.11, the
+            version the kernel needs, so its 2021 runs used the other). Off, the backward is
+            two passes (Megatron-LM's ``fused_mix_prec_layer_norm_cuda``, apex's
+            ``FusedLayerNorm``: a weight-and-bias-gradient kernel, then the input-gradient
+            kernel, each reading dy and x): 4 more bytes per element per norm
+            (``plansim.analytic.elementwise``). Eager PyTorch's LayerNorm is two passes
+            whatever this says (``plansim.analytic.eager_elementwise``).
         scatter_gather_p2p: without sequence parallelism, each of the tp ranks sends only
             its 1/tp slice of the b*s*h pipeline tensor and the receiving stage re-forms it
             with an all-gather over its TP group (Megatron-LM
@@ -250,6 +260,7 @@ class ParallelPlan:
     gradient_accumulation_fusion: bool = True
     fused_elementwise: bool = True
     grad_reduce_in_bf16: bool = False
+    persist_layer_norm: bool = True
     scatter_gather_p2p: bool = True
     dp_sync: DpSync = DpSync.RING
     ps_servers: int = 0

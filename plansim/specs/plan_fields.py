@@ -40,6 +40,7 @@ FLAG_FIELDS = (
     "overlap_grad_reduce",
     "gradient_accumulation_fusion",
     "fused_elementwise",
+    "persist_layer_norm",
     "scatter_gather_p2p",
     "tp_comm_overlap",
     "overlap_param_gather",

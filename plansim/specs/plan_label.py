@@ -47,6 +47,8 @@ def _framework_parts(plan: ParallelPlan) -> list[str]:
         parts.append("unfused-grad-acc")
     if not plan.fused_elementwise:
         parts.append("eager-ops")
+    if not plan.persist_layer_norm:
+        parts.append("no-persist-ln")
     if plan.grad_reduce_in_bf16:
         parts.append("bf16-grads")
     if plan.pp > 1 and plan.tp > 1 and not (plan.scatter_gather_p2p or plan.sequence_parallel):

@@ -116,6 +116,7 @@ PAIRS: dict[str, tuple[dict[str, object], dict[str, object]]] = {
     "overlap_param_gather": ({}, {"overlap_param_gather": True}),
     "gradient_accumulation_fusion": ({}, {"gradient_accumulation_fusion": False}),
     "fused_elementwise": ({}, {"fused_elementwise": False}),
+    "persist_layer_norm": ({}, {"persist_layer_norm": False}),
     "grad_reduce_in_bf16": ({}, {"grad_reduce_in_bf16": True}),
     "scatter_gather_p2p": ({}, {"scatter_gather_p2p": False}),
     "dp_sync": ({"zero_stage": 0}, {"dp_sync": DpSync.PARAMETER_SERVER}),
