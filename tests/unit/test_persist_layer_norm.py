@@ -85,3 +85,16 @@ def test_simulate_flag_labels_the_plan_and_slows_the_step(
     plan = ParallelPlan(dp=1, tp=8, pp=8, micro_batch_size=1, global_batch_size=64)
     assert "no-persist-ln" in dataclasses.replace(plan, persist_layer_norm=False).label()
     assert "no-persist-ln" not in plan.label()
+
+
+def test_plan_flag_prices_every_plan_with_the_two_pass_norm(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["plan", "--model", "gpt3-175b", "--gpu", "a100-sxm4-80gb", "--gpus", "64"]
+    args += ["--gbs", "64", "--tp", "8", "--pp", "8", "--top", "1", "--jobs", "1"]
+    args += ["--format", "json"]
+    assert main([*args, "--no-persist-layer-norm"]) == 0
+    two = capsys.readouterr().out
+    assert main(args) == 0
+    one = capsys.readouterr().out
+    assert '"persist_layer_norm": false' in two and "persist_layer_norm" not in one
