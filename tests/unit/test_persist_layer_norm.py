@@ -70,16 +70,25 @@ def test_the_backtest_gives_runs_dated_before_2022_the_two_pass_norm() -> None:
         assert any("two-pass layer norm backward" in n for n in notes) is not persist
 
 
+def _one_and_two_pass(command: str, capsys: pytest.CaptureFixture[str], *extra: str) -> list[str]:
+    """JSON output of ``command`` for GPT-3 175B on 64 A100s at tp 8, pp 8, without and with
+    ``--no-persist-layer-norm``."""
+    args = [command, "--model", "gpt3-175b", "--gpu", "a100-sxm4-80gb", "--gpus", "64"]
+    args += ["--gbs", "64", "--tp", "8", "--pp", "8", "--format", "json", *extra]
+    outs = []
+    for flags in ([], ["--no-persist-layer-norm"]):
+        assert main([*args, *flags]) == 0
+        outs.append(capsys.readouterr().out)
+    return outs
+
+
 def test_simulate_flag_labels_the_plan_and_slows_the_step(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    args = ["simulate", "--model", "gpt3-175b", "--gpu", "a100-sxm4-80gb", "--gpus", "64"]
-    args += ["--gbs", "64", "--tp", "8", "--pp", "8", "--mbs", "1", "--recompute", "full"]
-    args += ["--format", "json"]
-    assert main(args) == 0
-    one = json.loads(capsys.readouterr().out)
-    assert main([*args, "--no-persist-layer-norm"]) == 0
-    two = json.loads(capsys.readouterr().out)
+    one, two = (
+        json.loads(out)
+        for out in _one_and_two_pass("simulate", capsys, "--mbs", "1", "--recompute", "full")
+    )
     assert two["plan"]["persist_layer_norm"] is False and "persist_layer_norm" not in one["plan"]
     assert two["step_time_s"] > one["step_time_s"]
     plan = ParallelPlan(dp=1, tp=8, pp=8, micro_batch_size=1, global_batch_size=64)
@@ -90,11 +99,5 @@ def test_simulate_flag_labels_the_plan_and_slows_the_step(
 def test_plan_flag_prices_every_plan_with_the_two_pass_norm(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    args = ["plan", "--model", "gpt3-175b", "--gpu", "a100-sxm4-80gb", "--gpus", "64"]
-    args += ["--gbs", "64", "--tp", "8", "--pp", "8", "--top", "1", "--jobs", "1"]
-    args += ["--format", "json"]
-    assert main([*args, "--no-persist-layer-norm"]) == 0
-    two = capsys.readouterr().out
-    assert main(args) == 0
-    one = capsys.readouterr().out
+    one, two = _one_and_two_pass("plan", capsys, "--top", "1", "--jobs", "1")
     assert '"persist_layer_norm": false' in two and "persist_layer_norm" not in one
