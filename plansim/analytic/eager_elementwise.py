@@ -58,7 +58,11 @@ complex RoPE inputs, repeat_kv's copies) are not added to the memory model.
 
 from __future__ import annotations
 
-from plansim.analytic.elementwise import NORM_SECOND_PASS_BYTES, ElementwiseTraffic, rank_traffic
+from plansim.analytic.elementwise import (
+    ElementwiseTraffic,
+    norm_second_pass_traffic,
+    rank_traffic,
+)
 from plansim.specs.model import Activation, ModelSpec, Normalization, PositionEmbedding
 
 #: Bytes per element of one eager RMSNorm beyond the fused kernel's (forward 36 - 4,
@@ -72,9 +76,6 @@ REPEAT_KV_EXTRA = (4.0, 4.0)
 SWIGLU_EXTRA = (4.0, 8.0)
 #: Per element of h: the attention output's ``.contiguous()`` copy and its gradient's.
 CONTIGUOUS_EXTRA = (4.0, 4.0)
-#: Per element of h, each eager LayerNorm: its backward's second kernel (weight and bias
-#: gradients) reads dy and x again (module table).
-LAYERNORM_EXTRA = (0.0, NORM_SECOND_PASS_BYTES)
 
 
 def eager_extra_traffic(
@@ -91,8 +92,6 @@ def eager_extra_traffic(
     if model.normalization is Normalization.RMSNORM:
         rep_fwd, rep_bwd = 2 * RMSNORM_EXTRA[0] * h, 2 * RMSNORM_EXTRA[1] * h
         kernels += 2 * 7
-    else:
-        rep_fwd, rep_bwd = 2 * LAYERNORM_EXTRA[0] * h, 2 * LAYERNORM_EXTRA[1] * h
     parts = (
         (model.position_embedding is PositionEmbedding.ROPE, ROPE_EXTRA, h + kv, 5),
         (kv < h, REPEAT_KV_EXTRA, h + kv, 2),
@@ -103,7 +102,7 @@ def eager_extra_traffic(
             split_fwd += fwd * width
             split_bwd += bwd * width
             kernels += count
-    return rank_traffic(
+    traffic = rank_traffic(
         model.seq_length * micro_batch_size,
         replicated=(rep_fwd, rep_bwd),
         split=(split_fwd, split_bwd),
@@ -111,3 +110,8 @@ def eager_extra_traffic(
         sequence_parallel=sequence_parallel,
         num_kernels=kernels,
     )
+    if model.normalization is Normalization.LAYERNORM:  # PyTorch's two-pass backward
+        traffic = traffic + norm_second_pass_traffic(
+            model, micro_batch_size=micro_batch_size, tp=tp, sequence_parallel=sequence_parallel
+        )
+    return traffic
