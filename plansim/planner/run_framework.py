@@ -219,18 +219,16 @@ def recompute_early_stop(row: RunRow, recompute: str | None, notes: list[str]) -
     if recompute not in (None, "full"):
         return False
     if is_torchtitan(row):
-        notes.append(
-            "full recompute on torchtitan: torch's checkpoint stops early (no MLP down "
-            "projection again)"
-        )
-        return True
-    if is_llm_foundry(row):
-        notes.append(
-            "full recompute on llm-foundry (activation_checkpointing_reentrant: false): "
-            "torch's checkpoint stops early (no MLP down projection again)"
-        )
-        return True
-    return False
+        framework = "torchtitan"
+    elif is_llm_foundry(row):
+        framework = "llm-foundry (activation_checkpointing_reentrant: false)"
+    else:
+        return False
+    notes.append(
+        f"full recompute on {framework}: torch's checkpoint stops early (no MLP down "
+        "projection again)"
+    )
+    return True
 
 
 def bf16_grad_modes(
