@@ -59,7 +59,11 @@ def run_plan(plan: ParallelPlan, profile: HardwareProfile, *, dtype: str) -> Par
     forward (``executed_fsdp``). The runner's ZeRO-0/1 gradient
     all-reduce runs after the last backward (``overlap_grad_reduce`` off; ``executed_dp``).
     Full recompute is torch's non-reentrant ``checkpoint_wrapper``, which stops early
-    (``ParallelPlan.recompute_early_stop``).
+    (``ParallelPlan.recompute_early_stop``). On a GPU the model's ``nn.LayerNorm`` /
+    ``nn.RMSNorm`` backward is two kernels, the weight gradients' (``GammaBetaBackward``,
+    session 29's H100 kernel profile) re-reading dy and x after the input gradient's, so
+    ``persist_layer_norm`` is off there; torch's CPU kernel computes both in one pass over
+    each row (``LayerNormBackwardKernelImpl``), so a serial-host profile keeps the plan's.
 
     Raises:
         ValidateError: ``dtype`` is not a precision plansim models, or ``profile`` has no
@@ -84,6 +88,7 @@ def run_plan(plan: ParallelPlan, profile: HardwareProfile, *, dtype: str) -> Par
         precision=precision,
         recompute_early_stop=plan.recompute is Recompute.FULL,
         gradient_accumulation_fusion=False,
+        persist_layer_norm=plan.persist_layer_norm and profile.serial_host,
         zero3_param_fetch=fetch,
         overlap_grad_reduce=plan.overlap_grad_reduce and not executes_flat_all_reduce(plan),
     )

@@ -93,9 +93,10 @@ def test_hbm_bound_gemm_moves_4_byte_operands() -> None:
 def test_validation_simulates_the_run_in_its_own_precision() -> None:
     profile = profile_with_fp32()
     assert run_plan(PLAN, profile, dtype="fp32").precision is Precision.FP32
-    # as the run executes it: autograd's unfused gradient accumulation
+    # as the run executes it: autograd's unfused gradient accumulation, and (a GPU
+    # profile) torch's two-kernel norm backward
     assert run_plan(FP32, profile, dtype="fp32") == dataclasses.replace(
-        FP32, gradient_accumulation_fusion=False
+        FP32, gradient_accumulation_fusion=False, persist_layer_norm=False
     )
     one = dataclasses.replace(PLAN, pp=1, global_batch_size=2)
     executed = run_plan(one, profile, dtype="fp32")

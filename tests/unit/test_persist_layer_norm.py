@@ -101,3 +101,19 @@ def test_plan_flag_prices_every_plan_with_the_two_pass_norm(
 ) -> None:
     one, two = _one_and_two_pass("plan", capsys, "--top", "1", "--jobs", "1")
     assert '"persist_layer_norm": false' in two and "persist_layer_norm" not in one
+
+
+def test_the_validator_twin_prices_torchs_norm_backward_by_device() -> None:
+    """``plansim validate``'s model runs torch's LayerNorm / RMSNorm: two backward kernels on a
+    GPU (the weight gradients re-read dy and x), one pass per row on a CPU."""
+    from plansim.validate.simulated import run_plan
+    from tests.unit.test_validate_framework_overhead import _profile as cpu_profile
+
+    plan = ParallelPlan(dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=2)
+    gpu, cpu = PROFILE, cpu_profile()
+    assert gpu.serial_host is False and cpu.serial_host is True
+    assert run_plan(plan, gpu, dtype="bf16").persist_layer_norm is False
+    assert run_plan(plan, cpu, dtype="bf16").persist_layer_norm is True
+    # a plan that already says two passes keeps them on either device
+    two_pass = dataclasses.replace(plan, persist_layer_norm=False)
+    assert run_plan(two_pass, cpu, dtype="bf16").persist_layer_norm is False
