@@ -10,7 +10,9 @@ from the finished events (sorted Timeline, bubble, exposed communication, comput
 time). Events = Timeline rows. Best of ``--repeat`` runs. Then one full simulation
 (costing, action lists, events, figures: ``plansim.planner.evaluate.evaluate``) of
 Llama-3 405B on 16,384 H100 (tp 8, pp 16, dp 128, gbs 2048, mbs 1; target <= 0.5 s):
-the engine simulates one pipeline replica, so the GPU count costs no events. Run:
+the engine simulates one pipeline replica, so the GPU count costs no events. Last, one
+evaluate() of GPT-3 175B with 8192 micro-batches on 16 ranks, extrapolated from two shorter
+simulations (``plansim.sim.steady_state``) and simulated whole. Run:
     .venv/bin/python benchmarks/bench_sim.py [--repeat N] [--overlap-grad-reduce]
 """
 
@@ -194,6 +196,36 @@ def main() -> None:
             f"{wall / bare:>12.1f}"
         )
     llama3_405b_step(args.repeat)
+    long_step()
+
+
+def long_step() -> None:
+    """Print one evaluate() of a step of 8192 micro-batches, extrapolated from two shorter
+    simulations (``plansim.sim.steady_state``) and simulated whole, and how far apart."""
+    model, profile = resolve_model("gpt3-175b"), load_profile("a100-sxm4-80gb")
+    plan = ParallelPlan(
+        tp=4,
+        pp=16,
+        dp=1,
+        micro_batch_size=1,
+        global_batch_size=8192,
+        sequence_parallel=True,
+        schedule=Schedule.ZB_H1,
+    )
+    timed = []
+    for whole in (False, True):
+        start = time.perf_counter()
+        outcome = evaluate(model, plan, profile, whole=whole)
+        assert isinstance(outcome, Evaluation), outcome
+        timed.append((time.perf_counter() - start, outcome))
+    (fast_s, fast), (whole_s, full) = timed
+    print(
+        f"\ngpt3-175b on 64 x a100-sxm4-80gb ({plan.label()}, {plan.num_microbatches} "
+        f"micro-batches): extrapolated from {fast.result.simulated_microbatches} micro-batches "
+        f"{fast_s:.2f} s, whole {whole_s:.2f} s; step {fast.step_time_s:.6f} vs "
+        f"{full.step_time_s:.6f} s (relative difference "
+        f"{abs(fast.step_time_s / full.step_time_s - 1):.1e})"
+    )
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ not exceptions; a feasible plan becomes an :class:`Evaluation`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from plansim.analytic.cost import build_pipeline_work
 from plansim.analytic.flops import hardware_flops_per_step, model_flops_per_step
@@ -17,10 +17,12 @@ from plansim.schedule.actions import PerRankActions
 from plansim.schedule.builders import build_actions
 from plansim.sim.engine import simulate
 from plansim.sim.result import SimResult
+from plansim.sim.steady_state import SteadyStateSizes, extrapolate, steady_state_sizes
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import check_plan_divides_model, stage_layer_counts
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan
+from plansim.specs.work import PipelineWork
 
 #: The rejection category of a plan whose worst rank needs more than the GPU's memory.
 OUT_OF_MEMORY = "out of memory"
@@ -53,7 +55,8 @@ class Evaluation:
         bubble_fraction: pipeline idle fraction measured on the simulated events.
         peak_memory_bytes: highest per-GPU peak over the pipeline ranks (simulated events).
         memory: analytic breakdown of the worst rank.
-        result: the full simulation (timeline and memory samples).
+        result: the simulation (timeline and memory samples; with many micro-batches its
+            figures extrapolated from two shorter runs, ``plansim.sim.steady_state``).
         exposed_comm_s_by_kind: communication not hidden behind compute, by kind, summed
             over the pipeline ranks (``SimResult.exposed_s_by_kind``).
         num_grad_buckets: DP gradient buckets per pipeline replica (0 unless
@@ -162,13 +165,19 @@ def evaluate(
     *,
     checked: bool = False,
     memo: Memo | None = None,
+    whole: bool = False,
 ) -> Evaluation | Rejected:
     """Check, cost and simulate ``plan``; a Rejected when it cannot run.
+
+    A step of many more micro-batches than its schedule's warm-up is simulated twice with
+    fewer and extrapolated (``plansim.sim.steady_state``: exact for the 1F1B family up to
+    rounding); ``whole`` simulates every micro-batch (for a timeline of the whole step).
 
     Args:
         checked: ``check_plan`` already passed (skip it).
         memo: a search's cache (``build_pipeline_work``'s memo; action lists are kept in it
             too, keyed by schedule, pp, m and vpp). Same results with or without it.
+        whole: simulate all ``plan.num_microbatches`` micro-batches.
 
     Raises:
         SpecError: the schedule builder does not support the plan's schedule/vpp.
@@ -177,9 +186,14 @@ def evaluate(
         rejected = check_plan(model, plan, profile, memo=memo)
         if rejected is not None:
             return rejected
-    work = build_pipeline_work(model, plan, profile, memo=memo)
-    actions = _actions(plan, memo)
-    result = simulate(actions, work)
+    sizes = None if whole else _steady_state(plan)
+    if sizes is None:
+        work = build_pipeline_work(model, plan, profile, memo=memo)
+        result = simulate(_actions(plan, memo), work)
+    else:
+        short, work = _simulated(model, _with_microbatches(plan, sizes.short), profile, memo)
+        long, _ = _simulated(model, _with_microbatches(plan, sizes.long), profile, memo)
+        result = extrapolate(short, long, repeats=sizes.repeats)
     peak = max(result.peak_memory_bytes)
     if peak > profile.hbm_capacity_bytes:
         worst_rank = result.peak_memory_bytes.index(peak)
@@ -192,6 +206,23 @@ def evaluate(
         )
     num_buckets = sum(len(stage.grad_buckets) for stage in work.stages)
     return _metrics(model, plan, profile, result, num_grad_buckets=num_buckets)
+
+
+def _steady_state(plan: ParallelPlan) -> SteadyStateSizes | None:
+    return steady_state_sizes(plan.num_microbatches, pp=plan.pp, schedule=plan.schedule)
+
+
+def _with_microbatches(plan: ParallelPlan, num_microbatches: int) -> ParallelPlan:
+    """``plan`` with a global batch of ``num_microbatches`` per pipeline."""
+    gbs = num_microbatches * plan.micro_batch_size * plan.dp
+    return replace(plan, global_batch_size=gbs)
+
+
+def _simulated(
+    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, memo: Memo | None
+) -> tuple[SimResult, PipelineWork]:
+    work = build_pipeline_work(model, plan, profile, memo=memo)
+    return simulate(_actions(plan, memo), work), work
 
 
 def _actions(plan: ParallelPlan, memo: Memo | None) -> PerRankActions:

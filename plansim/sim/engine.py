@@ -356,4 +356,10 @@ def simulate(actions: PerRankActions, work: PipelineWork) -> SimResult:
     run = _Run(actions, work)
     run.run()
     run.raise_if_stuck()
-    return summarise(run.rows, run.memory_rows, peak=run.peak, num_ranks=run.work.num_ranks)
+    return summarise(
+        run.rows,
+        run.memory_rows,
+        peak=run.peak,
+        num_ranks=run.work.num_ranks,
+        num_microbatches=work.num_microbatches,
+    )

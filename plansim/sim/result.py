@@ -33,6 +33,9 @@ class SimResult:
             in the timeline, sorted.
         compute_busy_s: per rank, seconds its compute stream runs kernels (pipeline work and
             optimizer; TP and other communication excluded).
+        simulated_microbatches: micro-batches per pipeline that ``timeline`` and ``memory``
+            cover: the step's own, or fewer where its figures were extrapolated from two
+            shorter simulations (``plansim.sim.steady_state``).
     """
 
     timeline: pd.DataFrame
@@ -46,6 +49,7 @@ class SimResult:
     num_events: int
     exposed_s_by_kind: dict[str, float] = field(default_factory=dict)
     compute_busy_s: tuple[float, ...] = ()
+    simulated_microbatches: int = 0
 
 
 def summarise(
@@ -54,9 +58,10 @@ def summarise(
     *,
     peak: Sequence[float],
     num_ranks: int,
+    num_microbatches: int = 0,
 ) -> SimResult:
     """The SimResult of a finished run: its event rows, memory samples (rank, time_s,
-    bytes) and peak memory per rank."""
+    bytes), peak memory per rank and micro-batches per pipeline."""
     timeline = tl.make_timeline(rows)
     memory = _memory_frame(memory_rows)
     work_rows = tl.pipeline_work(timeline)
@@ -77,6 +82,7 @@ def summarise(
         num_events=len(timeline),
         exposed_s_by_kind=exposure.exposed_s_by_kind,
         compute_busy_s=exposure.compute_busy_s,
+        simulated_microbatches=num_microbatches,
     )
 
 

@@ -141,7 +141,7 @@ def simulate_plan(
     """
     executed = run_plan(plan, profile, dtype=dtype)
     model = executed_model(model)
-    outcome = evaluate(model, executed, profile)
+    outcome = evaluate(model, executed, profile, whole=True)  # compared event by event
     if isinstance(outcome, Rejected):
         raise ValidateError(
             f"cannot simulate {plan.label()} in {dtype} on {profile.name}: "
