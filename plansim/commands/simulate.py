@@ -304,7 +304,8 @@ def run(args: argparse.Namespace) -> int:
     if reason is not None:
         raise SpecError(f"{model.name}: {reason}")
     recorded, lookups = recording_profile(profile)  # same prices, lookups logged
-    outcome = evaluate(model, plan, recorded, whole=True)  # the timeline of every micro-batch
+    # a trace or plot shows every micro-batch; the figures alone may come from the steady state
+    outcome = evaluate(model, plan, recorded, whole=bool(outputs))
     if isinstance(outcome, Rejected):
         for flag in outputs:
             sys.stderr.write(f"plansim: {flag} not written: the plan was rejected\n")

@@ -23,6 +23,7 @@ from plansim.report.tables import (
     step_breakdown_s,
     step_breakdown_table,
 )
+from plansim.sim.steady_state import steady_state_sizes
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan
@@ -66,6 +67,7 @@ def json_text(r: SimulateReport) -> str:
     doc["layer_forward_ms"] = 1e3 * r.layer.forward_s
     doc["layer_backward_ms"] = 1e3 * r.layer.backward_s
     doc["out_of_range_lookups"] = [dataclasses.asdict(o) for o in r.outside]
+    doc["simulated_microbatches"] = r.outcome.result.simulated_microbatches
     if r.sens is not None:
         doc["sensitivity"] = sensitivity_dict(r.sens)
     return json.dumps(doc, indent=2) + "\n"
@@ -92,10 +94,26 @@ def table_text(r: SimulateReport) -> str:
     pace = r.pace
     if pace < 1.0:
         parts.append(pace_note(profile, plan.num_gpus, pace, dtype=plan.precision.value))
+    parts.append(steady_state_note(outcome))
     parts.append(outside_text(r.outside, profile_name=profile.name))
     if r.sens is not None:
         parts.append(sensitivity_text(r.sens, profile_name=profile.name))
     return "".join(parts)
+
+
+def steady_state_note(outcome: Evaluation) -> str:
+    """One line when the figures come from two shorter simulations
+    (``plansim.sim.steady_state``; ``--trace`` or a plot simulates every micro-batch)."""
+    plan = outcome.plan
+    simulated = outcome.result.simulated_microbatches
+    sizes = steady_state_sizes(plan.num_microbatches, pp=plan.pp, schedule=plan.schedule)
+    if simulated >= plan.num_microbatches or sizes is None:
+        return ""
+    return (
+        f"\n{plan.num_microbatches} micro-batches per pipeline, extrapolated from simulations "
+        f"of {sizes.short} and {sizes.long} (past the warm-up each adds the same; --trace, "
+        "--plot or --memory-plot simulates them all)\n"
+    )
 
 
 def pace_note(profile: HardwareProfile, num_gpus: int, pace: float, *, dtype: str) -> str:

@@ -99,3 +99,24 @@ def test_plansim_simulate_keeps_every_micro_batch_in_its_trace(tmp_path) -> None
     events = json.loads(trace.read_text())["traceEvents"]
     forwards = {e["args"]["microbatch"] for e in events if e.get("name", "").startswith("F")}
     assert forwards == set(range(300))
+
+
+def test_plansim_simulate_says_when_its_figures_are_extrapolated(capsys) -> None:  # type: ignore[no-untyped-def]
+    """Without a trace or plot the step comes from the steady state, and the report says so;
+    the figures equal the whole simulation's (the JSON step time to 1e-12)."""
+    import json
+
+    argv = ["simulate", "--model", "megatron-1.7b", "--gpu", "a100-sxm4-80gb", "--gpus", "8"]
+    argv += ["--tp", "2", "--pp", "4", "--mbs", "1", "--gbs", "300"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "300 micro-batches per pipeline, extrapolated from simulations of 108 and 172" in text
+    assert main([*argv, "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["simulated_microbatches"] == 172
+    whole = evaluate(MODEL, PLANS["1f1b"], PROFILE, whole=True)
+    assert isinstance(whole, Evaluation)
+    assert doc["step_time_s"] == pytest.approx(whole.step_time_s, rel=1e-12)
+    # a run that simulates every micro-batch says nothing
+    assert main(["simulate", *argv[1:-2], "--gbs", "200"]) == 0
+    assert "extrapolated" not in capsys.readouterr().out
