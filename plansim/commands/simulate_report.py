@@ -23,7 +23,7 @@ from plansim.report.tables import (
     step_breakdown_s,
     step_breakdown_table,
 )
-from plansim.sim.steady_state import steady_state_sizes
+from plansim.sim.steady_state import plan_steady_state
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan
@@ -106,7 +106,7 @@ def steady_state_note(outcome: Evaluation) -> str:
     (``plansim.sim.steady_state``; ``--trace`` or a plot simulates every micro-batch)."""
     plan = outcome.plan
     simulated = outcome.result.simulated_microbatches
-    sizes = steady_state_sizes(plan.num_microbatches, pp=plan.pp, schedule=plan.schedule)
+    sizes = plan_steady_state(plan)
     if simulated >= plan.num_microbatches or sizes is None:
         return ""
     return (

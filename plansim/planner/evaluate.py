@@ -17,7 +17,7 @@ from plansim.schedule.actions import PerRankActions
 from plansim.schedule.builders import build_actions
 from plansim.sim.engine import simulate
 from plansim.sim.result import SimResult
-from plansim.sim.steady_state import SteadyStateSizes, extrapolate, steady_state_sizes
+from plansim.sim.steady_state import extrapolate, plan_steady_state
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import check_plan_divides_model, stage_layer_counts
 from plansim.specs.model import ModelSpec
@@ -186,10 +186,9 @@ def evaluate(
         rejected = check_plan(model, plan, profile, memo=memo)
         if rejected is not None:
             return rejected
-    sizes = None if whole else _steady_state(plan)
+    sizes = None if whole else plan_steady_state(plan)
     if sizes is None:
-        work = build_pipeline_work(model, plan, profile, memo=memo)
-        result = simulate(_actions(plan, memo), work)
+        result, work = _simulated(model, plan, profile, memo)
     else:
         short, work = _simulated(model, _with_microbatches(plan, sizes.short), profile, memo)
         long, _ = _simulated(model, _with_microbatches(plan, sizes.long), profile, memo)
@@ -206,10 +205,6 @@ def evaluate(
         )
     num_buckets = sum(len(stage.grad_buckets) for stage in work.stages)
     return _metrics(model, plan, profile, result, num_grad_buckets=num_buckets)
-
-
-def _steady_state(plan: ParallelPlan) -> SteadyStateSizes | None:
-    return steady_state_sizes(plan.num_microbatches, pp=plan.pp, schedule=plan.schedule)
 
 
 def _with_microbatches(plan: ParallelPlan, num_microbatches: int) -> ParallelPlan:

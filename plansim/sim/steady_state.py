@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plansim.sim.result import SimResult
-from plansim.specs.plan import Schedule
+from plansim.specs.plan import ParallelPlan, Schedule
 
 #: Micro-batches per pipeline rank of the window: the shorter simulation runs at least this
 #: many per rank, past the warm-up of every schedule measured (module docstring: 1F1B and
@@ -76,6 +76,11 @@ def steady_state_sizes(
     return SteadyStateSizes(
         short=short, window=window, repeats=(num_microbatches - short) // window - 1
     )
+
+
+def plan_steady_state(plan: ParallelPlan) -> SteadyStateSizes | None:
+    """:func:`steady_state_sizes` of ``plan``'s micro-batches, pipeline and schedule."""
+    return steady_state_sizes(plan.num_microbatches, pp=plan.pp, schedule=plan.schedule)
 
 
 def _affine(short: float, long: float, repeats: int) -> float:
