@@ -65,7 +65,7 @@ from plansim.io.profiles import load_profile
 from plansim.io.runs import read_runs
 from plansim.planner.run_model import row_model
 from plansim.specs.hardware import HardwareProfile
-from plansim.specs.plan import AttentionKernel, ParallelPlan, Precision
+from plansim.specs.plan import AttentionKernel, Precision, plan_from_fields
 
 #: (label, hidden size, tensor-parallel size): MPT 125M-70B (llm-foundry yamls), Llama 3 8B
 #: (NeMo), and the Megatron 22B and 175B layers of Korthikanti et al. and SC21 at tp 8.
@@ -237,7 +237,7 @@ def attention_seconds(
         Gemm(name="attn_scores", m=seq, n=seq, k=head, count=count, has_weight=False),
         Gemm(name="attn_over_v", m=seq, n=head, k=seq, count=count, has_weight=False),
     )
-    plan = ParallelPlan(
+    plan = plan_from_fields(
         dp=1,
         tp=1,
         pp=1,

@@ -33,7 +33,7 @@ from plansim.planner.evaluate import Evaluation, evaluate
 from plansim.schedule import build_actions
 from plansim.sim import SimResult, simulate
 from plansim.sim import timeline as tl
-from plansim.specs.plan import ParallelPlan, Recompute, Schedule
+from plansim.specs.plan import Recompute, Schedule, plan_from_fields
 from plansim.specs.work import P2P, GradBucket, PipelineWork, RankWork, Segment, StageWork
 
 CASES = ((16, 64), (16, 256), (64, 64), (64, 256))
@@ -130,7 +130,7 @@ def llama3_405b_step(repeat: int) -> None:
     # stage one layer fewer); equal stages of 8 layers = 128 layers, same event count.
     model = replace(resolve_model("llama3-405b"), num_layers=128)
     profile = load_profile("h100-sxm5-80gb")
-    plan = ParallelPlan(
+    plan = plan_from_fields(
         tp=8,
         pp=16,
         dp=128,
@@ -203,7 +203,7 @@ def long_step() -> None:
     """Print one evaluate() of a step of 8192 micro-batches, extrapolated from two shorter
     simulations (``plansim.sim.steady_state``) and simulated whole, and how far apart."""
     model, profile = resolve_model("gpt3-175b"), load_profile("a100-sxm4-80gb")
-    plan = ParallelPlan(
+    plan = plan_from_fields(
         tp=4,
         pp=16,
         dp=1,

@@ -52,7 +52,7 @@ from plansim.catalog import resolve_model
 from plansim.io.profiles import load_profile
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan, Recompute, Schedule
+from plansim.specs.plan import ParallelPlan, Recompute, Schedule, plan_from_fields
 from plansim.validate.compare import Comparison, compare, simulate_plan
 from plansim.validate.refit import refit
 from plansim.validate.result import MeasuredRun
@@ -188,7 +188,7 @@ def main() -> None:
     previous: HardwareProfile | None = None
     names = args.plans.split(",")
     plans = {
-        name: ParallelPlan(micro_batch_size=args.mbs, global_batch_size=args.gbs, **PLANS[name])  # type: ignore[arg-type]
+        name: plan_from_fields(micro_batch_size=args.mbs, global_batch_size=args.gbs, **PLANS[name])  # type: ignore[arg-type]
         for name in names
     }
     # Round-robin over the plans: this VM's speed drifts over seconds to minutes, so a slow

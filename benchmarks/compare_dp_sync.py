@@ -16,7 +16,6 @@ make their NICs the bottleneck by W / K. Run:
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 
 from plansim.analytic.cost import build_pipeline_work
 from plansim.catalog import resolve_model
@@ -24,7 +23,7 @@ from plansim.io.profiles import load_profile
 from plansim.planner.evaluate import Evaluation, evaluate
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import DpSync, ParallelPlan
+from plansim.specs.plan import DpSync, ParallelPlan, plan_from_fields
 
 #: (model, GPUs, tp, pp, micro-batch size, global batch size)
 CASES = (
@@ -42,13 +41,13 @@ _NOT_SYNC = ("optimizer", "ps_update", "embedding_grad_comm")
 
 
 def _variants(plan: ParallelPlan) -> dict[str, ParallelPlan]:
-    ps = replace(plan, dp_sync=DpSync.PARAMETER_SERVER)
+    ps = plan.with_fields(dp_sync=DpSync.PARAMETER_SERVER)
     return {
         "ring-z0": plan,
-        "ring-z1": replace(plan, zero_stage=1),
+        "ring-z1": plan.with_fields(zero_stage=1),
         "ps": ps,
-        "psW": replace(ps, ps_servers=plan.num_gpus),
-        "psW/4": replace(ps, ps_servers=plan.num_gpus // 4),
+        "psW": ps.with_fields(ps_servers=plan.num_gpus),
+        "psW/4": ps.with_fields(ps_servers=plan.num_gpus // 4),
     }
 
 
@@ -67,7 +66,7 @@ def main() -> None:
     args = parser.parse_args()
     profile = load_profile(args.gpu)
     names = tuple(
-        _variants(ParallelPlan(dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=1))
+        _variants(plan_from_fields(dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=1))
     )
     head = f"{'model':<14} {'GPUs':>5} {'layout':<10}" + "".join(f" {n:>8}" for n in names)
     print(f"step time (s) on {profile.name}; sync (s) below each row")
@@ -75,7 +74,7 @@ def main() -> None:
     for name, gpus, tp, pp, mbs, gbs in CASES:
         model = resolve_model(name)
         dp = gpus // (tp * pp)
-        base = ParallelPlan(
+        base = plan_from_fields(
             dp=dp, tp=tp, pp=pp, micro_batch_size=mbs, global_batch_size=gbs,
             overlap_grad_reduce=args.overlap_grad_reduce,
         )  # fmt: skip

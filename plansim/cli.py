@@ -16,7 +16,10 @@ from collections.abc import Sequence
 from plansim.errors import PlansimError
 
 #: Subcommand modules, in the order ``plansim --help`` lists them.
-COMMANDS = ("plan", "sweep", "simulate", "backtest", "calibrate", "validate", "models", "profiles")
+COMMANDS = (
+    "plan", "sweep", "simulate", "export", "backtest", "calibrate", "validate", "models",
+    "profiles",
+)  # fmt: skip
 
 
 class _Parser(argparse.ArgumentParser):

@@ -67,7 +67,7 @@ from plansim.analytic.zero_segments import sharded_traffic, with_per_step_traffi
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import stage_layer_counts
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan, Zero3ParamFetch
+from plansim.specs.plan import PLAN_FIELDS, ParallelPlan, Zero3ParamFetch
 from plansim.specs.work import P2P, GradBucket, PipelineWork, RankWork, StageWork
 
 
@@ -138,7 +138,7 @@ def _stage_work(
 #: Plan fields the work does not depend on: the schedule only orders the actions, and
 #: overlap_p2p_comm only sets ``PipelineWork.blocking_p2p``.
 _NOT_IN_WORK = ("schedule", "overlap_p2p_comm")
-_WORK_FIELDS = tuple(f for f in ParallelPlan.__dataclass_fields__ if f not in _NOT_IN_WORK)
+_WORK_FIELDS = tuple(f for f in PLAN_FIELDS if f not in _NOT_IN_WORK)
 #: Plan fields of one stage's gradient buckets (``grad_buckets``), besides first/last; the
 #: gradient dtype sets their bytes. ``tests/unit/test_work_memo.py`` checks these keys.
 _BUCKET_FIELDS = (

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from operator import attrgetter
 from typing import TypeVar
 
+from plansim.specs.plan import FIELD_PATHS
+
 T = TypeVar("T")
 
 Memo = dict[tuple[object, ...], object]
@@ -30,12 +32,17 @@ def memoised(memo: Memo | None, key: tuple[object, ...], compute: Callable[[], T
 
 
 def fields_getter(names: tuple[str, ...]) -> Callable[[object], tuple[object, ...]]:
-    """A function giving an object's values of ``names`` as a tuple, for memo keys (one C
-    call instead of a Python loop of getattr).
+    """A function giving a plan's values of the flat fields ``names``
+    (``plansim.specs.plan.PLAN_FIELDS``) as a tuple, for memo keys: one C call reading each
+    field from its group (``"tp"`` as ``plan.dims.tp``) instead of a Python loop of getattr.
 
     Raises:
-        ValueError: fewer than two names (one would give a bare value, not a tuple).
+        ValueError: fewer than two names (one would give a bare value, not a tuple), or a
+            name that is not a plan field.
     """
     if len(names) < 2:
         raise ValueError(f"fields_getter needs two or more names, got {names!r}")
-    return attrgetter(*names)
+    unknown = [name for name in names if name not in FIELD_PATHS]
+    if unknown:
+        raise ValueError(f"fields_getter: {unknown!r} are not plan fields")
+    return attrgetter(*(FIELD_PATHS[name] for name in names))

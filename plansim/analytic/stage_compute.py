@@ -22,7 +22,7 @@ from plansim.analytic.sustained import job_compute_profile
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import stage_bf16_layers, stage_layer_counts
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan
+from plansim.specs.plan import PLAN_FIELDS, ParallelPlan
 
 #: Plan fields of the per-layer and edge pass times (``layer_cost``; groups tp and cp
 #: follow from tp, cp and the profile; the gradient dtype sets the bytes of an unfused
@@ -41,7 +41,7 @@ NOT_IN_COMPUTE = (
     "offload_optimizer", "offload_param", "zero3_param_fetch", "use_torch_fsdp2", "dp_shard",
     "reshard_after_forward",
 )  # fmt: skip
-COMPUTE_FIELDS = tuple(f for f in ParallelPlan.__dataclass_fields__ if f not in NOT_IN_COMPUTE)
+COMPUTE_FIELDS = tuple(f for f in PLAN_FIELDS if f not in NOT_IN_COMPUTE)
 _pass_key = fields_getter(PASS_FIELDS)
 _compute_key = fields_getter(COMPUTE_FIELDS)
 

@@ -13,7 +13,7 @@ from plansim.analytic.memo import Memo, fields_getter, memoised
 from plansim.schedule.builders import interleaved_chunk, interleaved_warmup
 from plansim.specs.layer_split import stage_bf16_layers, stage_layer_counts
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan, Recompute, Schedule
+from plansim.specs.plan import PLAN_FIELDS, ParallelPlan, Recompute, Schedule
 
 
 def microbatches_in_flight(plan: ParallelPlan, *, rank: int) -> float:
@@ -112,9 +112,7 @@ NOT_IN_ACTIVATIONS = (
 )  # fmt: skip
 #: The memo key fields of a rank's activation pricing (every plan field outside
 #: NOT_IN_ACTIVATIONS), for this module and ``memory.transient_bytes``.
-activation_key = fields_getter(
-    tuple(f for f in ParallelPlan.__dataclass_fields__ if f not in NOT_IN_ACTIVATIONS)
-)
+activation_key = fields_getter(tuple(f for f in PLAN_FIELDS if f not in NOT_IN_ACTIVATIONS))
 
 
 def _rank_activations(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from plansim.catalog import resolve_model
 from plansim.errors import SpecError
@@ -12,20 +13,23 @@ from plansim.specs.model import ModelSpec
 from plansim.specs.plan import DdpImpl, DpSync, OffloadDevice, Precision, Recompute
 
 
-def add_model_args(parser: argparse.ArgumentParser) -> None:
-    """--model, --gpu/--profile, --gpus, --gbs, --seq-len, --precision."""
+def add_model_args(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
+    """--model, --gpu/--profile, --gpus, --gbs, --seq-len, --precision; ``required`` False
+    where a plan file may give them (the command then checks :func:`require_args`)."""
     parser.add_argument(
-        "--model", required=True, help="preset name (see 'plansim models') or a config.json path"
+        "--model",
+        required=required,
+        help="preset name (see 'plansim models') or a config.json path",
     )
     parser.add_argument(
         "--gpu",
         "--profile",
         dest="gpu",
-        required=True,
+        required=required,
         help="hardware profile name (see 'plansim profiles list') or a YAML path",
     )
-    parser.add_argument("--gpus", type=int, required=True, help="number of GPUs")
-    parser.add_argument("--gbs", type=int, required=True, help="global batch size (sequences)")
+    parser.add_argument("--gpus", type=int, required=required, help="number of GPUs")
+    parser.add_argument("--gbs", type=int, required=required, help="global batch size (sequences)")
     parser.add_argument("--seq-len", type=int, default=None, help="override sequence length")
     parser.add_argument(
         "--precision",
@@ -33,6 +37,44 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         default="bf16",
         help="matmul precision (default bf16)",
     )
+
+
+def require_args(args: argparse.Namespace, flags: tuple[str, ...], *, unless: str) -> None:
+    """Each of ``flags`` (``--tp``) must be given when ``unless`` (``--plan``) is not.
+
+    Raises:
+        SpecError: names the missing flags and the alternative.
+    """
+    missing = [flag for flag in flags if getattr(args, flag[2:].replace("-", "_")) is None]
+    if missing:
+        raise SpecError(f"the following arguments are required: {', '.join(missing)} (or {unless})")
+
+
+def plan_flag_defaults(
+    parser: argparse.ArgumentParser, *, keep: tuple[str, ...]
+) -> dict[str, tuple[Any, str]]:
+    """Destination -> (default, flag) of ``parser``'s flags that describe a plan: every
+    one but ``keep`` (outputs, formats, ``--plan`` itself), for :func:`check_no_plan_flags`."""
+    skip = {"help", "func", *keep}
+    return {
+        a.dest: (a.default, a.option_strings[0])
+        for a in parser._actions
+        if a.dest not in skip and a.option_strings
+    }
+
+
+def check_no_plan_flags(args: argparse.Namespace, defaults: dict[str, tuple[Any, str]]) -> None:
+    """With a plan file, no flag that describes a plan may be given: the file says it.
+
+    Raises:
+        SpecError: names the first such flag.
+    """
+    for dest, (default, flag) in defaults.items():
+        if getattr(args, dest, default) != default:
+            raise SpecError(
+                f"{flag} is given with --plan: the plan file sets the whole plan and what it "
+                f"was planned for; leave {flag} out (or leave out --plan)"
+            )
 
 
 def resolve(args: argparse.Namespace) -> tuple[ModelSpec, HardwareProfile]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from plansim.analytic.sustained import dtype_pace_fraction
@@ -20,6 +21,8 @@ from plansim.commands.empty_search import empty_search_lines
 from plansim.commands.plan_space import add_constraint_args, search_spaces
 from plansim.errors import SpecError, require_positive_int
 from plansim.io.outputs import check_writable
+from plansim.io.plan_file import PlanFile, write_plan_file
+from plansim.planner.evaluate import Evaluation
 from plansim.planner.lookups import out_of_range_lookups
 from plansim.planner.parallel import default_jobs
 from plansim.planner.progress import progress_bar
@@ -73,6 +76,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="OUT.png",
         help="step time vs peak memory of the simulated plans, Pareto front marked (PNG)",
     )
+    add_save_plan_args(p)
     p.add_argument(
         "--sensitivity",
         action="store_true",
@@ -208,14 +212,67 @@ def resolve_jobs(jobs: int | None) -> int:
     return int(jobs)
 
 
+def add_save_plan_args(p: argparse.ArgumentParser) -> None:
+    """--save-plan FILE and --rank N (which ranked plan it writes)."""
+    p.add_argument(
+        "--save-plan",
+        metavar="PLAN.yaml",
+        help="write the chosen plan as a plan file (for 'plansim simulate --plan', "
+        "'plansim validate --plan' and 'plansim export')",
+    )
+    p.add_argument(
+        "--rank",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --save-plan: the plan of rank N in the table (default 1, the best)",
+    )
+
+
+def save_ranked_plan(
+    path: Path, ranked: Sequence[Evaluation], *, rank: int, args: argparse.Namespace
+) -> None:
+    """Write the plan of ``rank`` (1 = best) with its predicted figures; noted on stderr.
+
+    Raises:
+        SpecError: fewer than ``rank`` plans are ranked (the search keeps --top of them).
+    """
+    if rank > len(ranked):
+        raise SpecError(
+            f"--rank {rank}: the search ranked {len(ranked)} plan(s) (it keeps --top, "
+            f"{args.top}); give a rank from 1 to {len(ranked)}"
+            if ranked
+            else f"--save-plan: no feasible plan to save (--rank {rank})"
+        )
+    ev = ranked[rank - 1]
+    prediction = {
+        "step_time_s": round(ev.step_time_s, 6),
+        "tokens_per_s": round(ev.tokens_per_s, 3),
+        "mfu": round(ev.mfu, 6),
+        "peak_memory_gib": round(bytes_to_gib(ev.peak_memory_bytes), 3),
+    }
+    plan_file = PlanFile(
+        plan=ev.plan,
+        model=args.model,
+        gpu=args.gpu,
+        num_gpus=args.gpus,
+        seq_length=args.seq_len,
+        prediction=prediction,
+    )
+    write_plan_file(path, plan_file, label="--save-plan")
+    sys.stderr.write(f"plansim: wrote plan of rank {rank} ({ev.plan.label()}) to {path}\n")
+
+
 def _check_args(args: argparse.Namespace) -> None:
     """The flags' own checks, before any work.
 
     Raises:
         SpecError: a count is not a positive integer, or two flags exclude each other.
     """
-    for name in ("gpus", "gbs", "top"):
+    for name in ("gpus", "gbs", "top", "rank"):
         require_positive_int(f"--{name}", getattr(args, name))
+    if args.rank != 1 and not args.save_plan:
+        raise SpecError(f"--rank {args.rank} says which plan --save-plan writes: give --save-plan")
     if args.simulate_top is not None:
         require_positive_int("--simulate-top", args.simulate_top)
         if args.exhaustive:
@@ -232,6 +289,7 @@ def run(args: argparse.Namespace) -> int:
     _check_args(args)
     jobs = resolve_jobs(args.jobs)
     plot = check_writable(args.plot, label="--plot") if args.plot else None
+    saved = check_writable(args.save_plan, label="--save-plan") if args.save_plan else None
     model, profile = resolve(args)
     unconstrained, space = search_spaces(args, model, profile)
     result = search(
@@ -248,6 +306,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if plot is not None:
         _write_pareto(plot, result, args=args, model=model, profile=profile)
+    if saved is not None:
+        save_ranked_plan(saved, result.ranked[: args.top], rank=args.rank, args=args)
     out = sys.stdout
     leading = result.ranked[: min(args.top, ROBUSTNESS_PLANS)]
     trust = ranking_trust(model, leading, profile) if args.sensitivity and leading else None

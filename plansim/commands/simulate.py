@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from plansim.analytic.layer_timing import layer_wall_times
+from plansim.catalog import resolve_model
 from plansim.commands.common import (
     add_bf16_layer_args,
     add_dp_sync_args,
@@ -17,17 +18,24 @@ from plansim.commands.common import (
     add_pipeline_split_args,
     add_recompute_args,
     bf16_layers_from_args,
+    check_no_plan_flags,
     dp_syncs_from_args,
+    plan_flag_defaults,
+    require_args,
     resolve,
 )
 from plansim.commands.simulate_report import SimulateReport, json_text, rejected_text, table_text
 from plansim.errors import SpecError, require_positive_int
 from plansim.io.outputs import check_writable
+from plansim.io.plan_file import read_plan_file
+from plansim.io.profiles import load_profile
 from plansim.planner.evaluate import Evaluation, Rejected, evaluate
 from plansim.planner.lookups import out_of_range, recording_profile
 from plansim.planner.sensitivity import sensitivity
 from plansim.report.trace import chrome_trace, write_trace
+from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import check_plan_divides_model
+from plansim.specs.model import ModelSpec
 from plansim.specs.plan import (
     AttentionKernel,
     DdpImpl,
@@ -37,6 +45,7 @@ from plansim.specs.plan import (
     Recompute,
     Schedule,
     Zero3ParamFetch,
+    plan_from_fields,
 )
 
 
@@ -44,7 +53,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     """Register ``plansim simulate``: its flags in groups (layout, overlap, framework
     behaviour, ZeRO-3, outputs) so ``--help`` reads by topic."""
     p = sub.add_parser("simulate", help="simulate one plan", description=__doc__)
-    add_model_args(p)
+    p.add_argument(
+        "--plan",
+        metavar="PLAN.yaml",
+        help="simulate the plan of a plan file ('plansim plan --save-plan'): it gives the "
+        "model, GPUs and every plan field, so no layout flag goes with it (--gpu may "
+        "price it on another profile)",
+    )
+    add_model_args(p, required=False)
     _add_layout_args(p.add_argument_group("layout"))
     add_recompute_args(p)
     p.add_argument("--sequence-parallel", action="store_true", help="Megatron SP (tp > 1)")
@@ -74,13 +90,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     out.add_argument("--plot", metavar="OUT.png", help="pipeline Gantt chart (PNG)")
     out.add_argument("--memory-plot", metavar="OUT.png", help="memory over time per rank (PNG)")
-    p.set_defaults(func=run)
+    keep = ("plan", "gpu", "format", "sensitivity", "trace", "plot", "memory_plot")
+    p.set_defaults(func=run, plan_flag_defaults=plan_flag_defaults(p, keep=keep))
 
 
 def _add_layout_args(g: argparse._ArgumentGroup) -> None:
     """--tp, --pp, --dp, --cp, --vpp, --mbs, --zero."""
-    g.add_argument("--tp", type=int, required=True, help="tensor-parallel size")
-    g.add_argument("--pp", type=int, required=True, help="pipeline-parallel size")
+    g.add_argument("--tp", type=int, help="tensor-parallel size (required without --plan)")
+    g.add_argument("--pp", type=int, help="pipeline-parallel size (required without --plan)")
     g.add_argument("--dp", type=int, default=None, help="data-parallel size (default: derived)")
     g.add_argument(
         "--cp",
@@ -96,7 +113,7 @@ def _add_layout_args(g: argparse._ArgumentGroup) -> None:
         help="virtual pipeline stages (model chunks) per rank; > 1 needs "
         f"--schedule {Schedule.INTERLEAVED_1F1B.value}",
     )
-    g.add_argument("--mbs", type=int, required=True, help="micro-batch size (sequences)")
+    g.add_argument("--mbs", type=int, help="micro-batch size (required without --plan)")
     g.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 (default 0)")
 
 
@@ -203,7 +220,7 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
     dp = _data_parallel_size(args)
     fetch = _zero3_fetch(args)
     bf16_start, bf16_end = bf16_layers_from_args(args)
-    return ParallelPlan(
+    return plan_from_fields(
         dp=dp,
         tp=args.tp,
         pp=args.pp,
@@ -244,6 +261,29 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
         num_layers_at_start_in_bf16=bf16_start,
         num_layers_at_end_in_bf16=bf16_end,
     )
+
+
+#: Flags a simulation needs when no plan file gives them.
+REQUIRED_FLAGS = ("--model", "--gpu", "--gpus", "--gbs", "--tp", "--pp", "--mbs")
+
+
+def plan_and_context(args: argparse.Namespace) -> tuple[ParallelPlan, ModelSpec, HardwareProfile]:
+    """The plan, model and profile: from ``--plan`` (``--gpu`` may replace the file's
+    profile) or from the flags (:func:`plan_from_args`).
+
+    Raises:
+        SpecError: a required flag is missing without --plan, or a plan flag is given with it.
+        InputFileError: the plan file is unreadable or invalid (names the file and key).
+    """
+    if args.plan is None:
+        require_args(args, REQUIRED_FLAGS, unless="--plan")
+        plan = plan_from_args(args)
+        model, profile = resolve(args)
+        return plan, model, profile
+    check_no_plan_flags(args, args.plan_flag_defaults)
+    plan_file = read_plan_file(args.plan)
+    model = resolve_model(plan_file.model, seq_length=plan_file.seq_length)
+    return plan_file.plan, model, load_profile(args.gpu or plan_file.gpu)
 
 
 def _data_parallel_size(args: argparse.Namespace) -> int:
@@ -291,9 +331,8 @@ def run(args: argparse.Namespace) -> int:
             pp * vpp, heads over tp, the sequence over 2 * cp): a usage error (exit 2), not
             an infeasible plan.
     """
-    plan = plan_from_args(args)
+    plan, model, profile = plan_and_context(args)
     outputs = _outputs(args)
-    model, profile = resolve(args)
     reason = check_plan_divides_model(
         plan,
         num_layers=model.num_layers,

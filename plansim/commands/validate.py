@@ -25,9 +25,16 @@ from typing import Any
 import pandas as pd
 
 from plansim.catalog import resolve_model
-from plansim.commands.common import add_pipeline_split_args, add_recompute_args
+from plansim.commands.common import (
+    add_pipeline_split_args,
+    add_recompute_args,
+    check_no_plan_flags,
+    plan_flag_defaults,
+    require_args,
+)
 from plansim.errors import SpecError, require_positive, require_positive_int
 from plansim.io.outputs import check_writable, write_json_atomic, write_text_atomic
+from plansim.io.plan_file import read_plan_file
 from plansim.io.profiles import load_profile, write_profile
 from plansim.planner.lookups import OutOfRange, out_of_range, recording_profile
 from plansim.report.sensitivity_table import outside_text
@@ -35,7 +42,14 @@ from plansim.report.trace import chrome_trace, write_trace
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import check_plan_divides_model
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan, Precision, Recompute, Schedule
+from plansim.specs.plan import (
+    PLAN_FIELDS,
+    ParallelPlan,
+    Precision,
+    Recompute,
+    Schedule,
+    plan_from_fields,
+)
 from plansim.validate.compare import (
     Comparison,
     compare,
@@ -55,7 +69,14 @@ BACKENDS = {"gloo": "cpu", "nccl": "cuda"}
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``plansim validate``."""
     p = sub.add_parser("validate", help="run a plan for real and compare", description=__doc__)
-    p.add_argument("--model", required=True, help="preset name or a config.json path")
+    p.add_argument(
+        "--plan",
+        metavar="PLAN.yaml",
+        help="run the plan of a plan file ('plansim plan --save-plan'): it gives the model, "
+        "the layout and the dtype (--nproc = its GPUs); no layout flag goes with it, the "
+        "model-scaling flags and --profile may",
+    )
+    p.add_argument("--model", help="preset name or a config.json path (required without --plan)")
     scale = p.add_argument_group("model scaling (the report says what was run)")
     scale.add_argument("--num-layers", type=int, help="layers to run instead of the model's")
     scale.add_argument(
@@ -64,12 +85,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     scale.add_argument("--num-heads", type=int, help="attention heads (and KV groups) to run")
     scale.add_argument("--seq-len", type=int, help="sequence length to run")
     scale.add_argument("--vocab-size", type=int, help="vocabulary size to run")
-    p.add_argument("--tp", type=int, required=True, help="tensor-parallel size")
-    p.add_argument("--pp", type=int, required=True, help="pipeline-parallel size")
+    p.add_argument("--tp", type=int, help="tensor-parallel size")
+    p.add_argument("--pp", type=int, help="pipeline-parallel size")
     p.add_argument("--dp", type=int, default=None, help="data-parallel size (default: derived)")
     p.add_argument("--vpp", type=int, default=1, help="model chunks per pipeline rank")
-    p.add_argument("--mbs", type=int, required=True, help="micro-batch size (sequences)")
-    p.add_argument("--gbs", type=int, required=True, help="global batch size (sequences)")
+    p.add_argument("--mbs", type=int, help="micro-batch size (sequences)")
+    p.add_argument("--gbs", type=int, help="global batch size (sequences)")
     p.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 (default 0)")
     p.add_argument(
         "--dp-shard",
@@ -83,13 +104,16 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--schedule", choices=[s.value for s in Schedule], default="1f1b")
     add_pipeline_split_args(p)
     p.add_argument("--backend", choices=list(BACKENDS), required=True, help="gloo (CPU), nccl")
-    p.add_argument("--nproc", type=int, required=True, help="processes = tp * pp * dp")
-    p.add_argument("--profile", required=True, help="hardware profile name or YAML path")
+    p.add_argument("--nproc", type=int, help="processes = tp * pp * dp")
+    p.add_argument(
+        "--profile", help="hardware profile name or YAML path (default with --plan: its gpu)"
+    )
     p.add_argument(
         "--dtype",
         choices=RUN_DTYPES,
-        default="fp32",
-        help="run dtype: fp32, or bf16 mixed precision (Megatron-LM's fp32 master weights and "
+        default=None,
+        help="run dtype (default fp32; with --plan its precision): fp32, or bf16 mixed "
+        "precision (Megatron-LM's fp32 master weights and "
         "main gradients; FSDP2's MixedPrecisionPolicy for ZeRO-2/3; not ZeRO-1)",
     )
     p.add_argument("--steps", type=int, default=3, help="measured steps (default 3)")
@@ -102,7 +126,69 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         action="store_true",
         help="refit the profile from the run, write it back (atomically), report the new error",
     )
-    p.set_defaults(func=run)
+    keep = (
+        "plan", "backend", "profile", "steps", "warmup_steps", "timeout", "seed", "out",
+        "update_profile", "num_layers", "hidden_size", "num_heads", "seq_len", "vocab_size",
+    )  # fmt: skip
+    p.set_defaults(func=run, plan_flag_defaults=plan_flag_defaults(p, keep=keep))
+
+
+#: Flags a validation needs when no plan file gives them.
+REQUIRED_FLAGS = ("--model", "--tp", "--pp", "--mbs", "--gbs", "--nproc", "--profile")
+#: Plan fields the validator runs as the plan says (``plan_from_args``); it runs the others
+#: as torch does (``plansim.validate.simulated.run_plan`` prices that run).
+VALIDATED_FIELDS = (
+    "dp", "tp", "pp", "vpp", "micro_batch_size", "global_batch_size", "zero_stage", "dp_shard",
+    "recompute", "recompute_num_layers", "sequence_parallel", "schedule", "precision",
+    "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+    "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+)  # fmt: skip
+
+
+def apply_plan_file(args: argparse.Namespace) -> ParallelPlan | None:
+    """With ``--plan``: fill the flags the file gives (model, sequence length, profile,
+    dtype, --nproc) into ``args`` and return the plan of the fields the validator runs
+    (:data:`VALIDATED_FIELDS`), saying on stderr which other fields differ from what it runs.
+    Without: check the required flags and return None.
+
+    Raises:
+        SpecError: a required flag is missing without --plan, a layout flag is given with it,
+            or the file's precision is not a run dtype.
+        InputFileError: the plan file is unreadable or invalid.
+    """
+    if args.plan is None:
+        require_args(args, REQUIRED_FLAGS, unless="--plan")
+        args.dtype = args.dtype or "fp32"
+        return None
+    check_no_plan_flags(args, args.plan_flag_defaults)
+    plan_file = read_plan_file(args.plan)
+    planned = plan_file.plan
+    if planned.precision.value not in RUN_DTYPES:
+        raise SpecError(
+            f"{args.plan}: plan precision {planned.precision.value} cannot be run by the "
+            f"validator; it runs {', '.join(RUN_DTYPES)}"
+        )
+    args.model, args.dtype, args.nproc = plan_file.model, planned.precision.value, planned.num_gpus
+    args.seq_len = args.seq_len or plan_file.seq_length
+    args.profile = args.profile or plan_file.gpu
+    args.tp = planned.tp  # the model scaling rounds the MLP width to it
+    plan = plan_from_fields(**{name: getattr(planned, name) for name in VALIDATED_FIELDS})
+    others = [
+        f"{name}={_shown(getattr(planned, name))}"
+        for name in PLAN_FIELDS
+        if getattr(planned, name) != getattr(plan, name)
+    ]
+    if others:
+        sys.stderr.write(
+            "plansim: the validator runs these planned fields as torch does (the simulation "
+            f"it compares with prices that run): {', '.join(others)}\n"
+        )
+    return plan
+
+
+def _shown(value: object) -> object:
+    """An enum as its value."""
+    return getattr(value, "value", value)
 
 
 def scaled_model(args: argparse.Namespace) -> ModelSpec:
@@ -163,7 +249,7 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
             f"--nproc({args.nproc}) must equal tp({args.tp}) * pp({args.pp}) * dp({dp}) = "
             f"{model_parallel * dp}"
         )
-    return ParallelPlan(
+    return plan_from_fields(
         dp=dp,
         tp=args.tp,
         pp=args.pp,
@@ -203,7 +289,7 @@ def run(args: argparse.Namespace) -> int:
         PlansimError: bad flags, unknown model or profile, a plan the profile rejects, or a
             failed run (``ValidateError`` naming the rank and the error).
     """
-    plan = plan_from_args(args)
+    plan = apply_plan_file(args) or plan_from_args(args)
     check_dtype_supported(args.dtype, plan)
     model = scaled_model(args)
     reason = check_plan_divides_model(

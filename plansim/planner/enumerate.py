@@ -18,22 +18,33 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from itertools import product
+from typing import TypeVar
 
 from plansim.planner.hsdp import dp_shard_options
 from plansim.planner.space import SearchSpace as SearchSpace  # re-exported
 from plansim.specs.layer_split import uneven_split_fields
 from plansim.specs.plan import (
     AttentionKernel,
+    BatchOptions,
     DpSync,
+    ExecutionSpec,
+    MixedPrecisionOptions,
     OffloadDevice,
+    OverlapOptions,
+    ParallelDims,
     ParallelPlan,
+    PipelineOptions,
     Precision,
     Recompute,
+    RecomputeOptions,
     Schedule,
+    ShardingOptions,
     Zero3ParamFetch,
     offload_devices,
 )
-from plansim.specs.plan_enums import PER_LAYER_FETCH
+from plansim.specs.sharding import PER_LAYER_FETCH
+
+_G = TypeVar("_G")
 
 
 def divisors(n: int) -> list[int]:
@@ -131,6 +142,7 @@ def enumerate_plan_groups(
     """:func:`enumerate_plans` (same plans, same order) in groups of plans that differ only
     in the overlap flags (``overlap_p2p_comm``, ``overlap_grad_reduce``, ``overlap_param_gather``;
     not ``grad_reduce_in_bf16``), which neither divisibility nor memory depends on."""
+    groups = _Groups(space)
     for layout in layouts(num_gpus, space):
         dp = layout.dp
         if global_batch_size % dp:
@@ -143,6 +155,9 @@ def enumerate_plan_groups(
         for mbs in mbs_values:
             if global_batch_size % (mbs * dp):
                 continue
+            batch = groups.get(
+                BatchOptions, micro_batch_size=mbs, global_batch_size=global_batch_size
+            )
             for vpp in vpps:
                 split = (
                     uneven_split_fields(num_layers, pp=layout.pp, vpp=vpp)
@@ -153,9 +168,7 @@ def enumerate_plan_groups(
                 # the layers do not split over: it is rejected whatever its recompute)
                 splits = num_layers is not None and (num_layers % (layout.pp * vpp) == 0 or split)
                 chunk = -(-num_layers // (layout.pp * vpp)) if splits and num_layers else 0
-                yield from _knobs(
-                    layout, mbs, vpp, global_batch_size, space, split=split or {}, chunk=chunk
-                )
+                yield from _knobs(layout, batch, vpp, groups, split=split or {}, chunk=chunk)
 
 
 def _sp_modes(space: SearchSpace, *, tp: int) -> list[tuple[bool, bool]]:
@@ -179,35 +192,85 @@ def _schedules(pp: int, vpp: int, num_microbatches: int, space: SearchSpace) -> 
     ]
 
 
+class _Groups:
+    """The option groups of one enumeration, each built (and validated) once per distinct
+    value and shared by every plan that has it: a search builds ~150K plans from a few
+    hundred groups."""
+
+    def __init__(self, space: SearchSpace) -> None:
+        self.space = space
+        self.execution = ExecutionSpec(
+            framework=space.framework,
+            attention=space.attention,
+            gradient_accumulation_fusion=space.gradient_accumulation_fusion,
+            fused_elementwise=space.fused_elementwise,
+            persist_layer_norm=space.persist_layer_norm,
+            scatter_gather_p2p=space.scatter_gather_p2p,
+            ddp_impl=space.ddp_impl,
+        )
+        self._cache: dict[tuple[object, ...], object] = {}
+
+    def get(self, cls: type[_G], **fields: object) -> _G:
+        """The ``cls`` group of these field values (the same instance each time)."""
+        key = (cls, *fields.values())
+        group = self._cache.get(key)
+        if group is None:
+            group = self._cache[key] = cls(**fields)
+        return group  # type: ignore[return-value]
+
+    def mixed_precision(self, grad_reduce_in_bf16: bool) -> MixedPrecisionOptions:
+        """The space's precision and bf16 edge layers with this gradient-reduction dtype."""
+        return self.get(
+            MixedPrecisionOptions,
+            precision=self.space.precision,
+            grad_reduce_in_bf16=grad_reduce_in_bf16,
+            num_layers_at_start_in_bf16=self.space.bf16_layers[0],
+            num_layers_at_end_in_bf16=self.space.bf16_layers[1],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Zero:
+    """One ZeRO mode of a layout: stage, DP synchronisation, offload devices, fetch."""
+
+    zero_stage: int
+    dp_sync: DpSync
+    ps_servers: int
+    offload_optimizer: OffloadDevice
+    offload_param: OffloadDevice
+    zero3_param_fetch: Zero3ParamFetch
+    use_torch_fsdp2: bool
+
+
 def _knobs(
     layout: Layout,
-    mbs: int,
+    batch: BatchOptions,
     vpp: int,
-    gbs: int,
-    space: SearchSpace,
+    groups: _Groups,
     *,
     split: dict[str, object],
     chunk: int = 0,
 ) -> Iterator[tuple[ParallelPlan, ...]]:
-    """Plans of one (layout, mbs, vpp) grouped by overlap flags; ``split``: the plan fields
-    of an uneven pipeline split (``uneven_split_fields``), empty for an even one; ``chunk``:
-    the layers of a model chunk (0: unknown), for the block-recompute options."""
+    """Plans of one (layout, micro-batch, vpp) grouped by overlap flags; ``split``: the plan
+    fields of an uneven pipeline split (``uneven_split_fields``), empty for an even one;
+    ``chunk``: the layers of a model chunk (0: unknown), for the block-recompute options."""
+    space = groups.space
     dp_cp = layout.dp * layout.cp  # ranks that reduce gradients and shard ZeRO states together
-    schedules = _schedules(layout.pp, vpp, gbs // (mbs * layout.dp), space)
+    m = batch.global_batch_size // (batch.micro_batch_size * layout.dp)
+    schedules = _schedules(layout.pp, vpp, m, space)
     fetch = _fetch(space, pp=layout.pp)
-    base = _fixed_fields(layout, mbs, vpp, gbs, space) | split
     for zero, dp_sync, opt_dev, param_dev in _zero_modes(space, dp_cp=dp_cp):
-        sharding = base | {
-            "zero_stage": zero,
-            "dp_sync": dp_sync,
-            "ps_servers": space.ps_servers if dp_sync is DpSync.PARAMETER_SERVER else 0,
-            "offload_optimizer": opt_dev,
-            "offload_param": param_dev,
-            "zero3_param_fetch": fetch,
-            "use_torch_fsdp2": space.use_torch_fsdp2
+        mode = _Zero(
+            zero_stage=zero,
+            dp_sync=dp_sync,
+            ps_servers=space.ps_servers if dp_sync is DpSync.PARAMETER_SERVER else 0,
+            offload_optimizer=opt_dev,
+            offload_param=param_dev,
+            zero3_param_fetch=fetch,
+            use_torch_fsdp2=space.use_torch_fsdp2
             and zero == 3
             and opt_dev is param_dev is OffloadDevice.NONE,
-        }
+        )
         shards = dp_shard_options(
             space.hsdp_shard_gpus,
             tp=layout.tp,
@@ -218,27 +281,34 @@ def _knobs(
             fetch=fetch,
             only=space.hsdp_only,
         )
-        comm = list(_comm_modes(schedules, space, dp_cp=dp_cp, zero=zero))
+        comm = [
+            (groups.get(PipelineOptions, schedule=schedule, **split), flags)
+            for schedule, flags in _comm_modes(schedules, space, dp_cp=dp_cp, zero=zero)
+        ]
         reshards = _reshard_modes(space, zero=zero, offload=(opt_dev, param_dev), fetch=fetch)
         yield from _recompute_groups(
-            sharding, space, tp=layout.tp, chunk=chunk, shards=shards, comm=comm, reshards=reshards
-        )
+            layout, vpp, batch, mode, groups, chunk=chunk, shards=shards, comm=comm,
+            reshards=reshards,
+        )  # fmt: skip
 
 
 def _recompute_groups(
-    sharding: dict[str, object],
-    space: SearchSpace,
+    layout: Layout,
+    vpp: int,
+    batch: BatchOptions,
+    mode: _Zero,
+    groups: _Groups,
     *,
-    tp: int,
     chunk: int,
     shards: tuple[int | None, ...],
-    comm: list[tuple[Schedule, list[tuple[bool, bool, bool]]]],
+    comm: list[tuple[PipelineOptions, list[tuple[bool, bool, bool]]]],
     reshards: tuple[bool, ...],
 ) -> Iterator[tuple[ParallelPlan, ...]]:
-    """The plan groups of one ZeRO mode (``sharding``: its fields): each recompute mode and
-    hybrid-shard option, SP mode, schedule with its overlap flags (``comm``), bf16-gradient
-    choice and reshard choice."""
-    bf16_modes = _bf16_grad_modes(space)  # gradient memory differs: not one group
+    """The plan groups of one ZeRO mode: each recompute mode and hybrid-shard option, SP
+    mode, schedule with its overlap flags (``comm``), bf16-gradient choice and reshard
+    choice."""
+    space = groups.space
+    bf16_modes = [groups.mixed_precision(b) for b in _bf16_grad_modes(space)]
     for (recompute, block), shard in product(_recompute_modes(space, chunk=chunk), shards):
         if (
             recompute is Recompute.SELECTIVE
@@ -246,55 +316,51 @@ def _recompute_groups(
             and Recompute.NONE in space.recomputes
         ):
             continue  # FlashAttention stores no s x s scores: selective ~ none, but slower
-        fixed = sharding | {
-            "recompute": recompute,
-            "recompute_num_layers": block,
-            "recompute_early_stop": space.recompute_early_stop and recompute is Recompute.FULL,
-            "dp_shard": shard,
-        }
-        for sp, tp_overlap in _sp_modes(space, tp=tp):
-            for (schedule, flags), bf16_grads, reshard in product(comm, bf16_modes, reshards):
-                fields = fixed | {
-                    "sequence_parallel": sp,
-                    "tp_comm_overlap": tp_overlap,
-                    "schedule": schedule,
-                    "grad_reduce_in_bf16": bf16_grads,
-                    "reshard_after_forward": reshard,
-                }
+        recomputation = groups.get(
+            RecomputeOptions,
+            recompute=recompute,
+            recompute_num_layers=block,
+            recompute_early_stop=space.recompute_early_stop and recompute is Recompute.FULL,
+        )
+        shardings = [
+            groups.get(ShardingOptions, dp_shard=shard, reshard_after_forward=r, **_fields(mode))
+            for r in reshards
+        ]
+        for sp, tp_overlap in _sp_modes(space, tp=layout.tp):
+            dims = groups.get(
+                ParallelDims,
+                dp=layout.dp,
+                tp=layout.tp,
+                pp=layout.pp,
+                cp=layout.cp,
+                vpp=vpp,
+                sequence_parallel=sp,
+            )
+            for (pipeline, flags), mixed, sharding in product(comm, bf16_modes, shardings):
                 yield tuple(
                     ParallelPlan(
-                        overlap_p2p_comm=overlap,
-                        overlap_grad_reduce=grad,
-                        overlap_param_gather=param,
-                        **fields,  # type: ignore[arg-type]
+                        dims=dims,
+                        batch=batch,
+                        sharding=sharding,
+                        recomputation=recomputation,
+                        pipeline=pipeline,
+                        overlap=groups.get(
+                            OverlapOptions,
+                            overlap_p2p_comm=overlap,
+                            tp_comm_overlap=tp_overlap,
+                            overlap_grad_reduce=grad,
+                            overlap_param_gather=param,
+                        ),
+                        mixed_precision=mixed,
+                        execution=groups.execution,
                     )
                     for overlap, grad, param in flags
                 )
 
 
-def _fixed_fields(
-    layout: Layout, mbs: int, vpp: int, gbs: int, space: SearchSpace
-) -> dict[str, object]:
-    """The plan fields every plan of one (layout, mbs, vpp) shares: sizes, and the space's
-    fixed choices (precision, attention kernel, framework flags, bf16 edge layers)."""
-    return {
-        "dp": layout.dp,
-        "tp": layout.tp,
-        "pp": layout.pp,
-        "cp": layout.cp,
-        "vpp": vpp,
-        "micro_batch_size": mbs,
-        "global_batch_size": gbs,
-        "precision": space.precision,
-        "attention": space.attention,
-        "gradient_accumulation_fusion": space.gradient_accumulation_fusion,
-        "fused_elementwise": space.fused_elementwise,
-        "persist_layer_norm": space.persist_layer_norm,
-        "scatter_gather_p2p": space.scatter_gather_p2p,
-        "ddp_impl": space.ddp_impl,
-        "num_layers_at_start_in_bf16": space.bf16_layers[0],
-        "num_layers_at_end_in_bf16": space.bf16_layers[1],
-    }
+def _fields(mode: _Zero) -> dict[str, object]:
+    """A ZeRO mode's ShardingOptions fields."""
+    return {name: getattr(mode, name) for name in _Zero.__dataclass_fields__}
 
 
 def _recompute_modes(space: SearchSpace, *, chunk: int) -> Iterator[tuple[Recompute, int | None]]:

@@ -6,7 +6,7 @@ not exceptions; a feasible plan becomes an :class:`Evaluation`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from plansim.analytic.cost import build_pipeline_work
 from plansim.analytic.flops import hardware_flops_per_step, model_flops_per_step
@@ -210,7 +210,7 @@ def evaluate(
 def _with_microbatches(plan: ParallelPlan, num_microbatches: int) -> ParallelPlan:
     """``plan`` with a global batch of ``num_microbatches`` per pipeline."""
     gbs = num_microbatches * plan.micro_batch_size * plan.dp
-    return replace(plan, global_batch_size=gbs)
+    return plan.with_fields(global_batch_size=gbs)
 
 
 def _simulated(

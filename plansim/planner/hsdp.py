@@ -11,7 +11,7 @@ gathers stay on the scale-up fabric and only the gradient shards cross nodes.
 from __future__ import annotations
 
 from plansim.specs.plan import OffloadDevice, Zero3ParamFetch
-from plansim.specs.plan_checks import hsdp_problems
+from plansim.specs.sharding import hsdp_problems
 
 
 def dp_shard_options(
@@ -28,7 +28,7 @@ def dp_shard_options(
     """``dp_shard`` values to try: None (shard over all dp * cp ranks) and, when
     ``shard_gpus`` is given (e.g. the GPUs of one node), the hybrid sharding whose shard
     group spans that many GPUs, dp_shard = shard_gpus / (tp * cp), where the plan checks
-    allow it (``plan_checks.hsdp_problems``: ZeRO 1-3, a divisor of dp below it, a shard
+    allow it (``sharding.hsdp_problems``: ZeRO 1-3, a divisor of dp below it, a shard
     group of at least 2 ranks, no offload or per-tensor-sync fetch; for ZeRO-1/2 it is
     Megatron-core's partial distributed optimizer). ``only``: the hybrid value alone where
     it fits (a run stated as hybrid-sharded), else None alone.

@@ -19,16 +19,15 @@ from operator import attrgetter
 from typing import overload
 
 from plansim.planner.evaluate import OUT_OF_MEMORY, Rejected
-from plansim.specs.plan import ParallelPlan
+from plansim.specs.plan import FIELD_PATHS, PLAN_FIELDS, ParallelPlan, plan_from_fields
 
-#: ParallelPlan's fields, in order: a plan's row values.
-PLAN_FIELDS = tuple(ParallelPlan.__dataclass_fields__)
-plan_values = attrgetter(*PLAN_FIELDS)
+#: A plan's row values: its flat fields (``PLAN_FIELDS``), in order.
+plan_values = attrgetter(*(FIELD_PATHS[name] for name in PLAN_FIELDS))
 
 
 def plan_from_values(values: tuple[object, ...]) -> ParallelPlan:
     """The plan whose :data:`plan_values` are ``values`` (validated as any plan)."""
-    return ParallelPlan(**dict(zip(PLAN_FIELDS, values, strict=True)))  # type: ignore[arg-type]
+    return plan_from_fields(**dict(zip(PLAN_FIELDS, values, strict=True)))
 
 
 @dataclass(slots=True)

@@ -27,7 +27,7 @@ from plansim.planner.run_model import Skip
 from plansim.planner.space import SearchSpace
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan
+from plansim.specs.plan import ParallelPlan, plan_from_fields
 
 #: Status of a row predicted from its per-layer timings alone (no step time).
 PER_LAYER = "per-layer"
@@ -142,7 +142,7 @@ def stated_layer_plan(row: RunRow, space: SearchSpace, notes: list[str]) -> Para
     if not gpus or gpus % (tp * cp * pp):
         raise Skip(f"num_gpus {gpus} is not a multiple of tp x cp x pp = {tp * cp * pp}")
     dp = gpus // (tp * cp * pp)
-    return ParallelPlan(
+    return plan_from_fields(
         dp=dp,
         tp=tp,
         pp=pp,
@@ -155,4 +155,5 @@ def stated_layer_plan(row: RunRow, space: SearchSpace, notes: list[str]) -> Para
         attention=space.attention,
         gradient_accumulation_fusion=space.gradient_accumulation_fusion,
         fused_elementwise=space.fused_elementwise,
+        framework=space.framework,
     )

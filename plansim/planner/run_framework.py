@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 
 from plansim.io.runs import RunRow
-from plansim.specs.plan import Zero3ParamFetch
+from plansim.specs.plan import Framework, Zero3ParamFetch
 
 #: Megatron-LM's uneven pipeline split (``--decoder-first/last-pipeline-num-layers``) came
 #: after mid-2024 (NVIDIA/Megatron-LM issue #857, June 2024, asks how to set per-stage layer
@@ -165,6 +165,31 @@ def is_llm_foundry(row: RunRow) -> bool:
 def is_torchtitan(row: RunRow) -> bool:
     """Whether the row's framework cell names torchtitan."""
     return "torchtitan" in framework_text(row)
+
+
+#: Megatron-Core, the library Megatron-LM trains on today, had its first releases in 2023
+#: (NVIDIA/Megatron-LM tags ``core_r0.2.0`` onwards); Megatron-LM rows dated before ran on
+#: the monolithic Megatron-LM.
+MEGATRON_CORE_YEAR = 2023
+
+
+def row_framework(row: RunRow, year: int | None) -> Framework:
+    """The :class:`~plansim.specs.execution.Framework` a row's ``framework`` cell names
+    (the execution spec of its plans): torchtitan, llm-foundry (Composer), a DeepSpeed fork
+    of Megatron-LM, DeepSpeed, NVIDIA's Megatron family before and after Megatron-Core
+    (:data:`MEGATRON_CORE_YEAR`); a blank or other cell: plain PyTorch."""
+    if is_torchtitan(row):
+        return Framework.TORCHTITAN
+    if is_llm_foundry(row):
+        return Framework.COMPOSER
+    if is_deepspeed(row):
+        megatron = "megatron" in framework_text(row) or "neox" in framework_text(row)
+        return Framework.MEGATRON_DEEPSPEED if megatron else Framework.DEEPSPEED
+    if is_nvidia_megatron(row):
+        if year is not None and year < MEGATRON_CORE_YEAR:
+            return Framework.MEGATRON_LM
+        return Framework.MEGATRON_CORE
+    return Framework.PYTORCH
 
 
 def fused_elementwise(row: RunRow, notes: list[str]) -> bool:

@@ -71,6 +71,7 @@ from plansim.planner.run_framework import (
     is_torchtitan,
     min_interleaved_pp,
     recompute_early_stop,
+    row_framework,
     uneven_pipeline,
     zero3_fetch,
     zero_stage,
@@ -200,6 +201,7 @@ def row_space(row: RunRow, notes: list[str]) -> SearchSpace:
         overlap_p2p_comm=(False, True) if year is None or year >= OVERLAP_P2P_YEAR else (False,),
         overlap_grad_reduce=_overlap_grad_reduce(year, facts, notes),
         ddp_impl=_ddp_impl(row, year, facts, notes),
+        framework=row_framework(row, year),
         precision=precision,
         attention=attention,
         gradient_accumulation_fusion=(year is None or year >= GRAD_ACC_FUSION_YEAR)

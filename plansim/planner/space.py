@@ -12,6 +12,7 @@ from plansim.specs.plan import (
     AttentionKernel,
     DdpImpl,
     DpSync,
+    Framework,
     OffloadDevice,
     Precision,
     Recompute,
@@ -79,6 +80,8 @@ class SearchSpace:
             that hybrid sharding fits, try it instead of full sharding (a stated HSDP run).
         ddp_impl: the data-parallel wrapper of every plan (``ParallelPlan.ddp_impl``): a
             framework fact, fixed for the search (Megatron-core by default).
+        framework: the framework every plan's execution spec names
+            (``ExecutionSpec.framework``; the back-test sets the row's).
         offloads: (offload_optimizer, offload_param) pairs tried (default: none only);
             each pair with every ZeRO stage that allows it. ``plansim plan`` passes
             ``plansim.analytic.offload.offload_choices(profile)``: offload only on a profile
@@ -117,6 +120,7 @@ class SearchSpace:
     dp_syncs: tuple[DpSync, ...] = (DpSync.RING,)
     ps_servers: int = 0
     ddp_impl: DdpImpl = DdpImpl.MEGATRON_CORE
+    framework: Framework = Framework.MEGATRON_CORE
     offloads: tuple[tuple[OffloadDevice, OffloadDevice], ...] = (
         (OffloadDevice.NONE, OffloadDevice.NONE),
     )

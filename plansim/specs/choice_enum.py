@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 
+from plansim.errors import choice_error
+
 
 class ChoiceEnum(enum.Enum):
     """An enum whose members hash by identity.
@@ -16,3 +18,26 @@ class ChoiceEnum(enum.Enum):
     """
 
     __hash__ = object.__hash__
+
+
+def parse_enum(enum_cls: type[enum.Enum], field: str, value: object) -> enum.Enum:
+    """Map a user string (or an enum member) to ``enum_cls``; SpecError names the choices."""
+    if isinstance(value, enum_cls):
+        return value
+    for member in enum_cls:
+        if member.value == value:
+            return member
+    raise choice_error(field, value, [m.value for m in enum_cls])
+
+
+def require_members(
+    names: tuple[str, ...], values: tuple[object, ...], classes: tuple[type, ...]
+) -> None:
+    """Raise SpecError naming the first of ``names`` (as ``plan.<name>``) whose value is not a
+    member of its enum in ``classes``, with the allowed values; one tuple comparison when all
+    are."""
+    if tuple(map(type, values)) == classes:
+        return
+    for name, value, cls in zip(names, values, classes, strict=True):
+        if type(value) is not cls:
+            raise choice_error(f"plan.{name}", value, [m.value for m in cls])  # type: ignore[attr-defined]

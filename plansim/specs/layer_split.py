@@ -30,8 +30,15 @@ def check_plan_divides_model(
     heads and query groups over tp; with cp > 1, the sequence into 2 * cp chunks (Megatron-LM
     context parallelism gives each cp rank chunks i and 2cp - 1 - i, balancing the causal
     mask; ``get_batch_on_this_cp_rank``). For a vpp that does not divide the layers per rank,
-    the reason lists the vpp values that do. ``seq_length`` None skips the cp check.
+    the reason lists the vpp values that do. ``seq_length`` None skips the cp check. The
+    expert degrees (ep, etp) need routed experts, which the dense models plansim describes
+    do not have.
     """
+    if plan.ep > 1 or plan.etp is not None:
+        return (
+            f"ep({plan.ep}) / etp({plan.etp}) split routed experts, and this model is dense "
+            f"(no expert layers): leave ep 1 and etp unset"
+        )
     try:
         pipeline_layer_counts(num_layers, plan)
     except SpecError as exc:

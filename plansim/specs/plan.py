@@ -1,377 +1,697 @@
-"""ParallelPlan: one DP x TP x PP x CP layout with batch, ZeRO, recompute and schedule."""
+"""ParallelPlan: one training layout, composed of the plan vocabulary's groups (pure).
+
+A plan is :class:`~plansim.specs.parallel_dims.ParallelDims` (the degrees) plus option groups,
+each a frozen dataclass in its own module: :class:`~plansim.specs.batch.BatchOptions`,
+:class:`~plansim.specs.sharding.ShardingOptions` (ZeRO / FSDP / HSDP / offload / parameter
+servers), :class:`~plansim.specs.recompute.RecomputeOptions`,
+:class:`~plansim.specs.pipeline.PipelineOptions` (schedule and layer split),
+:class:`~plansim.specs.overlap.OverlapOptions`,
+:class:`~plansim.specs.precision.MixedPrecisionOptions` and the
+:class:`~plansim.specs.execution.ExecutionSpec` (framework, version and its implementation
+facts). Each group checks its own fields; the plan checks the rules that span groups.
+
+Every field of every group is also readable on the plan under its own name (``plan.tp``,
+``plan.zero_stage``, ``plan.schedule``: Megatron-LM's argument names where one exists); the
+names are unique across groups (:data:`PLAN_FIELDS`). :func:`plan_from_fields` builds a plan from
+those flat names and :meth:`ParallelPlan.with_fields` changes some of them: the one builder
+behind the command-line flags, the plan files and the planner's enumeration.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from plansim.errors import SpecError
-from plansim.specs.plan_checks import (
-    check_bf16_layers,
-    check_dp_sync,
-    check_grad_reduce_in_bf16,
-    check_hsdp,
-    check_offload,
-    check_overlap_param_gather,
-    check_recompute,
-    check_reshard_after_forward,
-    check_schedule,
-    check_torch_fsdp,
-    check_tp_comm_overlap,
-    check_uneven_split,
-    offload_devices,
-)
-from plansim.specs.plan_enums import (
-    AttentionKernel,
-    DdpImpl,
+from plansim.specs.batch import BatchOptions
+from plansim.specs.choice_enum import parse_enum
+from plansim.specs.execution import AttentionKernel, DdpImpl, ExecutionSpec, Framework
+from plansim.specs.overlap import OverlapOptions
+from plansim.specs.parallel_dims import ParallelDims
+from plansim.specs.pipeline import PipelineOptions, Schedule
+from plansim.specs.precision import MixedPrecisionOptions, Precision
+from plansim.specs.recompute import Recompute, RecomputeOptions
+from plansim.specs.sharding import (
     DpSync,
     OffloadDevice,
-    Precision,
-    Recompute,
-    Schedule,
+    ShardingOptions,
     Zero3ParamFetch,
-    parse_enum,
+    hsdp_problems,
+    offload_devices,
 )
-from plansim.specs.plan_fields import check_flags, check_sizes_and_choices
-from plansim.specs.plan_label import plan_label
 
 __all__ = [
+    "GROUPS",
+    "PLAN_FIELDS",
     "AttentionKernel",
+    "BatchOptions",
     "DdpImpl",
     "DpSync",
+    "ExecutionSpec",
+    "Framework",
+    "MixedPrecisionOptions",
     "OffloadDevice",
+    "OverlapOptions",
+    "ParallelDims",
     "ParallelPlan",
+    "PipelineOptions",
     "Precision",
     "Recompute",
+    "RecomputeOptions",
     "Schedule",
+    "ShardingOptions",
     "Zero3ParamFetch",
     "offload_devices",
     "parse_enum",
+    "plan_from_fields",
 ]
+
+#: The plan's groups: (attribute of :class:`ParallelPlan`, group class), in file order.
+GROUPS: tuple[tuple[str, type], ...] = (
+    ("dims", ParallelDims),
+    ("batch", BatchOptions),
+    ("sharding", ShardingOptions),
+    ("recomputation", RecomputeOptions),
+    ("pipeline", PipelineOptions),
+    ("overlap", OverlapOptions),
+    ("mixed_precision", MixedPrecisionOptions),
+    ("execution", ExecutionSpec),
+)
+#: Each flat field name -> the group attribute that holds it.
+FIELD_GROUP: dict[str, str] = {
+    name: attr
+    for attr, cls in GROUPS
+    for name in cls.__dataclass_fields__  # type: ignore[attr-defined]
+}
+#: Every plan field by its flat name, in a fixed order (memo keys, compact rows).
+PLAN_FIELDS: tuple[str, ...] = (
+    "dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "global_batch_size", "zero_stage",
+    "recompute", "sequence_parallel", "schedule", "precision", "attention", "overlap_p2p_comm",
+    "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather",
+    "gradient_accumulation_fusion", "fused_elementwise", "grad_reduce_in_bf16",
+    "persist_layer_norm", "scatter_gather_p2p", "dp_sync", "ps_servers", "ddp_impl",
+    "offload_optimizer", "offload_param", "zero3_param_fetch", "use_torch_fsdp2",
+    "reshard_after_forward", "dp_shard", "decoder_first_pipeline_num_layers",
+    "decoder_last_pipeline_num_layers", "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split", "recompute_num_layers", "recompute_early_stop",
+    "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16", "ep", "etp", "framework",
+    "framework_version",
+)  # fmt: skip
+#: The dotted path of each flat field (``"tp"`` -> ``"dims.tp"``), for ``operator.attrgetter``.
+FIELD_PATHS: dict[str, str] = {name: f"{FIELD_GROUP[name]}.{name}" for name in PLAN_FIELDS}
+_REQUIRED = ("dp", "tp", "pp", "micro_batch_size", "global_batch_size")
+_GROUP_TYPES = tuple(cls for _, cls in GROUPS)
+
+
+@dataclass(frozen=True, slots=True)
+class _Defaults:
+    """The option groups a plan takes when not given (one shared frozen instance each)."""
+
+    sharding: ShardingOptions = ShardingOptions()  # noqa: RUF009 (frozen: safe to share)
+    recomputation: RecomputeOptions = RecomputeOptions()  # noqa: RUF009
+    pipeline: PipelineOptions = PipelineOptions()  # noqa: RUF009
+    overlap: OverlapOptions = OverlapOptions()  # noqa: RUF009
+    mixed_precision: MixedPrecisionOptions = MixedPrecisionOptions()  # noqa: RUF009
+    execution: ExecutionSpec = ExecutionSpec()  # noqa: RUF009
+
+
+_DEFAULTS = _Defaults()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ParallelPlan:
-    """A parallel layout for data (dp), tensor (tp), pipeline (pp) and context (cp) parallelism.
+    """A parallel layout for data (dp), tensor (tp), pipeline (pp), context (cp) and expert
+    (ep) parallelism, with its batch, sharding, recompute, schedule, overlap, precision and
+    execution options.
 
     Rank order is tp -> cp -> dp -> pp (Megatron-LM ``RankGenerator`` default), so a TP group
-    holds consecutive ranks and stays inside a node when tp <= GPUs per node.
+    holds consecutive ranks and stays inside a node when tp <= GPUs per node. Context
+    parallelism (Llama 3, Dubey et al. 2024 §3.3.2) gives each of cp ranks s/cp tokens of
+    every sequence and runs attention as a ring (Liu et al. 2023); weights are replicated
+    over cp and gradients reduced over the dp * cp ranks (``plansim.analytic.ranks``). The
+    micro-batch count does not depend on cp (the cp ranks of a replica share its sequences).
 
     Attributes:
-        dp, tp, pp, cp: parallel degrees; num_gpus = dp * tp * pp * cp. Context parallelism
-            (cp, Megatron-LM ``--context-parallel-size``; Llama 3, Dubey et al. 2024 §3.3.2)
-            gives each of cp ranks s/cp tokens of every sequence and runs attention as a ring
-            (Liu et al. 2023); weights are replicated over cp and gradients reduced over the
-            dp * cp ranks (``plansim.analytic.ranks``). The micro-batch count does not depend
-            on cp (the cp ranks of a replica share its sequences).
-        vpp: virtual pipeline stages per rank (model chunks, Megatron
-            ``virtual_pipeline_model_parallel_size``); 1 = not interleaved.
-        micro_batch_size: sequences per micro-batch (``--micro-batch-size``).
-        global_batch_size: sequences per optimizer step (``--global-batch-size``).
-        zero_stage: 0 (plain DP), 1 (optimizer states sharded; Megatron distributed optimizer),
-            2 (+ gradients), 3 (+ parameters).
-        recompute: activation recomputation mode.
-        recompute_num_layers: with recompute full, Megatron-LM's ``--recompute-method block
-            --recompute-num-layers N``: only the first N layers of every model chunk are
-            recomputed (their inputs stored), the chunk's other layers keep all their
-            activations; None (the default) recomputes every layer (``--recompute-method
-            uniform --recompute-num-layers 1``). A chunk of at most N layers is recomputed
-            whole (:meth:`recomputed_layers`).
-        recompute_early_stop: with recompute full, the layers are checkpointed by torch's
-            non-reentrant checkpoint with early stop (``torch.utils.checkpoint``,
-            ``use_reentrant=False``, ``set_checkpoint_early_stop`` on by default; what
-            ``checkpoint_wrapper``, torchtitan, llm-foundry and ``plansim validate`` use):
-            the recompute stops once every tensor the backward saved is back, so a layer's
-            last GEMM (the MLP down projection, whose output nobody saved) and the TP
-            collective after it are not rerun. False (the default): the whole forward
-            again, as Megatron-LM's and DeepSpeed's own checkpoint functions do.
-        sequence_parallel: Megatron sequence parallelism (needs tp > 1).
-        schedule: pipeline schedule; interleaved-1f1b needs vpp > 1, pp > 1 and a number of
-            micro-batches that is a multiple of pp (Megatron-LM's rule for interleaving);
-            gpipe and 1f1b need vpp == 1; zb-h1 needs vpp == 1 and pp > 1 (any number of
-            micro-batches: neither the paper nor torch's ``ScheduleInterleavedZeroBubble``
-            asks for m >= pp; with m < pp fewer W fill the tail, see the builder).
-        precision: matmul precision.
-        attention: attention kernel (FlashAttention drops the s x s activations and traffic).
-        overlap_p2p_comm: pipeline sends/receives run asynchronously beside compute (Megatron
-            ``--overlap-p2p-communication``, interleaved schedule only); off, a rank waits for
-            its send to finish before its next action (Megatron's default synchronous
-            ``batch_isend_irecv`` + wait).
-        tp_comm_overlap: Megatron-LM ``--tp-comm-overlap`` (Transformer Engine userbuffers;
-            needs sequence parallelism): each TP all-gather / reduce-scatter is split into
-            tp chunks pipelined with its GEMM, and the backward's input all-gather overlaps
-            the input-gradient GEMM (``plansim.analytic.tp_comm``).
-        overlap_grad_reduce: the ZeRO-0/1 gradient reduction of each model chunk starts in
-            buckets while backward still runs (Megatron-LM ``--overlap-grad-reduce``; PyTorch
-            DDP buckets, Li et al. VLDB 2020), else after the rank's last backward; ZeRO-2's
-            per-micro-batch reduce-scatters run beside the next layer's backward (DeepSpeed
-            ``overlap_comm``), else serially (``plansim.analytic.zero3``). No effect with
-            ZeRO-3 or dp * cp == 1 (except with dedicated parameter servers: a push).
-        overlap_param_gather: Megatron-LM ``--overlap-param-gather`` (distributed optimizer,
-            with ``overlap_grad_reduce``): the ZeRO-1/2 parameter all-gather after the
-            optimizer is issued per gradient bucket and waited for at the next step's
-            forward, one bucket ahead (``plansim.analytic.rank_work``).
-        grad_reduce_in_bf16: gradients accumulate and are reduced over data parallelism in
-            bf16, 2 bytes per parameter, instead of Megatron's fp32 main-gradient buffer
-            (Megatron-LM ``--grad-reduce-in-bf16``, ``DistributedDataParallelConfig
-            (grad_reduce_in_fp32=False)``; NeMo 2's fp8 recipe ``bf16_with_fp8_mixed`` sets it,
-            "NVIDIA recommends False for FP8"): halves the gradient memory and the DP
-            reduce-scatter / all-reduce bytes. Needs precision bf16, fp8 or fp4 (fp16
-            gradients are 16-bit already, fp32 training has no 16-bit gradients).
-        gradient_accumulation_fusion: weight-gradient GEMMs accumulate straight into the
-            gradient buffer (Megatron-LM ``--gradient-accumulation-fusion``, default on since
-            2022); off, every micro-batch adds its fresh weight gradients into the buffer with
-            a separate memory-bound pass (Megatron-LM 2021's ``main_grad.add_``, PyTorch
-            autograd accumulation).
-        fused_elementwise: the layer's memory-bound work runs as Megatron-LM's fused kernels
-            (one per norm, RoPE, activation: ``plansim.analytic.elementwise``); off, as the
-            eager PyTorch ops of Meta's reference Llama code (torchtitan 2024 without
-            ``torch.compile``: RMSNorm in eight ops, RoPE on complex numbers, ``repeat_kv``
-            copies, SwiGLU as silu and mul), which move more bytes and launch more kernels
-            (``plansim.analytic.eager_elementwise``).
-        persist_layer_norm: a layer norm's backward computes the input gradient and the
-            weight (and bias) gradients in one pass over dy and x, as Megatron-LM's
-            persistent layer norm does (apex ``FastLayerNormFN``; ``--no-persist-layer-norm``
-            turns it off, and Megatron-LM turns it off itself before PyTorch 1.11, the
-            version the kernel needs, so its 2021 runs used the other). Off, the backward is
-            two passes (Megatron-LM's ``fused_mix_prec_layer_norm_cuda``, apex's
-            ``FusedLayerNorm``: a weight-and-bias-gradient kernel, then the input-gradient
-            kernel, each reading dy and x): 4 more bytes per element per norm
-            (``plansim.analytic.elementwise``). Eager PyTorch's LayerNorm is two passes
-            whatever this says (``plansim.analytic.eager_elementwise``).
-        scatter_gather_p2p: without sequence parallelism, each of the tp ranks sends only
-            its 1/tp slice of the b*s*h pipeline tensor and the receiving stage re-forms it
-            with an all-gather over its TP group (Megatron-LM
-            ``--scatter-gather-tensors-in-pipeline``, default on; Narayanan et al. SC21
-            §4.1). Off, every TP rank sends the whole tensor (Megatron-LM 2020: its
-            ``communicate`` sends (seq, mbs, hidden) from every rank). With sequence
-            parallelism the tensor is already split over the TP ranks: no effect.
-        offload_optimizer: DeepSpeed ``zero_optimization.offload_optimizer.device``: fp32
-            master weights, Adam moments and fp32 gradients live in host memory (``cpu``) or
-            on NVMe (``nvme``) and the Adam step runs on the host CPU (ZeRO-Offload, Ren et
-            al. USENIX ATC 2021 §4; ZeRO-Infinity, Rajbhandari et al. SC21 §5). Needs ZeRO
-            stage >= 1 (DeepSpeed: "valid with stage 1, 2, and 3"); ``nvme`` needs stage 3
-            (ZeRO-Infinity: only DeepSpeed's stage-3 optimizer swaps to NVMe; its stage-1/2
-            optimizer offloads when the device is ``cpu``, ``engine.zero_cpu_offload``).
-            Costed in ``plansim.analytic.offload``; a bad combination raises SpecError
-            naming the field and the devices the stage allows.
-        offload_param: DeepSpeed ``zero_optimization.offload_param.device``: the 16-bit
-            parameter shards live in host memory or on NVMe and are fetched for every
-            forward and backward. Needs ZeRO stage 3 (DeepSpeed: "valid only with stage 3").
-        dp_sync: ring (default: collectives) or parameter-server: each worker pushes its
-            gradients (M bytes) to server shards, the servers run Adam, each worker pulls its
-            16-bit weights back (Li et al. OSDI 2014 §3.2; Jiang et al. OSDI 2020 "BytePS"
-            §3.1, §4.1). Needs zero_stage 0: the servers hold the fp32 master weights and Adam
-            states, which is what ZeRO shards (colocated servers already shard them like
-            ZeRO-1). Times: ``plansim.analytic.param_server``.
-        ddp_impl: the data-parallel wrapper of ZeRO-0/1 gradients (:class:`DdpImpl`), which
-            sets the once-per-step gradient-average passes over the rank's gradient buffer
-            that the optimizer segment carries (``elementwise.grad_average_bytes``):
-            Megatron-core (default) scales the buffer when dp * cp > 1, Megatron-LM's
-            legacy local DDP divides it every step, PyTorch DDP copies it into its buckets
-            and back. No effect with ZeRO-2/3 (their reduce-scatter path has its own) or a
-            parameter server.
-        ps_servers: with parameter-server, 0 = colocated (BytePS with k = 0 CPU machines;
-            "sharded PS"): each of the n = dp * cp ranks of a DP group also serves 1/n of
-            its model shard, so a worker sends (n - 1)M/n and each server receives
-            (n - 1)M/n (same volume as a ring all-reduce, one round trip of latency);
-            K > 0 = K dedicated server processes for the whole job, outside the GPU nodes,
-            each with one GPU's NIC bandwidth B, each holding 1/K of every parameter (Li et
-            al. key ranges): a worker sends M over its NIC while each server's NIC is
-            shared by the pushes of all W = num_gpus workers, so a push (and a pull) takes
-            max(M/B, W M/(K B)) = M/B * max(1, W/K) (BytePS §3.1: the k < n server
-            bottleneck). Must be 0 with ring.
-        zero3_param_fetch: with zero_stage 3, how parameters are gathered and gradients
-            reduce-scattered (:class:`Zero3ParamFetch`); ignored otherwise.
-        use_torch_fsdp2: ZeRO-3 through PyTorch FSDP (FSDP1 ``FlatParameter`` or FSDP2
-            ``fully_shard``; Megatron-LM ``--use-torch-fsdp2``) rather than DeepSpeed: the
-            sharded parameters stay in fp32 and are the optimizer's master weights (FSDP
-            ``MixedPrecision``: outside forward and backward the sharded parameters are kept
-            in full precision), and the reduced gradient shard is cast back to them (fp32,
-            pytorch/pytorch PR #85062), so a rank keeps 4 + 4 + 8 (Adam m, v) = 16 bytes per
-            parameter / (dp * cp) where DeepSpeed's estimator counts 18 (16-bit and fp32
-            copies, ../shared/reference memory.md §4.2). The 16-bit gathered layers are as
-            before. Needs zero_stage 3, no DeepSpeed offload and no per-tensor-sync fetch.
-        reshard_after_forward: False keeps each ZeRO-3 unit gathered from its forward to its
-            backward (PyTorch FSDP2 ``fully_shard(reshard_after_forward=False)``, FSDP1
-            ``SHARD_GRAD_OP``): no gather before backward, the rank's 16-bit parameters
-            unsharded through the micro-batch. Needs zero_stage 3 with layer-prefetch or
-            layer-sync (``plansim.analytic.zero3``).
-        dp_shard: hybrid sharding: the ZeRO-sharded states are sharded over dp_shard * cp
-            ranks and replicated over dp / dp_shard such groups; parameters are gathered and
-            gradients reduce-scattered inside a shard group, and each gradient shard is then
-            all-reduced over the replicas. ZeRO-3: HSDP (PyTorch FSDP ``HYBRID_SHARD``,
-            FSDP2 on a 2-D mesh, torchtitan ``data_parallel_shard_degree``); ZeRO-1/2:
-            Megatron-core's partial distributed optimizer
-            (``--num-distributed-optimizer-instances`` = dp / dp_shard). None (default): one
-            shard group of all dp * cp ranks. Must divide dp, be below it, and give a shard
-            group of at least 2 ranks; not with ZeRO-0, offload or per-tensor-sync.
-        decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers: transformer
-            layers on the first / last pipeline rank (Megatron-LM
-            ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``,
-            uneven pipeline split); None = an even share. The other ranks split the
-            remaining layers evenly; every rank's count must divide by vpp (its model
-            chunks hold equal whole layers; Megatron-LM's rule). Needs pp > 1. Llama 3 405B
-            trains 126 layers on pp 16 this way, one layer fewer on the first and the last
-            stage (Dubey et al. 2024, arXiv:2407.21783, §3.3.2).
-        account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split: the
-            input embedding (loss: output layer and loss) takes the place of one layer in the
-            split (Megatron-LM ``--account-for-embedding-in-pipeline-split`` /
-            ``--account-for-loss-in-pipeline-split``): L + 1 (or L + 2) slots split evenly
-            over the pp * vpp stages, and the first (last) stage holds one layer fewer. With
-            both, Llama 3 405B's 126 layers fill 16 ranks x 8 chunks of one slot, the first
-            chunk holding only the embedding and the last only the output and loss (Dubey et
-            al. 2024 §3.3.2). Needs pp > 1; not with decoder_first/last_pipeline_num_layers.
-        num_layers_at_start_in_bf16, num_layers_at_end_in_bf16: with precision fp8 or fp4,
-            the first / last transformer layers of the model that run in bf16 (Megatron-LM
-            ``--first-last-layers-bf16`` with ``--num-layers-at-start-in-bf16`` /
-            ``--num-layers-at-end-in-bf16``, Megatron-core ``is_first_last_bf16_layer``):
-            their GEMMs run at the 16-bit rate without Transformer Engine's casts and keep
-            16-bit GEMM inputs for the backward. Megatron-Bridge's FP8 current-scaling
-            preset (``bf16_with_fp8_current_scaling_mixed``) keeps 1 and 1, its Llama 3 8B
-            NVFP4 recipe 0 and 4. 0 and 0 (default): every layer quantized.
+        dims, batch, sharding, recomputation, pipeline, overlap, mixed_precision, execution:
+            the groups (:data:`GROUPS`); each field's meaning is documented on its group.
 
     Raises:
-        SpecError: a degree is not a positive integer, the global batch does not split into
-            micro-batches over dp, zero_stage is out of 0-3, sequence_parallel with tp == 1,
-            vpp and the schedule do not go together (see ``schedule``), or cp > 1 without
-            FlashAttention (Megatron-LM supports context parallelism only in Transformer
-            Engine's attention), dp_sync not a DpSync, ps_servers not an integer >= 0 or
-            > 0 with ring, parameter-server with zero_stage > 0, or bf16 layers
-            (``num_layers_at_start/end_in_bf16``) not integers >= 0 or without fp8 / fp4.
+        SpecError: a group is not of its class, or a rule across groups fails: the global
+            batch does not split into micro-batches over dp, overlap_p2p_comm without
+            interleaving, tp_comm_overlap without sequence parallelism, overlap_param_gather
+            without ZeRO-1/2 and overlap_grad_reduce, hybrid sharding that does not fit dp
+            and cp, vpp and the schedule do not go together, an uneven split with pp == 1,
+            selective-op recompute or cp > 1 without FlashAttention (Megatron-LM supports
+            context parallelism only in Transformer Engine's attention).
     """
 
-    dp: int
-    tp: int
-    pp: int
-    cp: int = 1
-    vpp: int = 1
-    micro_batch_size: int
-    global_batch_size: int
-    zero_stage: int = 0
-    recompute: Recompute = Recompute.NONE
-    sequence_parallel: bool = False
-    schedule: Schedule = Schedule.ONE_F_ONE_B
-    precision: Precision = Precision.BF16
-    attention: AttentionKernel = AttentionKernel.FLASH
-    overlap_p2p_comm: bool = False
-    tp_comm_overlap: bool = False
-    overlap_grad_reduce: bool = False
-    overlap_param_gather: bool = False
-    gradient_accumulation_fusion: bool = True
-    fused_elementwise: bool = True
-    grad_reduce_in_bf16: bool = False
-    persist_layer_norm: bool = True
-    scatter_gather_p2p: bool = True
-    dp_sync: DpSync = DpSync.RING
-    ps_servers: int = 0
-    ddp_impl: DdpImpl = DdpImpl.MEGATRON_CORE
-    offload_optimizer: OffloadDevice = OffloadDevice.NONE
-    offload_param: OffloadDevice = OffloadDevice.NONE
-    zero3_param_fetch: Zero3ParamFetch = Zero3ParamFetch.LAYER_PREFETCH
-    use_torch_fsdp2: bool = False
-    reshard_after_forward: bool = True
-    dp_shard: int | None = None
-    decoder_first_pipeline_num_layers: int | None = None
-    decoder_last_pipeline_num_layers: int | None = None
-    account_for_embedding_in_pipeline_split: bool = False
-    account_for_loss_in_pipeline_split: bool = False
-    recompute_num_layers: int | None = None
-    recompute_early_stop: bool = False
-    num_layers_at_start_in_bf16: int = 0
-    num_layers_at_end_in_bf16: int = 0
+    dims: ParallelDims
+    batch: BatchOptions
+    sharding: ShardingOptions = _DEFAULTS.sharding
+    recomputation: RecomputeOptions = _DEFAULTS.recomputation
+    pipeline: PipelineOptions = _DEFAULTS.pipeline
+    overlap: OverlapOptions = _DEFAULTS.overlap
+    mixed_precision: MixedPrecisionOptions = _DEFAULTS.mixed_precision
+    execution: ExecutionSpec = _DEFAULTS.execution
 
     def __post_init__(self) -> None:
-        check_sizes_and_choices(self)
-        per_step = self.micro_batch_size * self.dp
-        if self.global_batch_size % per_step:
+        groups = (
+            self.dims,
+            self.batch,
+            self.sharding,
+            self.recomputation,
+            self.pipeline,
+            self.overlap,
+            self.mixed_precision,
+            self.execution,
+        )
+        if tuple(map(type, groups)) != _GROUP_TYPES:
+            for (attr, cls), group in zip(GROUPS, groups, strict=True):
+                if type(group) is not cls:
+                    raise SpecError(
+                        f"plan.{attr} must be a {cls.__name__}, got {type(group).__name__}"
+                    )
+        per_step = self.batch.micro_batch_size * self.dims.dp
+        if self.batch.global_batch_size % per_step:
             raise SpecError(
-                f"plan.global_batch_size({self.global_batch_size}) is not divisible by "
-                f"micro_batch_size({self.micro_batch_size}) * dp({self.dp}) = {per_step}"
+                f"plan.global_batch_size({self.batch.global_batch_size}) is not divisible by "
+                f"micro_batch_size({self.batch.micro_batch_size}) * dp({self.dims.dp}) = "
+                f"{per_step}"
             )
-        check_flags(self)
-        if self.sequence_parallel and self.tp == 1:
-            raise SpecError("plan.sequence_parallel needs tp > 1 (got tp=1)")
-        if self.overlap_p2p_comm and not self.schedule.interleaved:
-            raise SpecError(
-                f"plan.overlap_p2p_comm needs schedule {Schedule.INTERLEAVED_1F1B.value} "
-                f"(got {self.schedule.value}), as in Megatron-LM"
-            )
-        check_tp_comm_overlap(self)
-        check_overlap_param_gather(self)
-        check_grad_reduce_in_bf16(self)
-        check_torch_fsdp(self)
-        check_reshard_after_forward(self)
-        check_hsdp(self)
-        check_schedule(self)
-        check_uneven_split(self)
-        check_recompute(self)
-        check_bf16_layers(self)
-        check_dp_sync(self)
-        check_offload(self)
-        if self.cp > 1 and self.attention is not AttentionKernel.FLASH:
-            raise SpecError(
-                f"plan.cp({self.cp}) needs attention {AttentionKernel.FLASH.value} (got "
-                f"{self.attention.value}): Megatron-LM runs context parallelism only through "
-                f"Transformer Engine's fused attention (TEDotProductAttention)"
-            )
+        _check_overlap(self)
+        _check_hsdp(self)
+        _check_schedule(self)
+        _check_uneven_split(self)
+        _check_attention(self)
 
     @property
     def uneven_pipeline(self) -> bool:
         """The layers do not split evenly: the first or the last pipeline rank (or stage)
-        has its own layer count."""
-        return (
-            self.decoder_first_pipeline_num_layers is not None
-            or self.decoder_last_pipeline_num_layers is not None
-            or self.account_for_embedding_in_pipeline_split
-            or self.account_for_loss_in_pipeline_split
-        )
+        has its own layer count (:attr:`PipelineOptions.uneven`)."""
+        return self.pipeline.uneven
 
     def recomputed_layers(self, chunk_layers: int) -> int:
-        """Layers of a model chunk of ``chunk_layers`` whose forward the backward re-runs in
-        full: all with recompute full (``recompute_num_layers`` None), the first
-        ``recompute_num_layers`` with the block method, none otherwise (selective recompute
-        re-runs part of every layer: ``layer_cost``)."""
-        if self.recompute is not Recompute.FULL:
-            return 0
-        if self.recompute_num_layers is None:
-            return chunk_layers
-        return min(self.recompute_num_layers, chunk_layers)
+        """:meth:`RecomputeOptions.recomputed_layers`."""
+        return self.recomputation.recomputed_layers(chunk_layers)
 
     def bf16_layer_plan(self) -> ParallelPlan:
         """The plan a layer kept in bf16 (``num_layers_at_start/end_in_bf16``) runs as: this
         one with precision bf16 and no bf16-layer counts."""
-        return replace(
-            self,
+        numerics = replace(
+            self.mixed_precision,
             precision=Precision.BF16,
             num_layers_at_start_in_bf16=0,
             num_layers_at_end_in_bf16=0,
         )
+        return replace(self, mixed_precision=numerics)
 
     @property
     def recompute_label(self) -> str:
-        """'none', 'selective', 'full', 'full-block2' (block method, 2 layers per chunk), and
-        '-early-stop' after full with :attr:`recompute_early_stop`."""
-        label = self.recompute.value
-        if self.recompute_num_layers is not None:
-            label += f"-block{self.recompute_num_layers}"
-        return label + ("-early-stop" if self.recompute_early_stop else "")
+        """:attr:`RecomputeOptions.recompute_label`."""
+        return self.recomputation.recompute_label
 
     @property
     def num_gpus(self) -> int:
         """dp * tp * pp * cp."""
-        return self.dp * self.tp * self.pp * self.cp
+        return self.dims.num_gpus
 
     @property
     def num_microbatches(self) -> int:
         """Micro-batches per pipeline per step = gradient-accumulation steps."""
-        return self.global_batch_size // (self.micro_batch_size * self.dp)
+        return self.batch.global_batch_size // (self.batch.micro_batch_size * self.dims.dp)
 
     @property
     def num_stages(self) -> int:
         """Pipeline stages (model chunks) = pp * vpp."""
-        return self.pp * self.vpp
+        return self.dims.pp * self.dims.vpp
 
     def label(self) -> str:
-        """Compact one-line description (``plansim.specs.plan_label.plan_label``), e.g.
-        'tp8 pp16 dp8 mbs1 zero1 selective sp 1f1b'."""
-        return plan_label(self)
+        """Compact one-line description: the knobs that differ from the defaults, in a fixed
+        order, as the planner's tables, the back-test and the traces print them, e.g.
+        'tp8 pp16 dp8 mbs1 zero1 selective sp 1f1b' or 'tp8 pp8 dp1 vpp3 mbs1 zero0 full
+        interleaved-1f1b' (vpp shown when > 1); a parameter server adds 'ps' (colocated) or
+        'ps4' (4 dedicated servers)."""
+        parts = _layout_parts(self) + _framework_parts(self) + _sharding_parts(self)
+        return " ".join(parts + _split_parts(self))
+
+    def with_fields(self, **fields: Any) -> ParallelPlan:
+        """This plan with the named flat fields (:data:`PLAN_FIELDS`) changed, validated as
+        any plan.
+
+        Raises:
+            SpecError: a name is not a plan field (the message lists them), or the new plan
+                is invalid.
+        """
+        changes: dict[str, dict[str, Any]] = {}
+        for name, value in fields.items():
+            changes.setdefault(_group_of(name), {})[name] = value
+        groups = {attr: replace(getattr(self, attr), **kw) for attr, kw in changes.items()}
+        return replace(self, **groups)
+
+    # Flat read access to every group field (PLAN_FIELDS), named as the groups name them.
+
+    @property
+    def dp(self) -> int:
+        """:attr:`ParallelDims.dp`."""
+        return self.dims.dp
+
+    @property
+    def tp(self) -> int:
+        """:attr:`ParallelDims.tp`."""
+        return self.dims.tp
+
+    @property
+    def pp(self) -> int:
+        """:attr:`ParallelDims.pp`."""
+        return self.dims.pp
+
+    @property
+    def cp(self) -> int:
+        """:attr:`ParallelDims.cp`."""
+        return self.dims.cp
+
+    @property
+    def vpp(self) -> int:
+        """:attr:`ParallelDims.vpp`."""
+        return self.dims.vpp
+
+    @property
+    def micro_batch_size(self) -> int:
+        """:attr:`BatchOptions.micro_batch_size`."""
+        return self.batch.micro_batch_size
+
+    @property
+    def global_batch_size(self) -> int:
+        """:attr:`BatchOptions.global_batch_size`."""
+        return self.batch.global_batch_size
+
+    @property
+    def zero_stage(self) -> int:
+        """:attr:`ShardingOptions.zero_stage`."""
+        return self.sharding.zero_stage
+
+    @property
+    def recompute(self) -> Recompute:
+        """:attr:`RecomputeOptions.recompute`."""
+        return self.recomputation.recompute
+
+    @property
+    def sequence_parallel(self) -> bool:
+        """:attr:`ParallelDims.sequence_parallel`."""
+        return self.dims.sequence_parallel
+
+    @property
+    def schedule(self) -> Schedule:
+        """:attr:`PipelineOptions.schedule`."""
+        return self.pipeline.schedule
+
+    @property
+    def precision(self) -> Precision:
+        """:attr:`MixedPrecisionOptions.precision`."""
+        return self.mixed_precision.precision
+
+    @property
+    def attention(self) -> AttentionKernel:
+        """:attr:`ExecutionSpec.attention`."""
+        return self.execution.attention
+
+    @property
+    def overlap_p2p_comm(self) -> bool:
+        """:attr:`OverlapOptions.overlap_p2p_comm`."""
+        return self.overlap.overlap_p2p_comm
+
+    @property
+    def tp_comm_overlap(self) -> bool:
+        """:attr:`OverlapOptions.tp_comm_overlap`."""
+        return self.overlap.tp_comm_overlap
+
+    @property
+    def overlap_grad_reduce(self) -> bool:
+        """:attr:`OverlapOptions.overlap_grad_reduce`."""
+        return self.overlap.overlap_grad_reduce
+
+    @property
+    def overlap_param_gather(self) -> bool:
+        """:attr:`OverlapOptions.overlap_param_gather`."""
+        return self.overlap.overlap_param_gather
+
+    @property
+    def gradient_accumulation_fusion(self) -> bool:
+        """:attr:`ExecutionSpec.gradient_accumulation_fusion`."""
+        return self.execution.gradient_accumulation_fusion
+
+    @property
+    def fused_elementwise(self) -> bool:
+        """:attr:`ExecutionSpec.fused_elementwise`."""
+        return self.execution.fused_elementwise
+
+    @property
+    def grad_reduce_in_bf16(self) -> bool:
+        """:attr:`MixedPrecisionOptions.grad_reduce_in_bf16`."""
+        return self.mixed_precision.grad_reduce_in_bf16
+
+    @property
+    def persist_layer_norm(self) -> bool:
+        """:attr:`ExecutionSpec.persist_layer_norm`."""
+        return self.execution.persist_layer_norm
+
+    @property
+    def scatter_gather_p2p(self) -> bool:
+        """:attr:`ExecutionSpec.scatter_gather_p2p`."""
+        return self.execution.scatter_gather_p2p
+
+    @property
+    def dp_sync(self) -> DpSync:
+        """:attr:`ShardingOptions.dp_sync`."""
+        return self.sharding.dp_sync
+
+    @property
+    def ps_servers(self) -> int:
+        """:attr:`ShardingOptions.ps_servers`."""
+        return self.sharding.ps_servers
+
+    @property
+    def ddp_impl(self) -> DdpImpl:
+        """:attr:`ExecutionSpec.ddp_impl`."""
+        return self.execution.ddp_impl
+
+    @property
+    def offload_optimizer(self) -> OffloadDevice:
+        """:attr:`ShardingOptions.offload_optimizer`."""
+        return self.sharding.offload_optimizer
+
+    @property
+    def offload_param(self) -> OffloadDevice:
+        """:attr:`ShardingOptions.offload_param`."""
+        return self.sharding.offload_param
+
+    @property
+    def zero3_param_fetch(self) -> Zero3ParamFetch:
+        """:attr:`ShardingOptions.zero3_param_fetch`."""
+        return self.sharding.zero3_param_fetch
+
+    @property
+    def use_torch_fsdp2(self) -> bool:
+        """:attr:`ShardingOptions.use_torch_fsdp2`."""
+        return self.sharding.use_torch_fsdp2
+
+    @property
+    def reshard_after_forward(self) -> bool:
+        """:attr:`ShardingOptions.reshard_after_forward`."""
+        return self.sharding.reshard_after_forward
+
+    @property
+    def dp_shard(self) -> int | None:
+        """:attr:`ShardingOptions.dp_shard`."""
+        return self.sharding.dp_shard
+
+    @property
+    def decoder_first_pipeline_num_layers(self) -> int | None:
+        """:attr:`PipelineOptions.decoder_first_pipeline_num_layers`."""
+        return self.pipeline.decoder_first_pipeline_num_layers
+
+    @property
+    def decoder_last_pipeline_num_layers(self) -> int | None:
+        """:attr:`PipelineOptions.decoder_last_pipeline_num_layers`."""
+        return self.pipeline.decoder_last_pipeline_num_layers
+
+    @property
+    def account_for_embedding_in_pipeline_split(self) -> bool:
+        """:attr:`PipelineOptions.account_for_embedding_in_pipeline_split`."""
+        return self.pipeline.account_for_embedding_in_pipeline_split
+
+    @property
+    def account_for_loss_in_pipeline_split(self) -> bool:
+        """:attr:`PipelineOptions.account_for_loss_in_pipeline_split`."""
+        return self.pipeline.account_for_loss_in_pipeline_split
+
+    @property
+    def recompute_num_layers(self) -> int | None:
+        """:attr:`RecomputeOptions.recompute_num_layers`."""
+        return self.recomputation.recompute_num_layers
+
+    @property
+    def recompute_early_stop(self) -> bool:
+        """:attr:`RecomputeOptions.recompute_early_stop`."""
+        return self.recomputation.recompute_early_stop
+
+    @property
+    def num_layers_at_start_in_bf16(self) -> int:
+        """:attr:`MixedPrecisionOptions.num_layers_at_start_in_bf16`."""
+        return self.mixed_precision.num_layers_at_start_in_bf16
+
+    @property
+    def num_layers_at_end_in_bf16(self) -> int:
+        """:attr:`MixedPrecisionOptions.num_layers_at_end_in_bf16`."""
+        return self.mixed_precision.num_layers_at_end_in_bf16
+
+    @property
+    def ep(self) -> int:
+        """:attr:`ParallelDims.ep`."""
+        return self.dims.ep
+
+    @property
+    def etp(self) -> int | None:
+        """:attr:`ParallelDims.etp`."""
+        return self.dims.etp
+
+    @property
+    def framework(self) -> Framework:
+        """:attr:`ExecutionSpec.framework`."""
+        return self.execution.framework
+
+    @property
+    def framework_version(self) -> str | None:
+        """:attr:`ExecutionSpec.framework_version`."""
+        return self.execution.framework_version
+
+
+def _group_of(name: str) -> str:
+    """The group attribute holding flat field ``name``; SpecError lists the fields."""
+    try:
+        return FIELD_GROUP[name]
+    except KeyError:
+        raise SpecError(
+            f"plan field {name!r} is not known; choose from: {', '.join(PLAN_FIELDS)}"
+        ) from None
+
+
+def plan_from_fields(**fields: Any) -> ParallelPlan:
+    """A plan from flat field names (:data:`PLAN_FIELDS`, Megatron-LM's argument names where
+    one exists); fields not given take their group's default.
+
+    Example: ``plan_from_fields(dp=32, tp=4, pp=8, vpp=6, micro_batch_size=1,
+    global_batch_size=1536, zero_stage=1, sequence_parallel=True,
+    schedule=Schedule.INTERLEAVED_1F1B)``.
+
+    Raises:
+        SpecError: a required field (dp, tp, pp, micro_batch_size, global_batch_size) is
+            missing, a name is not a plan field, or a value is invalid (each names the field
+            and the allowed values).
+    """
+    missing = [name for name in _REQUIRED if name not in fields]
+    if missing:
+        raise SpecError(f"plan needs {', '.join(missing)} (required plan fields)")
+    by_group: dict[str, dict[str, Any]] = {attr: {} for attr, _ in GROUPS}
+    for name, value in fields.items():
+        by_group[_group_of(name)][name] = value
+    return ParallelPlan(**{attr: cls(**by_group[attr]) for attr, cls in GROUPS})
+
+
+def _check_overlap(plan: ParallelPlan) -> None:
+    """What each overlap switch needs of the schedule, TP and ZeRO (Megatron-LM's rules)."""
+    overlap = plan.overlap
+    if overlap.overlap_p2p_comm and not plan.pipeline.schedule.interleaved:
+        raise SpecError(
+            f"plan.overlap_p2p_comm needs schedule {Schedule.INTERLEAVED_1F1B.value} "
+            f"(got {plan.schedule.value}), as in Megatron-LM"
+        )
+    if overlap.tp_comm_overlap and not plan.dims.sequence_parallel:
+        raise SpecError(
+            f"plan.tp_comm_overlap needs sequence_parallel and tp > 1 (got tp={plan.tp}, "
+            "sequence_parallel=False), as Megatron-LM's --tp-comm-overlap does"
+        )
+    if overlap.overlap_param_gather and not (
+        plan.zero_stage in (1, 2) and overlap.overlap_grad_reduce
+    ):
+        raise SpecError(
+            "plan.overlap_param_gather needs zero_stage 1 or 2 and overlap_grad_reduce (got "
+            f"zero_stage={plan.zero_stage}, overlap_grad_reduce={overlap.overlap_grad_reduce}), "
+            "as Megatron-LM's --overlap-param-gather"
+        )
+
+
+def _check_hsdp(plan: ParallelPlan) -> None:
+    """Hybrid sharding (``dp_shard``, :class:`ShardingOptions`): :func:`hsdp_problems`."""
+    shard = plan.sharding.dp_shard
+    if shard is None:
+        return
+    problems = hsdp_problems(
+        dp=plan.dp,
+        cp=plan.cp,
+        dp_shard=shard,
+        zero_stage=plan.zero_stage,
+        offload=(plan.offload_optimizer, plan.offload_param),
+        fetch=plan.zero3_param_fetch,
+    )
+    if problems:
+        raise SpecError(f"plan.dp_shard({shard}) needs {'; '.join(problems)}")
+
+
+def _check_schedule(plan: ParallelPlan) -> None:
+    """vpp, pp and micro-batch count against the schedule (Megatron-LM's rules; ZB-H1:
+    Qi et al. 2024 §2.1 needs a pipeline, pp > 1)."""
+    schedule, vpp, pp = plan.pipeline.schedule, plan.dims.vpp, plan.dims.pp
+    name = schedule.value
+    if not schedule.interleaved:
+        if vpp != 1:
+            raise SpecError(
+                f"schedule {name} needs vpp == 1 (got vpp={vpp}); "
+                f"use {Schedule.INTERLEAVED_1F1B.value}"
+            )
+        if schedule is Schedule.ZB_H1 and pp == 1:
+            raise SpecError(
+                f"schedule {name} needs pp > 1 (got pp=1): one stage has no pipeline "
+                f"bubble for the deferred weight gradients to fill; use "
+                f"{Schedule.ONE_F_ONE_B.value}"
+            )
+        return
+    if vpp == 1:
+        raise SpecError(f"schedule {name} needs vpp > 1 (got vpp=1); use 1f1b")
+    if pp == 1:
+        raise SpecError(f"schedule {name} needs pp > 1 (got pp=1, vpp={vpp})")
+    if plan.num_microbatches % pp:
+        raise SpecError(
+            f"schedule {name} needs num_microbatches({plan.num_microbatches}) = "
+            f"global_batch_size({plan.global_batch_size}) / (micro_batch_size"
+            f"({plan.micro_batch_size}) * dp({plan.dp})) to be a multiple of pp({pp})"
+        )
+
+
+def _check_uneven_split(plan: ParallelPlan) -> None:
+    """An uneven split needs a pipeline, and takes one way of splitting (Megatron-LM's)."""
+    pipeline = plan.pipeline
+    if not pipeline.uneven:
+        return  # an even split: the common case, checked fast
+    layer_counts = (
+        pipeline.decoder_first_pipeline_num_layers,
+        pipeline.decoder_last_pipeline_num_layers,
+    )
+    for edge in ("embedding", "loss"):
+        field = f"account_for_{edge}_in_pipeline_split"
+        value = getattr(pipeline, field)
+        if value and plan.pp == 1:
+            raise SpecError(f"plan.{field} needs pp > 1 (got pp=1)")
+        if value and layer_counts != (None, None):
+            raise SpecError(
+                f"plan.{field} does not combine with decoder_first/last_pipeline_num_layers "
+                f"(Megatron-LM takes one way of splitting unevenly): choose one"
+            )
+    for edge, value in zip(("first", "last"), layer_counts, strict=True):
+        if value is not None and plan.pp == 1:
+            raise SpecError(
+                f"plan.decoder_{edge}_pipeline_num_layers({value}) needs pp > 1 (got pp=1): "
+                f"one pipeline rank holds every layer; leave it unset"
+            )
+
+
+def _check_attention(plan: ParallelPlan) -> None:
+    """What needs FlashAttention: torchtitan's per-op selective recompute (it saves the
+    fused kernel's output) and context parallelism (Transformer Engine's attention)."""
+    attention = plan.execution.attention
+    if attention is AttentionKernel.FLASH:
+        return
+    if plan.recompute is Recompute.SELECTIVE_OP:
+        raise SpecError(
+            f"plan.recompute {Recompute.SELECTIVE_OP.value} needs attention "
+            f"{AttentionKernel.FLASH.value} (got {attention.value}): torchtitan's per-op "
+            f"policy saves the fused attention kernel's output"
+        )
+    if plan.cp > 1:
+        raise SpecError(
+            f"plan.cp({plan.cp}) needs attention {AttentionKernel.FLASH.value} (got "
+            f"{attention.value}): Megatron-LM runs context parallelism only through "
+            f"Transformer Engine's fused attention (TEDotProductAttention)"
+        )
+
+
+def _layout_parts(plan: ParallelPlan) -> list[str]:
+    """Sizes, micro-batch, ZeRO stage, recompute, SP and the schedule."""
+    parts = [f"tp{plan.tp}", f"pp{plan.pp}", f"dp{plan.dp}"]
+    if plan.cp > 1:
+        parts.append(f"cp{plan.cp}")
+    if plan.ep > 1:
+        parts.append(f"ep{plan.ep}")
+    if plan.etp is not None:
+        parts.append(f"etp{plan.etp}")
+    if plan.vpp > 1:
+        parts.append(f"vpp{plan.vpp}")
+    parts += [f"mbs{plan.micro_batch_size}", f"zero{plan.zero_stage}", plan.recompute_label]
+    if plan.sequence_parallel:
+        parts.append("sp-overlap" if plan.tp_comm_overlap else "sp")
+    parts.append(plan.schedule.value)
+    return parts
+
+
+def _framework_parts(plan: ParallelPlan) -> list[str]:
+    """Overlap flags, gradient accumulation and reduction, pipeline sends, attention kernel
+    and the DP synchronisation (parameter server or DDP implementation)."""
+    parts = []
+    if plan.overlap_p2p_comm:
+        parts.append("overlap-p2p")
+    if plan.overlap_grad_reduce:
+        parts.append("overlap-grad")
+    if plan.overlap_param_gather:
+        parts.append("overlap-param")
+    if not plan.gradient_accumulation_fusion:
+        parts.append("unfused-grad-acc")
+    if not plan.fused_elementwise:
+        parts.append("eager-ops")
+    if not plan.persist_layer_norm:
+        parts.append("no-persist-ln")
+    if plan.grad_reduce_in_bf16:
+        parts.append("bf16-grads")
+    if plan.pp > 1 and plan.tp > 1 and not (plan.scatter_gather_p2p or plan.sequence_parallel):
+        parts.append("full-p2p")
+    if plan.attention.label:
+        parts.append(plan.attention.label)
+    if plan.dp_sync is DpSync.PARAMETER_SERVER:
+        parts.append(f"ps{plan.ps_servers or ''}")
+    elif plan.zero_stage < 2 and plan.ddp_impl is not DdpImpl.MEGATRON_CORE:
+        parts.append(f"ddp-{plan.ddp_impl.value}")
+    return parts
+
+
+def _sharding_parts(plan: ParallelPlan) -> list[str]:
+    """Offload, ZeRO-3 parameter fetch, PyTorch FSDP, resharding and hybrid sharding."""
+    parts = []
+    if plan.offload_optimizer is not OffloadDevice.NONE:
+        parts.append(f"offload-opt-{plan.offload_optimizer.value}")
+    if plan.offload_param is not OffloadDevice.NONE:
+        parts.append(f"offload-param-{plan.offload_param.value}")
+    if plan.zero_stage == 3 and plan.zero3_param_fetch is not Zero3ParamFetch.LAYER_PREFETCH:
+        parts.append(f"zero3-{plan.zero3_param_fetch.value}")
+    if plan.use_torch_fsdp2:
+        parts.append("torch-fsdp")
+    if not plan.reshard_after_forward:
+        parts.append("no-reshard")
+    if plan.dp_shard is not None:  # HSDP, or a partial distributed optimizer
+        parts.append(f"{'hsdp' if plan.zero_stage == 3 else 'shard'}{plan.dp_shard}")
+    return parts
+
+
+def _split_parts(plan: ParallelPlan) -> list[str]:
+    """An uneven pipeline split and the bf16 layers at the ends (fp8 / fp4 plans)."""
+    parts = []
+    if plan.decoder_first_pipeline_num_layers is not None:
+        parts.append(f"first-stage-{plan.decoder_first_pipeline_num_layers}")
+    if plan.decoder_last_pipeline_num_layers is not None:
+        parts.append(f"last-stage-{plan.decoder_last_pipeline_num_layers}")
+    if plan.account_for_embedding_in_pipeline_split:
+        parts.append("embedding-in-split")
+    if plan.account_for_loss_in_pipeline_split:
+        parts.append("loss-in-split")
+    if plan.num_layers_at_start_in_bf16 or plan.num_layers_at_end_in_bf16:
+        start, end = plan.num_layers_at_start_in_bf16, plan.num_layers_at_end_in_bf16
+        parts.append(f"bf16-layers-{start}-{end}")
+    return parts

@@ -30,8 +30,6 @@ fetch mode prices (the validator's twin had priced it as ``layer-sync`` per micr
 
 from __future__ import annotations
 
-import dataclasses
-
 from plansim.analytic.ranks import dp_cp_size
 from plansim.specs.plan import ParallelPlan, Zero3ParamFetch
 
@@ -56,7 +54,7 @@ def executed_zero_plan(plan: ParallelPlan) -> ParallelPlan:
     parameters at rest too); a ZeRO-2 run without pipelining as ZeRO-3 without resharding
     after forward; else ``plan`` unchanged."""
     if runs_per_step(plan):
-        return dataclasses.replace(plan, zero_stage=3, zero3_param_fetch=Zero3ParamFetch.PER_STEP)
+        return plan.with_fields(zero_stage=3, zero3_param_fetch=Zero3ParamFetch.PER_STEP)
     if plan.zero_stage == 2 and dp_cp_size(plan) > 1:
-        return dataclasses.replace(plan, zero_stage=3, reshard_after_forward=False)
+        return plan.with_fields(zero_stage=3, reshard_after_forward=False)
     return plan

@@ -27,7 +27,14 @@ from plansim.sim.engine import simulate
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import stage_layer_counts
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import DdpImpl, ParallelPlan, Precision, Recompute, Zero3ParamFetch
+from plansim.specs.plan import (
+    DdpImpl,
+    Framework,
+    ParallelPlan,
+    Precision,
+    Recompute,
+    Zero3ParamFetch,
+)
 from plansim.specs.work import PipelineWork, Segment, lengthen_first
 from plansim.validate.eager_layer import LayerExtra, eager_layer_extra
 from plansim.validate.executed_dp import executes_flat_all_reduce, with_executed_dp
@@ -83,8 +90,8 @@ def run_plan(plan: ParallelPlan, profile: HardwareProfile, *, dtype: str) -> Par
     plan = executed_zero_plan(plan)
     serial = profile.serial_host and not per_step
     fetch = Zero3ParamFetch.LAYER_SYNC if serial else plan.zero3_param_fetch
-    return dataclasses.replace(
-        plan,
+    return plan.with_fields(
+        framework=Framework.PYTORCH,  # the validator's own runner: plain torch.distributed
         precision=precision,
         recompute_early_stop=plan.recompute is Recompute.FULL,
         gradient_accumulation_fusion=False,
@@ -223,7 +230,7 @@ def _resimulated(
     """
     plan = ev.plan
     if executes_flat_all_reduce(plan):  # the run's all-reduce averages (ReduceOp.AVG)
-        plan = dataclasses.replace(plan, ddp_impl=DdpImpl.AVERAGE_IN_COLLECTIVE)
+        plan = plan.with_fields(ddp_impl=DdpImpl.AVERAGE_IN_COLLECTIVE)
     work = dataclasses.replace(build_pipeline_work(model, plan, profile), blocking_p2p=False)
     if extra_all_reduces:
         work = _with_tp_all_reduces(work, model, plan, profile, extra_all_reduces)

@@ -9,7 +9,6 @@ dies or hangs ends the run with an error naming it.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import pytest
 from plansim.schedule.builders import build_actions
 from plansim.sim.timeline import validate_timeline
 from plansim.specs.model import Activation, ModelSpec, Normalization, PositionEmbedding
-from plansim.specs.plan import ParallelPlan, Precision, Recompute, Schedule
+from plansim.specs.plan import ParallelPlan, Precision, Recompute, Schedule, plan_from_fields
 from plansim.validate.executed_fsdp import runs_per_step
 from plansim.validate.reference import reference_losses
 from plansim.validate.result import ValidateError
@@ -63,10 +62,10 @@ GPT = ModelSpec(
 )
 
 PLANS = {
-    "tp2": (LLAMA, ParallelPlan(dp=1, tp=2, pp=1, micro_batch_size=2, global_batch_size=4)),
+    "tp2": (LLAMA, plan_from_fields(dp=1, tp=2, pp=1, micro_batch_size=2, global_batch_size=4)),
     "tp2-sp-full": (
         GPT,
-        ParallelPlan(
+        plan_from_fields(
             dp=1,
             tp=2,
             pp=1,
@@ -76,11 +75,14 @@ PLANS = {
             recompute=Recompute.FULL,
         ),
     ),
-    "pp2-1f1b": (LLAMA, ParallelPlan(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=4)),
+    "pp2-1f1b": (
+        LLAMA,
+        plan_from_fields(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=4),
+    ),
     # Megatron-LM's block method: the first of each stage's 2 layers recomputed
     "pp2-full-block1": (
         GPT,
-        ParallelPlan(
+        plan_from_fields(
             dp=1,
             tp=1,
             pp=2,
@@ -93,7 +95,7 @@ PLANS = {
     # uneven split (Megatron-LM --decoder-first-pipeline-num-layers): layers 1 and 3
     "pp2-uneven": (
         LLAMA,
-        ParallelPlan(
+        plan_from_fields(
             dp=1,
             tp=1,
             pp=2,
@@ -106,7 +108,7 @@ PLANS = {
     # first stage holding only the embedding and the last only the head and loss
     "pp2-vpp3-embedding-loss-in-split": (
         GPT,
-        ParallelPlan(
+        plan_from_fields(
             dp=1,
             tp=1,
             pp=2,
@@ -120,7 +122,7 @@ PLANS = {
     ),
     "pp2-interleaved": (
         GPT,
-        ParallelPlan(
+        plan_from_fields(
             dp=1,
             tp=1,
             pp=2,
@@ -132,15 +134,15 @@ PLANS = {
     ),
     "dp2-zero1-adamw": (
         LLAMA,
-        ParallelPlan(dp=2, tp=1, pp=1, micro_batch_size=1, global_batch_size=4, zero_stage=1),
+        plan_from_fields(dp=2, tp=1, pp=1, micro_batch_size=1, global_batch_size=4, zero_stage=1),
     ),
     "dp2-zero2": (
         GPT,
-        ParallelPlan(dp=2, tp=1, pp=1, micro_batch_size=1, global_batch_size=4, zero_stage=2),
+        plan_from_fields(dp=2, tp=1, pp=1, micro_batch_size=1, global_batch_size=4, zero_stage=2),
     ),
     "dp2-zero3-selective": (
         LLAMA,
-        ParallelPlan(
+        plan_from_fields(
             dp=2,
             tp=1,
             pp=1,
@@ -153,18 +155,18 @@ PLANS = {
     # hybrid sharding: FSDP2 on a 2-D (replicate 2 x shard 2) mesh over 4 ranks
     "dp4-hsdp2-zero3": (
         GPT,
-        ParallelPlan(
+        plan_from_fields(
             dp=4, tp=1, pp=1, micro_batch_size=1, global_batch_size=8, zero_stage=3, dp_shard=2
         ),
     ),
     # FSDP2 under pipelining: gathered once per step, reduced after the last backward
     "dp2-pp2-zero3": (
         GPT,
-        ParallelPlan(dp=2, tp=1, pp=2, micro_batch_size=1, global_batch_size=8, zero_stage=3),
+        plan_from_fields(dp=2, tp=1, pp=2, micro_batch_size=1, global_batch_size=8, zero_stage=3),
     ),
     "dp2-pp2-zb-h1-zero3": (
         GPT,
-        ParallelPlan(
+        plan_from_fields(
             dp=2,
             tp=1,
             pp=2,
@@ -285,13 +287,12 @@ BF16 = Precision.BF16
 #: pipelining.
 BF16_REPEATS = ("tp2", "pp2-1f1b", "pp2-interleaved", "dp2-zero3-selective", "dp2-pp2-zero3")
 BF16_PLANS = {
-    name: (PLANS[name][0], dataclasses.replace(PLANS[name][1], precision=BF16))
-    for name in BF16_REPEATS
+    name: (PLANS[name][0], PLANS[name][1].with_fields(precision=BF16)) for name in BF16_REPEATS
 } | {
     # the DP all-reduce of the fp32 main gradients, tied embeddings, full recompute
     "dp2-full": (
         GPT,
-        ParallelPlan(
+        plan_from_fields(
             dp=2,
             tp=1,
             pp=1,
@@ -304,7 +305,7 @@ BF16_PLANS = {
     # zero bubble: the weight-gradient step assigns .grad itself, folded in after the step
     "pp2-zb-h1": (
         GPT,
-        ParallelPlan(
+        plan_from_fields(
             dp=1,
             tp=1,
             pp=2,
@@ -335,7 +336,7 @@ def test_bf16_plan_trains_like_the_fp32_reference(name: str) -> None:
 
 
 def test_dp2_pp2_tp2_on_8_ranks() -> None:
-    plan = ParallelPlan(dp=2, tp=2, pp=2, micro_batch_size=1, global_batch_size=4)
+    plan = plan_from_fields(dp=2, tp=2, pp=2, micro_batch_size=1, global_batch_size=4)
     outcome = _run(LLAMA, plan)
     measured = outcome.measured  # type: ignore[attr-defined]
     _check_losses(LLAMA, plan, measured.losses)
@@ -386,12 +387,12 @@ def test_a_hung_rank_ends_the_run_within_the_timeout(monkeypatch: pytest.MonkeyP
 
 _TORCHRUN_SCRIPT = """
 import json, os, sys
-from plansim.specs.plan import ParallelPlan
+from plansim.specs.plan import plan_from_fields
 from plansim.validate.runner import RunConfig, run_plan
 sys.path.insert(0, {tests!r})
 from test_validate_runner import LLAMA
 
-plan = ParallelPlan(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=4)
+plan = plan_from_fields(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=4)
 config = RunConfig(model=LLAMA, plan=plan, backend="gloo", device="cpu", num_processes=2,
                    num_steps=3, num_warmup_steps=0, timeout_s=60.0, optimizer="sgd")
 run = run_plan(config)

@@ -11,7 +11,7 @@ import torch
 
 from plansim.catalog import resolve_model
 from plansim.specs.model import Activation, ModelSpec
-from plansim.specs.plan import ParallelPlan, Schedule
+from plansim.specs.plan import ParallelPlan, Schedule, plan_from_fields
 from plansim.validate.model import build_model, scale_model, split_stage, synthetic_batches
 from plansim.validate.parallelize import check_supported
 from plansim.validate.result import ValidateError
@@ -29,7 +29,7 @@ TINY = ModelSpec(
     vocab_size=128,
     tied_embeddings=True,
 )
-PLAN = ParallelPlan(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=4)
+PLAN = plan_from_fields(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=4)
 
 
 def _config(**changes: object) -> RunConfig:
@@ -63,7 +63,7 @@ def test_runner_module_does_not_import_torch() -> None:
         (
             {
                 "dtype": "bf16",
-                "plan": ParallelPlan(
+                "plan": plan_from_fields(
                     dp=2, tp=1, pp=1, zero_stage=1, micro_batch_size=1, global_batch_size=2
                 ),
             },
@@ -82,15 +82,17 @@ def test_run_config_names_the_bad_field(changes: dict[str, object], message: str
     ("plan", "message"),
     [
         (
-            ParallelPlan(dp=1, tp=1, pp=1, cp=2, micro_batch_size=1, global_batch_size=2),
+            plan_from_fields(dp=1, tp=1, pp=1, cp=2, micro_batch_size=1, global_batch_size=2),
             r"plan.cp\(2\) > 1 is not supported",
         ),
         (
-            ParallelPlan(dp=2, tp=2, pp=1, zero_stage=1, micro_batch_size=1, global_batch_size=2),
+            plan_from_fields(
+                dp=2, tp=2, pp=1, zero_stage=1, micro_batch_size=1, global_batch_size=2
+            ),
             "zero_stage 1 with tp > 1 is not supported",
         ),
         (
-            ParallelPlan(
+            plan_from_fields(
                 dp=1,
                 tp=1,
                 pp=3,
@@ -102,15 +104,15 @@ def test_run_config_names_the_bad_field(changes: dict[str, object], message: str
             r"model.num_layers\(4\) with decoder_first_pipeline_num_layers\(3\) .* -2 layers left",
         ),
         (
-            ParallelPlan(dp=1, tp=1, pp=3, micro_batch_size=1, global_batch_size=3),
+            plan_from_fields(dp=1, tp=1, pp=3, micro_batch_size=1, global_batch_size=3),
             r"num_layers\(4\) is not divisible by pp\(3\) \* vpp\(1\) = 3",
         ),
         (
-            ParallelPlan(dp=1, tp=4, pp=1, micro_batch_size=1, global_batch_size=1),
+            plan_from_fields(dp=1, tp=4, pp=1, micro_batch_size=1, global_batch_size=1),
             r"num_query_groups\(2\) is not divisible by tp\(4\)",
         ),
         (
-            ParallelPlan(
+            plan_from_fields(
                 dp=4, tp=2, pp=1, micro_batch_size=1, global_batch_size=4, zero_stage=3, dp_shard=2
             ),
             r"plan.dp_shard\(2\) \(hybrid sharding\) is supported by the validator with "
@@ -146,7 +148,7 @@ def test_initialisation_is_deterministic() -> None:
 
 def test_scale_model_keeps_what_the_plan_needs() -> None:
     llama = resolve_model("llama3-70b")
-    plan = ParallelPlan(
+    plan = plan_from_fields(
         dp=1,
         tp=2,
         pp=2,

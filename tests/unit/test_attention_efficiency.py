@@ -39,11 +39,11 @@ from plansim.io.profiles import load_profile, profile_from_dict, profile_to_dict
 from plansim.specs.compute_terms import AttentionEfficiency
 from plansim.specs.curves import Curve
 from plansim.specs.hardware import HardwareProfile
-from plansim.specs.plan import AttentionKernel, ParallelPlan, Precision
+from plansim.specs.plan import AttentionKernel, ParallelPlan, Precision, plan_from_fields
 from tests.unit.synthetic import TINY_MODEL, round_profile
 
 MODEL = TINY_MODEL
-PLAN = ParallelPlan(dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=1)
+PLAN = plan_from_fields(dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=1)
 CORE_GEMM_S = 2 * 16384 / 1000e9  # the two HBM-bound core GEMMs, forward
 FLASH_FWD_S, FLASH_BWD_S = 16384 / 1000e9, 32768 / 1000e9  # fused, no curve: Q K V O traffic
 CALL_FLOPS = 131072.0
@@ -66,7 +66,7 @@ def test_call_flops_are_the_causal_half_of_the_core_gemms() -> None:
     from plansim.analytic.layer_cost import layer_gemms
 
     assert attention_call_flops(layer_gemms(MODEL, PLAN)) == CALL_FLOPS
-    tp2 = dataclasses.replace(PLAN, tp=2, dp=1)
+    tp2 = PLAN.with_fields(tp=2, dp=1)
     assert attention_call_flops(layer_gemms(MODEL, tp2)) == CALL_FLOPS / 2
 
 
@@ -86,10 +86,10 @@ def test_curve_prices_the_attention_core_forward_and_backward() -> None:
 def test_absent_key_unfused_kernel_and_other_dtype_keep_the_gemm_pricing() -> None:
     base = round_profile()
     assert passes(dataclasses.replace(base, attention_efficiency={})) == passes(base)
-    unfused = dataclasses.replace(PLAN, attention=AttentionKernel.UNFUSED)
+    unfused = PLAN.with_fields(attention=AttentionKernel.UNFUSED)
     fused = with_attention(base, fwd=0.25, bwd=0.2)
     assert passes(fused, unfused) == passes(base, unfused)
-    fp16 = dataclasses.replace(PLAN, precision=Precision.FP16)
+    fp16 = PLAN.with_fields(precision=Precision.FP16)
     assert passes(fused, fp16) == passes(base, fp16)  # the curve is for bf16 only
     core = attention_core_times((), unfused, base, dtype="bf16", gemm_forward_s=1.0)
     assert (core.forward_s, core.backward_s) == (1.0, 2.0)

@@ -16,7 +16,7 @@ from plansim.planner.backtest import Prediction, predict_row
 from plansim.planner.run_checks import PER_LAYER
 from plansim.planner.run_model import row_model
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import AttentionKernel, ParallelPlan, Recompute
+from plansim.specs.plan import AttentionKernel, ParallelPlan, Recompute, plan_from_fields
 
 # A 22B-style layer on 8 GPUs with tp 8, as Korthikanti et al. 2022 Table 4 times it.
 LAYER_ROW = {
@@ -48,7 +48,7 @@ def _predict(**cells: str) -> Prediction:
 
 
 def _plan(recompute: Recompute, *, sp: bool = False) -> ParallelPlan:
-    return ParallelPlan(
+    return plan_from_fields(
         dp=1,
         tp=8,
         pp=1,
@@ -78,7 +78,7 @@ def test_full_recompute_adds_one_forward_to_the_backward() -> None:
 def test_a_layer_pays_its_blocking_tp_collectives() -> None:
     model, profile = _model(), load_profile("a100-sxm4-80gb")
     tp8 = layer_wall_times(model, _plan(Recompute.NONE), profile)
-    one_gpu = ParallelPlan(
+    one_gpu = plan_from_fields(
         dp=8, tp=1, pp=1, micro_batch_size=4, global_batch_size=32,
         attention=AttentionKernel.UNFUSED,
     )  # fmt: skip

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 
 import pytest
 
@@ -22,17 +21,17 @@ from plansim.errors import SpecError
 from plansim.io.profiles import load_profile
 from plansim.planner.evaluate import Evaluation, evaluate
 from plansim.specs.layer_split import stage_bf16_layers
-from plansim.specs.plan import ParallelPlan, Precision, Recompute, Schedule
+from plansim.specs.plan import ParallelPlan, Precision, Recompute, Schedule, plan_from_fields
 
 H100 = load_profile("h100-sxm5-80gb")
 MODEL = resolve_model("megatron-1.7b")  # 24 layers
-FP8 = ParallelPlan(
+FP8 = plan_from_fields(
     dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=4, precision=Precision.FP8
 )
 
 
 def _interleaved(start: int, end: int) -> ParallelPlan:
-    return ParallelPlan(
+    return plan_from_fields(
         dp=1,
         tp=1,
         pp=4,
@@ -51,30 +50,30 @@ def test_the_bf16_layers_are_the_models_first_and_last_in_stage_order() -> None:
     # the last one is the last layer of chunk 7 (rank 3).
     ends = stage_bf16_layers(24, _interleaved(5, 1))
     assert ends == ((3, 0), (2, 0), (0, 0), (0, 0), (0, 0), (0, 0), (0, 0), (0, 1))
-    assert stage_bf16_layers(24, replace(FP8, num_layers_at_start_in_bf16=1)) == ((1, 0),)
+    assert stage_bf16_layers(24, FP8.with_fields(num_layers_at_start_in_bf16=1)) == ((1, 0),)
     with pytest.raises(SpecError, match=r"num_layers_at_start_in_bf16\(20\) \+ .*> num_layers"):
         stage_bf16_layers(24, _interleaved(20, 5))
 
 
 def test_plan_checks_and_label() -> None:
-    plan = replace(FP8, num_layers_at_start_in_bf16=1, num_layers_at_end_in_bf16=4)
+    plan = FP8.with_fields(num_layers_at_start_in_bf16=1, num_layers_at_end_in_bf16=4)
     assert plan.label().endswith("bf16-layers-1-4")
     with pytest.raises(SpecError, match=r"need precision fp8 or fp4 \(got bf16\)"):
-        replace(plan, precision=Precision.BF16)
+        plan.with_fields(precision=Precision.BF16)
     with pytest.raises(SpecError, match="num_layers_at_end_in_bf16 must be an integer >= 0"):
-        replace(FP8, num_layers_at_end_in_bf16=-1)
+        FP8.with_fields(num_layers_at_end_in_bf16=-1)
 
 
 @pytest.mark.parametrize("precision", [Precision.FP8, Precision.FP4])
 def test_each_bf16_layer_costs_a_bf16_layers_time(precision: Precision) -> None:
     profile = load_profile("b200-sxm-180gb")
     model = resolve_model("llama3-8b")
-    base = replace(FP8, dp=8, global_batch_size=8, precision=precision)
-    mixed = replace(base, num_layers_at_start_in_bf16=1, num_layers_at_end_in_bf16=2)
+    base = FP8.with_fields(dp=8, global_batch_size=8, precision=precision)
+    mixed = base.with_fields(num_layers_at_start_in_bf16=1, num_layers_at_end_in_bf16=2)
     groups = layout_groups(base, gpus_per_node=profile.gpus_per_node)
     job = job_compute_profile(profile, base.num_gpus)
     quantized = layer_pass_times(model, base, job, groups)
-    bf16 = layer_pass_times(model, replace(base, precision=Precision.BF16), job, groups)
+    bf16 = layer_pass_times(model, base.with_fields(precision=Precision.BF16), job, groups)
     assert bf16.forward_s > quantized.forward_s  # the bf16 GEMMs are slower
     old, new = (build_pipeline_work(model, p, profile).stages[0] for p in (base, mixed))
     for phase, attr in (("forward", "forward_s"), ("backward", None)):
@@ -91,7 +90,7 @@ def test_each_bf16_layer_costs_a_bf16_layers_time(precision: Precision) -> None:
 
 
 def test_a_bf16_layer_stores_16_bit_gemm_inputs() -> None:
-    mixed = replace(FP8, num_layers_at_end_in_bf16=2)
+    mixed = FP8.with_fields(num_layers_at_end_in_bf16=2)
 
     def stored(gemm_input_bytes: float) -> float:
         return layer_activations(
@@ -111,9 +110,9 @@ def test_a_bf16_layer_stores_16_bit_gemm_inputs() -> None:
     assert extra == pytest.approx(2 * (stored(2.0) - stored(1.0)), rel=1e-12)
     assert extra > 0
     # Full recompute keeps only each layer's input, the same in bf16 and fp8.
-    full = replace(FP8, recompute=Recompute.FULL)
+    full = FP8.with_fields(recompute=Recompute.FULL)
     assert microbatch_activation_bytes(
-        MODEL, replace(full, num_layers_at_end_in_bf16=2), rank=0
+        MODEL, full.with_fields(num_layers_at_end_in_bf16=2), rank=0
     ) == microbatch_activation_bytes(MODEL, full, rank=0)
 
 

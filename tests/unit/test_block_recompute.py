@@ -24,14 +24,14 @@ from plansim.errors import SpecError
 from plansim.io.profiles import load_profile
 from plansim.planner.enumerate import SearchSpace, block_recompute_options, enumerate_plans
 from plansim.planner.evaluate import Evaluation, evaluate
-from plansim.specs.plan import ParallelPlan, Recompute
+from plansim.specs.plan import ParallelPlan, Recompute, plan_from_fields
 
 MODEL = resolve_model("megatron-1.7b")
 PROFILE = load_profile("a100-sxm4-80gb")
 
 
 def _plan(recompute: Recompute = Recompute.FULL, block: int | None = None) -> ParallelPlan:
-    return ParallelPlan(
+    return plan_from_fields(
         dp=1,
         tp=1,
         pp=2,
@@ -151,7 +151,7 @@ def test_validate_checkpoints_only_the_first_n_blocks_of_a_stage() -> None:
         seq_length=8,
         vocab_size=64,
     )
-    plan = ParallelPlan(
+    plan = plan_from_fields(
         dp=1,
         tp=1,
         pp=2,

@@ -9,12 +9,12 @@ from plansim.analytic.ranks import GroupSpan, group_span, layout_groups
 from plansim.errors import SpecError
 from plansim.specs.curves import bus_factor
 from plansim.specs.hardware import LinkTier
-from plansim.specs.plan import ParallelPlan
+from plansim.specs.plan import plan_from_fields
 from tests.unit.synthetic import round_profile
 
 
 def test_rank_order_tp_cp_dp_pp_worked_example() -> None:
-    plan = ParallelPlan(dp=2, tp=2, pp=2, micro_batch_size=1, global_batch_size=2)
+    plan = plan_from_fields(dp=2, tp=2, pp=2, micro_batch_size=1, global_batch_size=2)
     groups = layout_groups(plan, gpus_per_node=4)
     assert groups.tp == GroupSpan(size=2, members_per_node=2, num_nodes=1)
     assert groups.dp == GroupSpan(size=2, members_per_node=2, num_nodes=1)
@@ -23,7 +23,7 @@ def test_rank_order_tp_cp_dp_pp_worked_example() -> None:
 
 
 def test_gpt3_layout_spans() -> None:
-    plan = ParallelPlan(dp=8, tp=8, pp=16, micro_batch_size=1, global_batch_size=1536)
+    plan = plan_from_fields(dp=8, tp=8, pp=16, micro_batch_size=1, global_batch_size=1536)
     groups = layout_groups(plan, gpus_per_node=8)
     assert groups.tp.num_nodes == 1
     assert groups.dp == GroupSpan(size=8, members_per_node=1, num_nodes=8)

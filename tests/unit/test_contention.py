@@ -24,7 +24,7 @@ from plansim.schedule.actions import PerRankActions
 from plansim.sim import SimResult, simulate
 from plansim.sim.links import Link, Network
 from plansim.sim.timeline import exposure
-from plansim.specs.plan import ParallelPlan, Schedule
+from plansim.specs.plan import Schedule, plan_from_fields
 from plansim.specs.work import P2P, GradBucket, PipelineWork, RankWork, Segment, StageWork
 from tests.unit.synthetic import round_profile
 
@@ -440,7 +440,7 @@ MODEL = resolve_model("megatron-1.7b")
 def test_cost_tags_each_transfer_with_the_tier_its_group_spans() -> None:
     # 4 GPUs per node, tp 2 x dp 2 x pp 2: TP and DP inside a node, each PP hop crosses one.
     prof = round_profile(gpus_per_node=4)
-    plan = ParallelPlan(
+    plan = plan_from_fields(
         dp=2, tp=2, pp=2, micro_batch_size=1, global_batch_size=8, overlap_grad_reduce=True
     )
     work = build_pipeline_work(MODEL, plan, prof)
@@ -475,7 +475,7 @@ def test_cost_tags_each_transfer_with_the_tier_its_group_spans() -> None:
 def test_costed_step_is_slowed_only_by_contention() -> None:
     # Every group across nodes: rank 1's DP reduction and its last gradient send share its
     # NIC. Without links the same work runs faster; the compute is the same.
-    plan = ParallelPlan(
+    plan = plan_from_fields(
         dp=2, tp=1, pp=2, micro_batch_size=1, global_batch_size=8, overlap_grad_reduce=True
     )
     work = build_pipeline_work(MODEL, plan, round_profile(gpus_per_node=1))
@@ -525,7 +525,6 @@ def test_tied_embedding_all_reduce_is_one_collective_of_first_and_last_stage() -
     together, and the last stage's optimizer runs after that end."""
     from plansim.planner.evaluate import Evaluation, evaluate
     from plansim.specs.model import Activation, ModelSpec
-    from plansim.specs.plan import ParallelPlan
     from tests.unit.synthetic import round_profile
 
     model = ModelSpec(
@@ -540,7 +539,7 @@ def test_tied_embedding_all_reduce_is_one_collective_of_first_and_last_stage() -
         vocab_size=32768,
         tied_embeddings=True,
     )
-    plan = ParallelPlan(tp=1, pp=2, dp=1, micro_batch_size=1, global_batch_size=8)
+    plan = plan_from_fields(tp=1, pp=2, dp=1, micro_batch_size=1, global_batch_size=8)
     ev = evaluate(model, plan, round_profile())
     assert isinstance(ev, Evaluation)
     df = ev.result.timeline

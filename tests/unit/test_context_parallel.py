@@ -31,7 +31,7 @@ from plansim.planner.evaluate import Evaluation, check_plan, evaluate
 from plansim.specs.hardware import LinkTier
 from plansim.specs.layer_split import check_plan_divides_model
 from plansim.specs.model import Activation, ModelSpec
-from plansim.specs.plan import AttentionKernel, ParallelPlan, Recompute
+from plansim.specs.plan import AttentionKernel, ParallelPlan, Recompute, plan_from_fields
 from tests.unit.synthetic import round_profile
 
 US = 1e-6
@@ -56,7 +56,7 @@ def _plan(**kw: object) -> ParallelPlan:
     base: dict[str, object] = {"dp": 1, "tp": 1, "pp": 1, "micro_batch_size": 1}
     base.update(kw)
     base.setdefault("global_batch_size", base["micro_batch_size"] * base["dp"])
-    return ParallelPlan(**base)
+    return plan_from_fields(**base)
 
 
 # --- validation --------------------------------------------------------------------------
@@ -419,7 +419,7 @@ def test_llama3_405b_16k_fits_with_cp2_not_cp1(layers: int, pp: int, gpus: int) 
     model = resolve_model("llama3-405b", seq_length=16384)
     model = ModelSpec(**{**_fields(model), "num_layers": layers})
     plans = {
-        cp: ParallelPlan(
+        cp: plan_from_fields(
             dp=gpus // (8 * pp * cp),
             tp=8,
             pp=pp,

@@ -12,7 +12,7 @@ from plansim.analytic.ranks import layout_groups
 from plansim.catalog import resolve_model
 from plansim.errors import SpecError
 from plansim.io.profiles import load_profile
-from plansim.specs.plan import ParallelPlan, Precision
+from plansim.specs.plan import Precision, plan_from_fields
 
 A100 = load_profile("a100-sxm4-80gb")
 
@@ -27,7 +27,7 @@ def test_bytes_per_logit_follow_the_op_sequence() -> None:
 
 def test_a_larger_vocabulary_costs_its_logits_traffic_at_the_streaming_rate() -> None:
     model = resolve_model("gpt3-175b")
-    plan = ParallelPlan(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=4)
+    plan = plan_from_fields(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=4)
     wide = dataclasses.replace(model, vocab_size=model.vocab_size + 32768)
     groups = layout_groups(plan, gpus_per_node=A100.gpus_per_node)
     base, more = edge_times(model, plan, A100, groups), edge_times(wide, plan, A100, groups)
@@ -46,8 +46,8 @@ def test_the_logits_gemms_stay_16_bit_under_fp8_and_fp4(precision: Precision) ->
     # Engine: its GEMMs run at the bf16 rate whatever the layers' precision.
     gb200 = load_profile("gb200-nvl72")
     model = resolve_model("llama3-8b")
-    bf16 = ParallelPlan(dp=8, tp=1, pp=1, micro_batch_size=1, global_batch_size=8)
-    quantized = dataclasses.replace(bf16, precision=precision)
+    bf16 = plan_from_fields(dp=8, tp=1, pp=1, micro_batch_size=1, global_batch_size=8)
+    quantized = bf16.with_fields(precision=precision)
     groups = layout_groups(bf16, gpus_per_node=gb200.gpus_per_node)
     head = edge_times(model, bf16, gb200, groups).last_backward_weight_s  # one logits GEMM
     assert edge_times(model, quantized, gb200, groups).last_backward_weight_s == head

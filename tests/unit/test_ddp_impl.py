@@ -10,8 +10,6 @@ servers none here.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from plansim.analytic.cost import build_pipeline_work
@@ -22,12 +20,12 @@ from plansim.io.profiles import load_profile
 from plansim.io.runs import RunRow
 from plansim.planner.enumerate import SearchSpace, enumerate_plans
 from plansim.planner.run_space import row_space
-from plansim.specs.plan import DdpImpl, DpSync, ParallelPlan
+from plansim.specs.plan import DdpImpl, DpSync, ParallelPlan, plan_from_fields
 from tests.unit.test_attention_efficiency import MODEL
 
 G = 1000.0
-DP1 = ParallelPlan(dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=4)
-DP4 = dataclasses.replace(DP1, dp=4)
+DP1 = plan_from_fields(dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=4)
+DP4 = DP1.with_fields(dp=4)
 
 
 @pytest.mark.parametrize(
@@ -40,15 +38,15 @@ DP4 = dataclasses.replace(DP1, dp=4)
         (DP1, DdpImpl.TORCH, 4 * G),
         (DP4, DdpImpl.TORCH, 4 * G),
         (DP4, DdpImpl.AVERAGE_IN_COLLECTIVE, 0.0),
-        (dataclasses.replace(DP4, zero_stage=1), DdpImpl.MEGATRON_CORE, 2 * G),
-        (dataclasses.replace(DP4, zero_stage=2), DdpImpl.LOCAL, 0.0),
-        (dataclasses.replace(DP4, zero_stage=3), DdpImpl.TORCH, 0.0),
-        (dataclasses.replace(DP4, dp_sync=DpSync.PARAMETER_SERVER), DdpImpl.LOCAL, 0.0),
-        (dataclasses.replace(DP1, cp=2, attention=DP1.attention), DdpImpl.MEGATRON_CORE, 2 * G),
+        (DP4.with_fields(zero_stage=1), DdpImpl.MEGATRON_CORE, 2 * G),
+        (DP4.with_fields(zero_stage=2), DdpImpl.LOCAL, 0.0),
+        (DP4.with_fields(zero_stage=3), DdpImpl.TORCH, 0.0),
+        (DP4.with_fields(dp_sync=DpSync.PARAMETER_SERVER), DdpImpl.LOCAL, 0.0),
+        (DP1.with_fields(cp=2, attention=DP1.attention), DdpImpl.MEGATRON_CORE, 2 * G),
     ],
 )
 def test_grad_average_bytes_per_wrapper(plan: ParallelPlan, impl: DdpImpl, expected: float) -> None:
-    plan = dataclasses.replace(plan, ddp_impl=impl)
+    plan = plan.with_fields(ddp_impl=impl)
     assert grad_average_bytes(plan, grad_buffer_bytes=G) == expected
 
 
@@ -56,8 +54,8 @@ def test_the_optimizer_segment_carries_the_average_pass() -> None:
     """The legacy local DDP at dp 1 adds exactly 2 x the fp32 gradient buffer (4 B per
     parameter) at the streaming rate to the optimizer segment; Megatron-core adds nothing."""
     profile = load_profile("a100-sxm4-80gb")
-    plan = ParallelPlan(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=4)
-    local = dataclasses.replace(plan, ddp_impl=DdpImpl.LOCAL)
+    plan = plan_from_fields(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=4)
+    local = plan.with_fields(ddp_impl=DdpImpl.LOCAL)
     for rank in (0, 1):
         core = build_pipeline_work(MODEL, plan, profile).ranks[rank].optimizer[0]
         legacy = build_pipeline_work(MODEL, local, profile).ranks[rank].optimizer[0]
@@ -73,7 +71,7 @@ def test_the_search_carries_the_space_s_wrapper_into_every_plan() -> None:
     assert plans and {p.ddp_impl for p in plans} == {DdpImpl.TORCH}
     assert "ddp-torch" in plans[0].label()
     assert "ddp-" not in DP4.label()  # the default is not labelled
-    zero3 = dataclasses.replace(DP4, zero_stage=3, ddp_impl=DdpImpl.LOCAL)
+    zero3 = DP4.with_fields(zero_stage=3, ddp_impl=DdpImpl.LOCAL)
     assert "ddp-" not in zero3.label()  # no effect with ZeRO-3: not labelled
 
 
@@ -127,4 +125,6 @@ def test_simulate_flag_and_bad_value(capsys: pytest.CaptureFixture[str]) -> None
 
 def test_plan_rejects_a_non_member() -> None:
     with pytest.raises(Exception, match="ddp_impl"):
-        ParallelPlan(dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=1, ddp_impl="local")  # type: ignore[arg-type]
+        plan_from_fields(
+            dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=1, ddp_impl="local"
+        )  # type: ignore[arg-type]

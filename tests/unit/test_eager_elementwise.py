@@ -4,8 +4,6 @@ torch.compile) priced op by op beyond Megatron-LM's fused kernels
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from plansim.analytic.eager_elementwise import eager_extra_traffic
@@ -15,7 +13,7 @@ from plansim.catalog import resolve_model
 from plansim.cli import main
 from plansim.io.runs import RunRow
 from plansim.planner.run_space import row_space
-from plansim.specs.plan import ParallelPlan, Recompute
+from plansim.specs.plan import Recompute, plan_from_fields
 from tests.unit.synthetic import round_profile
 
 
@@ -63,8 +61,8 @@ def test_a_gpt_layer_adds_the_output_copy_and_the_norms_second_backward_pass() -
 def test_the_layer_moves_the_extra_bytes_at_the_elementwise_rate() -> None:
     model = resolve_model("llama3-8b")
     profile = round_profile()
-    plan = ParallelPlan(dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=1)
-    eager = dataclasses.replace(plan, fused_elementwise=False)
+    plan = plan_from_fields(dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=1)
+    eager = plan.with_fields(fused_elementwise=False)
     groups = layout_groups(plan, gpus_per_node=profile.gpus_per_node)
     fused_t = layer_pass_times(model, plan, profile, groups)
     eager_t = layer_pass_times(model, eager, profile, groups)
@@ -76,8 +74,8 @@ def test_the_layer_moves_the_extra_bytes_at_the_elementwise_rate() -> None:
     assert eager_t.backward_input_s - fused_t.backward_input_s == pytest.approx(backward)
     assert eager_t.backward_weight_s == fused_t.backward_weight_s
     # recompute re-runs the forward's elementwise work, eager ops included
-    full = dataclasses.replace(plan, recompute=Recompute.FULL)
-    full_eager = dataclasses.replace(full, fused_elementwise=False)
+    full = plan.with_fields(recompute=Recompute.FULL)
+    full_eager = full.with_fields(fused_elementwise=False)
     assert layer_pass_times(model, full_eager, profile, groups).recompute_s == pytest.approx(
         layer_pass_times(model, full, profile, groups).recompute_s + forward
     )
@@ -122,8 +120,8 @@ def test_simulate_flag_labels_the_plan_and_slows_the_step(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     fused, eager = _fused_and_eager("simulate", capsys, "--mbs", "1", "--recompute", "full")
-    plan = ParallelPlan(dp=8, tp=1, pp=1, micro_batch_size=1, global_batch_size=8)
-    assert "eager-ops" in dataclasses.replace(plan, fused_elementwise=False).label()
+    plan = plan_from_fields(dp=8, tp=1, pp=1, micro_batch_size=1, global_batch_size=8)
+    assert "eager-ops" in plan.with_fields(fused_elementwise=False).label()
     assert "eager-ops" not in plan.label()
 
     def step(text: str) -> float:

@@ -17,10 +17,10 @@ from plansim.calibrate.plan import build_plan
 from plansim.errors import SpecError
 from plansim.io.profiles import load_profile, write_profile
 from plansim.specs.model import Activation
-from plansim.specs.plan import ParallelPlan
+from plansim.specs.plan import plan_from_fields
 from tests.unit.synthetic import TINY_MODEL, round_profile
 
-PLAN = ParallelPlan(dp=1, tp=1, pp=1, micro_batch_size=2, global_batch_size=2)
+PLAN = plan_from_fields(dp=1, tp=1, pp=1, micro_batch_size=2, global_batch_size=2)
 
 
 def test_calibration_bytes_are_the_cost_models_count_for_a_gelu_layer() -> None:

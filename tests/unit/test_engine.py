@@ -14,7 +14,7 @@ from plansim.schedule import Action, ScheduleError, build_actions
 from plansim.schedule.actions import PerRankActions
 from plansim.sim import COLUMNS, SimResult, make_timeline, simulate, validate_timeline
 from plansim.sim.timeline import TimelineError
-from plansim.specs.plan import ParallelPlan, Schedule
+from plansim.specs.plan import Schedule, plan_from_fields
 from plansim.specs.work import P2P, PipelineWork, RankWork, Segment, StageWork
 
 MS = 1e-3
@@ -269,7 +269,7 @@ def test_interleaved_peak_memory_matches_analytic_in_flight(p: int, v: int, m: i
     )
     actions = build_actions(Schedule.INTERLEAVED_1F1B, num_ranks=p, num_microbatches=m, vpp=v)
     result = simulate(actions, work)
-    plan = ParallelPlan(
+    plan = plan_from_fields(
         dp=1,
         tp=1,
         pp=p,

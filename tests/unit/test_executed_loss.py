@@ -13,7 +13,7 @@ from plansim.analytic.flops import Gemm
 from plansim.analytic.layer_cost import gemm_time_s
 from plansim.analytic.sustained import job_compute_profile
 from plansim.io.profiles import load_profile
-from plansim.specs.plan import ParallelPlan
+from plansim.specs.plan import plan_from_fields
 from plansim.specs.work import Segment
 from plansim.validate.executed_loss import (
     replicated_head_extra_s,
@@ -30,14 +30,14 @@ MODEL = SMALL_GPT  # s 16, V 128
 
 def test_three_copies_of_the_whole_vocabulary_less_plansims_one() -> None:
     copy = 4.0 * 16 * 2 * 128  # fp32, s 16, b 2
-    plan = ParallelPlan(tp=1, pp=1, dp=1, micro_batch_size=2, global_batch_size=4)
+    plan = plan_from_fields(tp=1, pp=1, dp=1, micro_batch_size=2, global_batch_size=4)
     assert runner_loss_extra_bytes(MODEL, plan) == pytest.approx(2 * copy)
-    tp2 = ParallelPlan(tp=2, pp=1, dp=1, micro_batch_size=2, global_batch_size=4)
+    tp2 = plan_from_fields(tp=2, pp=1, dp=1, micro_batch_size=2, global_batch_size=4)
     assert runner_loss_extra_bytes(MODEL, tp2) == pytest.approx(3 * copy - copy / 2)
 
 
 def test_only_the_last_pipeline_rank_holds_it() -> None:
-    plan = ParallelPlan(tp=1, pp=2, dp=1, micro_batch_size=2, global_batch_size=8)
+    plan = plan_from_fields(tp=1, pp=2, dp=1, micro_batch_size=2, global_batch_size=8)
     work = build_pipeline_work(MODEL, plan, load_profile("h100-sxm5-80gb"))
     after = with_runner_loss(work, MODEL, plan)
     assert after.ranks[0] == work.ranks[0]
@@ -50,9 +50,9 @@ def test_the_replicated_output_layer_costs_the_whole_vocabulary_on_every_tp_rank
     where plansim's Megatron output layer runs V/tp."""
     profile = load_profile("h100-sxm5-80gb")
     model = dataclasses.replace(SMALL_GPT, vocab_size=32768, hidden_size=1024, seq_length=1024)
-    one = ParallelPlan(tp=1, pp=2, dp=1, micro_batch_size=2, global_batch_size=8)
+    one = plan_from_fields(tp=1, pp=2, dp=1, micro_batch_size=2, global_batch_size=8)
     assert replicated_head_extra_s(model, one, profile) == 0.0
-    plan = dataclasses.replace(one, tp=4)
+    plan = one.with_fields(tp=4)
     full = Gemm(name="logits", m=2 * 1024, n=32768, k=1024)
     quarter = dataclasses.replace(full, n=32768 // 4)
     job = job_compute_profile(profile, plan.num_gpus)  # the job's sustained GEMM rate
@@ -77,12 +77,12 @@ def test_the_runners_loss_moves_its_bytes_split_as_torch_runs_it() -> None:
     and 8 (plus the cast) on V/tp. The difference lands on the last stage."""
     profile = load_profile("h100-sxm5-80gb")
     model = dataclasses.replace(SMALL_GPT, vocab_size=32768, hidden_size=1024, seq_length=1024)
-    plan = ParallelPlan(tp=1, pp=2, dp=1, micro_batch_size=2, global_batch_size=8)
+    plan = plan_from_fields(tp=1, pp=2, dp=1, micro_batch_size=2, global_batch_size=8)
     logits, rate = 2 * 1024 * 32768, profile.streaming_bytes_per_s()
     forward, backward = runner_loss_time_s(model, plan, profile)
     assert forward == pytest.approx((22 - 38) * logits / rate)  # bf16: less forward
     assert backward == pytest.approx((26 - 14) * logits / rate)  # and more backward
-    tp4 = dataclasses.replace(plan, tp=4)
+    tp4 = plan.with_fields(tp=4)
     forward4, backward4 = runner_loss_time_s(model, tp4, profile)
     assert forward4 == pytest.approx((22 - 38 / 4) * logits / rate)  # all V on every TP rank
     assert backward4 == pytest.approx((26 - 14 / 4) * logits / rate)
@@ -100,7 +100,7 @@ def test_the_loss_change_lands_on_the_stages_bulk_not_on_a_pipeline_actions_segm
     the runner's loss, less forward at tp 1, changes the segment of the layers and loss."""
     profile = load_profile("h100-sxm5-80gb")
     model = dataclasses.replace(SMALL_GPT, vocab_size=32768, hidden_size=1024, seq_length=1024)
-    plan = ParallelPlan(tp=1, pp=2, dp=1, micro_batch_size=2, global_batch_size=8)
+    plan = plan_from_fields(tp=1, pp=2, dp=1, micro_batch_size=2, global_batch_size=8)
     forward, backward = runner_loss_time_s(model, plan, profile)
     assert forward < -1e-4
     work = build_pipeline_work(model, plan, profile)

@@ -23,7 +23,7 @@ from plansim.cli import main
 from plansim.io.profiles import load_profile
 from plansim.planner.evaluate import Evaluation, evaluate
 from plansim.specs.curves import Curve
-from plansim.specs.plan import ParallelPlan, Precision
+from plansim.specs.plan import Framework, Precision, plan_from_fields
 from plansim.validate.eager_layer import eager_layer_extra
 from plansim.validate.executed_loss import runner_loss_time_s
 from plansim.validate.result import ValidateError
@@ -32,8 +32,8 @@ from tests.unit.synthetic import round_profile
 from tests.unit.test_attention_efficiency import MODEL
 from tests.unit.test_validate_compare import profile_with_fp32
 
-PLAN = ParallelPlan(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=4)
-FP32 = dataclasses.replace(PLAN, precision=Precision.FP32)
+PLAN = plan_from_fields(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=4)
+FP32 = PLAN.with_fields(precision=Precision.FP32)
 
 
 def test_precision_bytes() -> None:
@@ -95,10 +95,10 @@ def test_validation_simulates_the_run_in_its_own_precision() -> None:
     assert run_plan(PLAN, profile, dtype="fp32").precision is Precision.FP32
     # as the run executes it: autograd's unfused gradient accumulation, and (a GPU
     # profile) torch's two-kernel norm backward
-    assert run_plan(FP32, profile, dtype="fp32") == dataclasses.replace(
-        FP32, gradient_accumulation_fusion=False, persist_layer_norm=False
+    assert run_plan(FP32, profile, dtype="fp32") == FP32.with_fields(
+        framework=Framework.PYTORCH, gradient_accumulation_fusion=False, persist_layer_norm=False
     )
-    one = dataclasses.replace(PLAN, pp=1, global_batch_size=2)
+    one = PLAN.with_fields(pp=1, global_batch_size=2)
     executed = run_plan(one, profile, dtype="fp32")
     direct = evaluate(MODEL, executed, profile)
     assert isinstance(direct, Evaluation)

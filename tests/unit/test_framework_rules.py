@@ -10,8 +10,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from plansim.analytic.layer_timing import layer_wall_times
@@ -22,7 +20,7 @@ from plansim.io.runs import RunRow
 from plansim.planner.enumerate import SearchSpace, enumerate_plans
 from plansim.planner.run_framework import INTERLEAVED_PP2_YEAR, min_interleaved_pp
 from plansim.planner.run_space import row_space, run_year
-from plansim.specs.plan import ParallelPlan, Precision, Recompute, Schedule
+from plansim.specs.plan import Precision, Recompute, Schedule, plan_from_fields
 
 
 def _row(**cells: str) -> RunRow:
@@ -107,7 +105,7 @@ def test_the_fork_pays_a_separate_accumulation_pass_per_micro_batch() -> None:
     per local parameter) at the streaming bandwidth."""
     model = resolve_model("bloom-176b")
     profile = load_profile("a100-sxm4-80gb")
-    fused = ParallelPlan(
+    fused = plan_from_fields(
         tp=4,
         pp=12,
         dp=8,
@@ -117,7 +115,7 @@ def test_the_fork_pays_a_separate_accumulation_pass_per_micro_batch() -> None:
         zero_stage=1,
         precision=Precision.BF16,
     )
-    unfused = replace(fused, gradient_accumulation_fusion=False)
+    unfused = fused.with_fields(gradient_accumulation_fusion=False)
     extra_s = (
         layer_wall_times(model, unfused, profile).backward_s
         - layer_wall_times(model, fused, profile).backward_s

@@ -19,7 +19,7 @@ from plansim.io.profiles import load_profile
 from plansim.io.runs import RunRow
 from plansim.planner.enumerate import SearchSpace, enumerate_plans
 from plansim.planner.run_framework import bf16_grad_modes
-from plansim.specs.plan import ParallelPlan, Precision, Recompute
+from plansim.specs.plan import ParallelPlan, Precision, Recompute, plan_from_fields
 
 H100 = load_profile("h100-sxm5-80gb")
 MODEL = resolve_model("llama2-7b")
@@ -30,7 +30,7 @@ def _plan(**kw: object) -> ParallelPlan:
         dp=8, tp=1, pp=1, micro_batch_size=1, global_batch_size=64, zero_stage=1
     )
     base.update(kw)
-    return ParallelPlan(**base)  # type: ignore[arg-type]
+    return plan_from_fields(**base)  # type: ignore[arg-type]
 
 
 def test_gradient_bytes_halve_in_memory_and_on_the_wire() -> None:
@@ -67,7 +67,7 @@ def test_plan_rule_label_and_search() -> None:
     added = [p for p in on if p.grad_reduce_in_bf16]
     assert not any(p.grad_reduce_in_bf16 for p in off)
     assert len(added) == len(off) and len(on) == 2 * len(off)
-    assert {dataclasses.replace(p, grad_reduce_in_bf16=False) for p in added} == set(off)
+    assert {p.with_fields(grad_reduce_in_bf16=False) for p in added} == set(off)
     fp16 = SearchSpace(**narrow, grad_reduce_in_bf16=(False, True), precision=Precision.FP16)  # type: ignore[arg-type]
     assert not any(
         p.grad_reduce_in_bf16 for p in enumerate_plans(num_gpus=8, global_batch_size=16, space=fp16)

@@ -36,7 +36,7 @@ from plansim.io.profiles import load_profile, profile_from_dict, profile_to_dict
 from plansim.specs.compute_terms import HostOverhead
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import PositionEmbedding
-from plansim.specs.plan import AttentionKernel, ParallelPlan, Recompute
+from plansim.specs.plan import AttentionKernel, ParallelPlan, Recompute, plan_from_fields
 from plansim.validate.refit import refit
 from plansim.validate.refit_terms import (
     PassTotals,
@@ -90,9 +90,9 @@ def test_spec_validation() -> None:
 
 def test_ops_are_counted_from_the_cost_model_lists() -> None:
     assert layer_ops(layer_gemms(MODEL, PLAN), PLAN, num_kernels=5) == PassOps(num_ops=10)
-    unfused = dataclasses.replace(PLAN, attention=AttentionKernel.UNFUSED)
+    unfused = PLAN.with_fields(attention=AttentionKernel.UNFUSED)
     assert layer_ops(layer_gemms(MODEL, unfused), unfused, num_kernels=8).num_ops == 14
-    tp2 = dataclasses.replace(PLAN, tp=2)
+    tp2 = PLAN.with_fields(tp=2)
     assert layer_ops(layer_gemms(MODEL, tp2), tp2, num_kernels=5) == PassOps(
         num_ops=10, num_dtensor_ops=4
     )
@@ -115,7 +115,7 @@ def test_serial_host_adds_ops_times_per_op_to_each_pass() -> None:
 
 def test_dtensor_extra_with_tensor_parallelism() -> None:
     base = round_profile()
-    tp2 = dataclasses.replace(PLAN, tp=2)
+    tp2 = PLAN.with_fields(tp=2)
     old = passes(base, tp2)
     new = passes(dataclasses.replace(base, host_overhead=host(dtensor=True)), tp2)
     assert new.forward_s - old.forward_s == pytest.approx(10 * 20 * US + 4 * 100 * US)
@@ -128,7 +128,7 @@ def test_per_op_selective_checkpoint_extra_only_under_that_recompute() -> None:
     sac = dataclasses.replace(host(), sac_forward_op_s=60 * US, sac_backward_op_s=70 * US)
     base = round_profile()
     for recompute in (Recompute.NONE, Recompute.FULL, Recompute.SELECTIVE_OP):
-        plan = dataclasses.replace(PLAN, recompute=recompute)
+        plan = PLAN.with_fields(recompute=recompute)
         plain = passes(dataclasses.replace(base, host_overhead=host()), plan)
         new = passes(dataclasses.replace(base, host_overhead=sac), plan)
         ops = 10 if recompute is Recompute.SELECTIVE_OP else 0  # every op is in the region
@@ -354,7 +354,7 @@ def _with_host(profile: HardwareProfile, overhead: HostOverhead) -> HardwareProf
 
 
 def test_refit_puts_a_tensor_parallel_error_into_the_dtensor_figures() -> None:
-    plan = ParallelPlan(dp=1, tp=2, pp=1, micro_batch_size=1, global_batch_size=4)
+    plan = plan_from_fields(dp=1, tp=2, pp=1, micro_batch_size=1, global_batch_size=4)
     base = _with_host(profile_with_fp32(), host(dtensor=True))
     truth = scale_host(base, forward=3.0, backward=1.5, dtensor_only=True)
     ev = simulate_plan(MODEL, plan, truth, dtype="fp32")
@@ -378,7 +378,7 @@ def test_refit_puts_a_tensor_parallel_error_into_the_dtensor_figures() -> None:
 
 def test_refit_keeps_an_undetermined_host_term() -> None:
     base = _with_host(profile_with_fp32(), host())
-    plan = ParallelPlan(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=4)
+    plan = plan_from_fields(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=4)
     truth = scale_host(base, forward=2.0, backward=2.0)
     ev = simulate_plan(MODEL, plan, truth, dtype="fp32")
     run = measured_run(ev.result.timeline, step_times_s=(ev.step_time_s,) * 3, plan=plan)

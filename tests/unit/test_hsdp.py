@@ -21,7 +21,13 @@ from plansim.planner.enumerate import SearchSpace, enumerate_plans
 from plansim.planner.evaluate import Evaluation, evaluate
 from plansim.planner.hsdp import dp_shard_options
 from plansim.planner.search import SearchResult, search
-from plansim.specs.plan import OffloadDevice, ParallelPlan, Recompute, Zero3ParamFetch
+from plansim.specs.plan import (
+    OffloadDevice,
+    ParallelPlan,
+    Recompute,
+    Zero3ParamFetch,
+    plan_from_fields,
+)
 
 H100 = load_profile("h100-sxm5-80gb")
 MODEL = resolve_model("llama2-7b")
@@ -40,7 +46,7 @@ def _plan(dp: int, dp_shard: int | None = None, **kw: object) -> ParallelPlan:
         "use_torch_fsdp2": True,
         "dp_shard": dp_shard,
     }
-    return ParallelPlan(**{**fields, **kw})  # type: ignore[arg-type]
+    return plan_from_fields(**{**fields, **kw})  # type: ignore[arg-type]
 
 
 def test_groups_worked_example() -> None:

@@ -16,10 +16,10 @@ from plansim.io.profiles import load_profile
 from plansim.planner.evaluate import Evaluation, evaluate
 from plansim.planner.lookups import out_of_range, out_of_range_lookups, recording_profile
 from plansim.specs.curves import Curve
-from plansim.specs.plan import ParallelPlan, Recompute
+from plansim.specs.plan import ParallelPlan, Recompute, plan_from_fields
 from tests.unit.synthetic import TINY_MODEL, round_profile
 
-PLAN = ParallelPlan(tp=1, pp=1, dp=1, micro_batch_size=2, global_batch_size=4)
+PLAN = plan_from_fields(tp=1, pp=1, dp=1, micro_batch_size=2, global_batch_size=4)
 
 
 def _with_matmul_points(low: float, high: float):  # type: ignore[no-untyped-def]
@@ -47,7 +47,7 @@ def _largest_gemm_flops(plan: ParallelPlan) -> float:
 def test_recording_changes_no_price() -> None:
     profile = load_profile("h100-sxm5-80gb")
     model = resolve_model("llama3-70b")
-    plan = ParallelPlan(
+    plan = plan_from_fields(
         tp=4, pp=4, dp=4, micro_batch_size=1, global_batch_size=64, zero_stage=1,
         sequence_parallel=True, recompute=Recompute.FULL, overlap_grad_reduce=True,
     )  # fmt: skip

@@ -17,7 +17,14 @@ from plansim.analytic.params import count_parameters
 from plansim.analytic.stored_activations import microbatches_in_flight, saved_gemm_input_bytes
 from plansim.catalog import resolve_model
 from plansim.errors import SpecError
-from plansim.specs.plan import AttentionKernel, ParallelPlan, Precision, Recompute, Schedule
+from plansim.specs.plan import (
+    AttentionKernel,
+    ParallelPlan,
+    Precision,
+    Recompute,
+    Schedule,
+    plan_from_fields,
+)
 
 ZERO_PAPER = StateBytesPerParam(param=2.0, grad=2.0, optimizer=12.0)  # K = 12 (M01 §5)
 
@@ -131,13 +138,13 @@ def test_quantized_gemm_inputs_are_kept_quantized(q: float, precision: Precision
     assert got == pytest.approx(sbh / t * expected, rel=1e-12)
     plan = _plan(precision=precision, sequence_parallel=True, attention=AttentionKernel.FLASH)
     assert saved_gemm_input_bytes(plan) == q
-    assert saved_gemm_input_bytes(replace(plan, precision=Precision.BF16)) == 2.0
+    assert saved_gemm_input_bytes(plan.with_fields(precision=Precision.BF16)) == 2.0
 
 
 def _plan(**kw) -> ParallelPlan:
     base = dict(dp=8, tp=8, pp=16, micro_batch_size=1, global_batch_size=1536)
     base.update(kw)
-    return ParallelPlan(**base)
+    return plan_from_fields(**base)
 
 
 def test_inflight_microbatches_1f1b_and_gpipe() -> None:
@@ -163,7 +170,7 @@ def _interleaved(**kw) -> ParallelPlan:
         "schedule": Schedule.INTERLEAVED_1F1B
     }
     base.update(kw)
-    return ParallelPlan(**base)
+    return plan_from_fields(**base)
 
 
 def test_inflight_interleaved_matches_korthikanti_on_rank_0() -> None:
@@ -215,7 +222,7 @@ def test_unfused_gradient_accumulation_adds_one_pass_over_layer_params() -> None
     counts = count_parameters(GPT3)
     times = {}
     for fused in (True, False):
-        plan = ParallelPlan(
+        plan = plan_from_fields(
             dp=1,
             tp=8,
             pp=1,
@@ -253,7 +260,7 @@ def test_korthikanti_table3_fits_only_with_sp_and_selective_or_full_recompute(
     model = resolve_model(preset)
 
     def fits(recompute: Recompute, sp: bool) -> bool:
-        plan = ParallelPlan(
+        plan = plan_from_fields(
             dp=1, tp=8, pp=pp, micro_batch_size=mbs, global_batch_size=gbs, recompute=recompute,
             sequence_parallel=sp, attention=AttentionKernel.UNFUSED,
         )  # fmt: skip

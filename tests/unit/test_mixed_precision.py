@@ -4,8 +4,6 @@ main gradient accumulates each micro-batch's bf16 gradient."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -13,7 +11,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 from plansim.analytic.memory import state_bytes_per_param  # noqa: E402
-from plansim.specs.plan import ParallelPlan, Precision  # noqa: E402
+from plansim.specs.plan import Precision, plan_from_fields  # noqa: E402
 from plansim.validate.measure import state_tensors  # noqa: E402
 from plansim.validate.mixed_precision import MasterWeights, fsdp_policy  # noqa: E402
 from plansim.validate.parallelize import build_optimizer  # noqa: E402
@@ -62,7 +60,7 @@ def test_pipelining_scales_main_gradients_and_folds_in_assigned_ones() -> None:
 def test_masters_update_the_bf16_weights_and_main_gradients_are_zeroed_in_place() -> None:
     layer = _bf16_linear()
     master = MasterWeights(list(layer.parameters()))
-    plan = ParallelPlan(dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=1)
+    plan = plan_from_fields(dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=1)
     opt = build_optimizer(master.masters, plan, dp_group=None, name="sgd")
     before = layer.weight.detach().clone()
     layer(torch.randn(4, 64, dtype=torch.bfloat16)).sum().backward()
@@ -79,7 +77,7 @@ def test_masters_update_the_bf16_weights_and_main_gradients_are_zeroed_in_place(
 def test_a_bf16_parameter_holds_the_18_bytes_plansim_prices() -> None:
     layer = _bf16_linear()
     master = MasterWeights(list(layer.parameters()))
-    plan = ParallelPlan(dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=1)
+    plan = plan_from_fields(dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=1)
     opt = build_optimizer(master.masters, plan, dp_group=None, name="adamw")
     layer(torch.randn(4, 64, dtype=torch.bfloat16)).sum().backward()
     opt.step()
@@ -90,17 +88,17 @@ def test_a_bf16_parameter_holds_the_18_bytes_plansim_prices() -> None:
 
 
 def test_which_plans_run_in_bf16() -> None:
-    base = ParallelPlan(dp=2, tp=1, pp=1, micro_batch_size=1, global_batch_size=2)
+    base = plan_from_fields(dp=2, tp=1, pp=1, micro_batch_size=1, global_batch_size=2)
     for zero in (0, 2, 3):
-        check_dtype_supported("bf16", replace(base, zero_stage=zero))
+        check_dtype_supported("bf16", base.with_fields(zero_stage=zero))
     with pytest.raises(ValidateError, match=r"plan.zero_stage 1 with dtype bf16"):
-        check_dtype_supported("bf16", replace(base, zero_stage=1))
-    pp2 = ParallelPlan(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=2)
+        check_dtype_supported("bf16", base.with_fields(zero_stage=1))
+    pp2 = plan_from_fields(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=2)
     check_dtype_supported("bf16", pp2)
-    check_dtype_supported("fp32", replace(base, zero_stage=1))
+    check_dtype_supported("fp32", base.with_fields(zero_stage=1))
     with pytest.raises(ValidateError, match=r"dtype 'fp16'; choose one of: fp32, bf16"):
         check_dtype_supported("fp16", base)
-    assert uses_fsdp(replace(base, zero_stage=3))
+    assert uses_fsdp(base.with_fields(zero_stage=3))
     assert not uses_fsdp(base)
     assert fsdp_policy("fp32") is None
     policy = fsdp_policy("bf16")

@@ -35,7 +35,14 @@ from plansim.planner.evaluate import Evaluation, Rejected, check_plan, evaluate
 from plansim.schedule import build_actions
 from plansim.sim import simulate
 from plansim.specs.hardware import HardwareProfile, HostSpec
-from plansim.specs.plan import OffloadDevice, ParallelPlan, Precision, Recompute, Schedule
+from plansim.specs.plan import (
+    OffloadDevice,
+    ParallelPlan,
+    Precision,
+    Recompute,
+    Schedule,
+    plan_from_fields,
+)
 from plansim.specs.work import P2P, PipelineWork, RankWork, StageWork
 from tests.unit.synthetic import round_profile
 
@@ -64,7 +71,7 @@ def plan(**kw: object) -> ParallelPlan:
         dp=8, tp=1, pp=1, micro_batch_size=1, global_batch_size=8, recompute=Recompute.FULL
     )
     fields.update(kw)
-    return ParallelPlan(**fields)  # type: ignore[arg-type]
+    return plan_from_fields(**fields)  # type: ignore[arg-type]
 
 
 # --- memory: DeepSpeed's estimators (reference memory.md §4) --------------------------------
@@ -88,7 +95,7 @@ def test_gpu_model_states_match_deepspeed_estimators(precision: Precision) -> No
     # (the 4 Psi_L working set, two gathered layers, sits in transient_bytes)
     z3 = plan(zero_stage=3, offload_optimizer=CPU, precision=precision)
     assert gpu_states(z3) == pytest.approx(2 * PSI / n)
-    assert gpu_states(replace(z3, offload_param=CPU)) == 0.0
+    assert gpu_states(z3.with_fields(offload_param=CPU)) == 0.0
     counts = count_parameters(MODEL)
     psi_layer = counts.attention_per_layer + counts.mlp_per_layer
     working = transient_bytes(MODEL, z3, rank=0) - transient_bytes(
@@ -115,7 +122,7 @@ def test_host_bytes_match_deepspeed_estimators() -> None:
     prof = host_profile(gpus_per_node=8)
     z3 = plan(dp=16, global_batch_size=16, zero_stage=3, offload_optimizer=CPU)
     assert host_bytes_per_node(MODEL, z3, prof)[1] == pytest.approx(16 * PSI / 2)
-    both = replace(z3, offload_param=CPU)
+    both = z3.with_fields(offload_param=CPU)
     assert host_bytes_per_node(MODEL, both, prof)[1] == pytest.approx(18 * PSI / 2)
     # zero2 on one node of 4 GPUs: Psi * max(4 * 4, 16) = 16 Psi
     z2 = plan(dp=4, global_batch_size=4, zero_stage=2, offload_optimizer=CPU)
@@ -123,7 +130,7 @@ def test_host_bytes_match_deepspeed_estimators() -> None:
         16 * PSI
     )
     # NVMe keeps fp32 master, m, v (12 B): the host only the fp32 gradients (4 B)
-    nvme = replace(z3, offload_optimizer=NVME)
+    nvme = z3.with_fields(offload_optimizer=NVME)
     assert host_bytes_per_node(MODEL, nvme, prof)[1] == pytest.approx(4 * PSI / 2)
 
 
@@ -169,7 +176,7 @@ def test_offloaded_step_is_on_the_timeline_with_its_kinds_and_pcie() -> None:
 
     # vs no offload: the GPU's fused Adam is replaced by the three host segments
     ev_off = evaluate(MODEL, p, prof)
-    ev_gpu = evaluate(MODEL, replace(p, offload_optimizer=NONE), prof)
+    ev_gpu = evaluate(MODEL, p.with_fields(offload_optimizer=NONE), prof)
     assert isinstance(ev_off, Evaluation) and isinstance(ev_gpu, Evaluation)
     gpu_adam_s = ev_gpu.result.busy_s_by_kind["optimizer"]
     assert ev_off.step_time_s - ev_gpu.step_time_s == pytest.approx(

@@ -31,7 +31,7 @@ from plansim.io.runs import RunRow
 from plansim.planner.backtest import predict_row
 from plansim.planner.evaluate import Evaluation, evaluate
 from plansim.specs.model import Activation
-from plansim.specs.plan import AttentionKernel, ParallelPlan, Recompute
+from plansim.specs.plan import AttentionKernel, ParallelPlan, Recompute, plan_from_fields
 from tests.unit.test_backtest_rows import ROW
 
 LLAMA = resolve_model("llama3-8b")
@@ -50,7 +50,7 @@ def _plan(recompute: Recompute, **kw: object) -> ParallelPlan:
         "recompute": recompute,
     }
     fields.update(kw)
-    return ParallelPlan(**fields)  # type: ignore[arg-type]
+    return plan_from_fields(**fields)  # type: ignore[arg-type]
 
 
 def test_llama3_8b_recomputes_wk_wo_w3_365_percent_of_the_weight_flops() -> None:
@@ -216,7 +216,7 @@ def test_the_validator_recomputes_exactly_the_gemms_plansim_prices() -> None:
             return func(*args, **(kwargs or {}))
 
     def run(recompute: Recompute, spec: object) -> tuple[int, list[object]]:
-        plan = ParallelPlan(
+        plan = plan_from_fields(
             dp=1, tp=1, pp=1, micro_batch_size=2, global_batch_size=2, recompute=recompute
         )
         stage = split_stage(build_model(spec, seed=0), spec, plan, 0)  # type: ignore[arg-type]

@@ -26,7 +26,7 @@ from plansim.schedule import Action, build_actions
 from plansim.schedule.actions import PerRankActions
 from plansim.sim import SimResult, simulate
 from plansim.sim.timeline import exposed_comm_s, make_timeline
-from plansim.specs.plan import ParallelPlan, Schedule
+from plansim.specs.plan import ParallelPlan, Schedule, plan_from_fields
 from plansim.specs.work import P2P, GradBucket, PipelineWork, RankWork, Segment, StageWork
 from tests.unit.synthetic import round_profile
 
@@ -335,7 +335,7 @@ def plan(**kw: object) -> ParallelPlan:
         "micro_batch_size": 1,
         "global_batch_size": 16,
     }
-    return ParallelPlan(**{**base, **kw})  # type: ignore[arg-type]
+    return plan_from_fields(**{**base, **kw})  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("pp", "vpp"), [(1, 1), (2, 1), (4, 2), (2, 3)])

@@ -16,7 +16,7 @@ from plansim.errors import InputFileError, SpecError
 from plansim.io.profile_parse import profile_from_dict
 from plansim.io.profiles import load_profile, profile_to_dict
 from plansim.planner.evaluate import evaluate
-from plansim.specs.plan import ParallelPlan
+from plansim.specs.plan import plan_from_fields
 from tests.unit.synthetic import profile_dict_provenance_keys, round_profile
 
 
@@ -69,13 +69,13 @@ def test_profile_key_round_trips_and_is_checked() -> None:
 
 def test_zero3_prefetch_plan_slows_only_with_the_slowdown() -> None:
     model = resolve_model("megatron-1.7b")
-    plan = ParallelPlan(dp=8, tp=1, pp=1, micro_batch_size=1, global_batch_size=8, zero_stage=3)
+    plan = plan_from_fields(dp=8, tp=1, pp=1, micro_batch_size=1, global_batch_size=8, zero_stage=3)
     base = round_profile()  # dp 8 inside a node: the gathers hide behind compute
     slowed = dataclasses.replace(base, overlap_compute_slowdown_fraction=0.189)
     t0 = evaluate(model, plan, base).result.step_time_s  # type: ignore[union-attr]
     t1 = evaluate(model, plan, slowed).result.step_time_s  # type: ignore[union-attr]
     assert t1 > t0
-    no_zero3 = dataclasses.replace(plan, zero_stage=1)
+    no_zero3 = plan.with_fields(zero_stage=1)
     a = evaluate(model, no_zero3, base).result.step_time_s  # type: ignore[union-attr]
     b = evaluate(model, no_zero3, slowed).result.step_time_s  # type: ignore[union-attr]
     assert a == b  # no ZeRO-3, nothing asynchronous beside compute: unchanged

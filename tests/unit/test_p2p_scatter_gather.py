@@ -12,7 +12,7 @@ import pytest
 from plansim.analytic.cost import build_pipeline_work
 from plansim.catalog import resolve_model
 from plansim.errors import SpecError
-from plansim.specs.plan import ParallelPlan
+from plansim.specs.plan import plan_from_fields
 from tests.unit.synthetic import round_profile
 
 MODEL = resolve_model("megatron-1.7b")
@@ -21,7 +21,7 @@ TENSOR_BYTES = 9_437_184.0
 
 def _send(**plan_kw: object):  # type: ignore[no-untyped-def]
     # 4 GPUs per node: the tp pair shares a node, each pipeline hop crosses nodes.
-    plan = ParallelPlan(dp=2, tp=2, pp=2, micro_batch_size=1, global_batch_size=8, **plan_kw)
+    plan = plan_from_fields(dp=2, tp=2, pp=2, micro_batch_size=1, global_batch_size=8, **plan_kw)
     return build_pipeline_work(MODEL, plan, round_profile(gpus_per_node=4)).stages[0].send_forward
 
 
@@ -51,14 +51,14 @@ def test_sequence_parallel_tensors_are_already_split() -> None:
 
 def test_full_p2p_shows_in_the_label_only_where_it_matters() -> None:
     base = dict(dp=2, tp=2, pp=2, micro_batch_size=1, global_batch_size=8)
-    assert "full-p2p" in ParallelPlan(**base, scatter_gather_p2p=False).label()
-    assert "full-p2p" not in ParallelPlan(**base).label()
-    sp = ParallelPlan(**base, scatter_gather_p2p=False, sequence_parallel=True)
+    assert "full-p2p" in plan_from_fields(**base, scatter_gather_p2p=False).label()
+    assert "full-p2p" not in plan_from_fields(**base).label()
+    sp = plan_from_fields(**base, scatter_gather_p2p=False, sequence_parallel=True)
     assert "full-p2p" not in sp.label()
 
 
 def test_scatter_gather_flag_must_be_bool() -> None:
     with pytest.raises(SpecError, match=r"plan\.scatter_gather_p2p"):
-        ParallelPlan(
+        plan_from_fields(
             dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=1, scatter_gather_p2p="yes"
         )  # type: ignore[arg-type]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import replace
 from typing import Any
 
 import pandas as pd
@@ -39,7 +38,7 @@ from plansim.planner.enumerate import SearchSpace, enumerate_plans, layouts
 from plansim.planner.evaluate import Evaluation, evaluate
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import Activation, ModelSpec
-from plansim.specs.plan import DpSync, ParallelPlan, Precision, Schedule
+from plansim.specs.plan import DpSync, ParallelPlan, Precision, Schedule, plan_from_fields
 from tests.unit.synthetic import round_profile
 
 PS = DpSync.PARAMETER_SERVER
@@ -63,7 +62,7 @@ def ps_plan(
     dp: int, *, tp: int = 1, pp: int = 1, servers: int = 0, m: int = 1, **kw: Any
 ) -> ParallelPlan:
     """A parameter-server plan with m micro-batches of one sequence."""
-    return ParallelPlan(
+    return plan_from_fields(
         dp=dp, tp=tp, pp=pp, micro_batch_size=1, global_batch_size=dp * m,
         dp_sync=PS, ps_servers=servers, **kw,
     )  # fmt: skip
@@ -145,7 +144,7 @@ def test_one_colocated_worker_moves_nothing_but_dedicated_servers_still_sync() -
     assert uses_parameter_server(ps_plan(1, tp=8, servers=2))
     t = transfer(ps_plan(1, tp=8, servers=2), prof, 1e9)
     assert t.duration_s == pytest.approx(10 * US + 4 * 1e9 / 10e9)
-    assert not uses_parameter_server(replace(ps_plan(8), dp_sync=DpSync.RING))
+    assert not uses_parameter_server(ps_plan(8).with_fields(dp_sync=DpSync.RING))
 
 
 # --- the pipeline work, memory and the engine ----------------------------------------------
@@ -175,7 +174,7 @@ def test_rank_work_push_update_pull_and_memory() -> None:
     per_server = job_parameters(TINY, dedicated) / 2
     assert rank.optimizer[0].duration_s == pytest.approx(adam_step_bytes(per_server) / rate)
     # memory: the servers hold the optimizer states (12 B/param with bf16)
-    ring = replace(colocated, dp_sync=DpSync.RING)
+    ring = colocated.with_fields(dp_sync=DpSync.RING)
     assert rank_memory(TINY, ring, prof, rank=0).optimizer_bytes == pytest.approx(12 * params)
     assert rank_memory(TINY, colocated, prof, rank=0).optimizer_bytes == pytest.approx(
         12 * params / 8
@@ -257,7 +256,7 @@ def test_ps_beats_ring_when_latency_bound_many_nodes() -> None:
     # latency grows with the nodes it spans (comm.collective_time_s)
     prof = round_profile(gpus_per_node=1)
     ps = ps_plan(64)
-    zero1 = replace(ps, dp_sync=DpSync.RING, zero_stage=1)  # same optimizer shard and memory
+    zero1 = ps.with_fields(dp_sync=DpSync.RING, zero_stage=1)  # same optimizer shard and memory
     groups = layout_groups(ps, gpus_per_node=1)
     grad = 4 * rank_parameters(TINY, ps, rank=0)
     weights = grad / 2
@@ -281,7 +280,7 @@ def test_ps_loses_when_bandwidth_bound_with_few_servers() -> None:
     prof = round_profile(gpus_per_node=1)
     model = resolve_model("megatron-1.7b")
     ps = ps_plan(8, servers=2)
-    ring = replace(ps, dp_sync=DpSync.RING, ps_servers=0)
+    ring = ps.with_fields(dp_sync=DpSync.RING, ps_servers=0)
     grad = 4 * rank_parameters(model, ps, rank=0)
     # push and pull each at the server NIC: W/K = 4 times the worker's own bytes
     assert _sync_s(model, ps, prof) == pytest.approx(2 * 10 * US + 4 * 1.5 * grad / 10e9)
@@ -290,7 +289,7 @@ def test_ps_loses_when_bandwidth_bound_with_few_servers() -> None:
     assert isinstance(a, Evaluation) and isinstance(b, Evaluation)
     assert a.step_time_s > b.step_time_s
     # enough dedicated servers (K = W) bring the server side down to the worker's NIC
-    assert _sync_s(model, replace(ps, ps_servers=8), prof) == pytest.approx(
+    assert _sync_s(model, ps.with_fields(ps_servers=8), prof) == pytest.approx(
         2 * 10 * US + 1.5 * grad / 10e9
     )
 
@@ -334,7 +333,7 @@ def test_planner_enumerates_ps_only_when_asked_and_only_with_zero0() -> None:
     ps = [p for p in both if p.dp_sync is PS]
     assert [p for p in both if p.dp_sync is DpSync.RING] == ring
     # every ring ZeRO-0 plan with dp * cp > 1 has its colocated-PS twin, nothing else
-    twins = {replace(p, dp_sync=PS) for p in ring if p.zero_stage == 0 and p.dp > 1}
+    twins = {p.with_fields(dp_sync=PS) for p in ring if p.zero_stage == 0 and p.dp > 1}
     assert set(ps) == twins and len(ps) == len(twins)
     dedicated = list(
         enumerate_plans(space=SearchSpace(dp_syncs=(PS,), ps_servers=4, **small), **kw)  # type: ignore[arg-type]
@@ -347,7 +346,7 @@ def test_planner_enumerates_ps_only_when_asked_and_only_with_zero0() -> None:
 
 
 def test_label_and_defaults() -> None:
-    plain = ParallelPlan(dp=8, tp=1, pp=1, micro_batch_size=1, global_batch_size=8)
+    plain = plan_from_fields(dp=8, tp=1, pp=1, micro_batch_size=1, global_batch_size=8)
     assert (plain.dp_sync, plain.ps_servers) == (DpSync.RING, 0)
     assert "ps" not in plain.label().split()
     assert ps_plan(8).label().endswith(" ps")
@@ -368,7 +367,7 @@ def test_errors_name_the_field_and_the_allowed_values(
     changes: dict[str, object], message: str
 ) -> None:
     with pytest.raises(SpecError) as err:
-        ParallelPlan(dp=8, tp=1, pp=1, micro_batch_size=1, global_batch_size=8, **changes)  # type: ignore[arg-type]
+        plan_from_fields(dp=8, tp=1, pp=1, micro_batch_size=1, global_batch_size=8, **changes)  # type: ignore[arg-type]
     assert message in str(err.value)
 
 

@@ -16,7 +16,7 @@ from plansim.catalog import resolve_model
 from plansim.cli import main
 from plansim.io.runs import RunRow
 from plansim.planner.run_space import row_space
-from plansim.specs.plan import ParallelPlan
+from plansim.specs.plan import plan_from_fields
 from tests.unit.synthetic import round_profile
 
 
@@ -33,7 +33,7 @@ def test_the_second_pass_reads_dy_and_x_again_for_both_norms() -> None:
 
 PROFILE = round_profile()
 GPT = resolve_model("gpt3-175b")
-TP8 = ParallelPlan(dp=1, tp=8, pp=1, micro_batch_size=1, global_batch_size=1)
+TP8 = plan_from_fields(dp=1, tp=8, pp=1, micro_batch_size=1, global_batch_size=1)
 
 
 def _times(**changes: object) -> PassTimes:
@@ -91,8 +91,8 @@ def test_simulate_flag_labels_the_plan_and_slows_the_step(
     )
     assert two["plan"]["persist_layer_norm"] is False and "persist_layer_norm" not in one["plan"]
     assert two["step_time_s"] > one["step_time_s"]
-    plan = ParallelPlan(dp=1, tp=8, pp=8, micro_batch_size=1, global_batch_size=64)
-    assert "no-persist-ln" in dataclasses.replace(plan, persist_layer_norm=False).label()
+    plan = plan_from_fields(dp=1, tp=8, pp=8, micro_batch_size=1, global_batch_size=64)
+    assert "no-persist-ln" in plan.with_fields(persist_layer_norm=False).label()
     assert "no-persist-ln" not in plan.label()
 
 
@@ -109,11 +109,11 @@ def test_the_validator_twin_prices_torchs_norm_backward_by_device() -> None:
     from plansim.validate.simulated import run_plan
     from tests.unit.test_validate_framework_overhead import _profile as cpu_profile
 
-    plan = ParallelPlan(dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=2)
+    plan = plan_from_fields(dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=2)
     gpu, cpu = PROFILE, cpu_profile()
     assert gpu.serial_host is False and cpu.serial_host is True
     assert run_plan(plan, gpu, dtype="bf16").persist_layer_norm is False
     assert run_plan(plan, cpu, dtype="bf16").persist_layer_norm is True
     # a plan that already says two passes keeps them on either device
-    two_pass = dataclasses.replace(plan, persist_layer_norm=False)
+    two_pass = plan.with_fields(persist_layer_norm=False)
     assert run_plan(two_pass, cpu, dtype="bf16").persist_layer_norm is False

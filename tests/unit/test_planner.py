@@ -20,7 +20,7 @@ from plansim.planner.evaluate import Evaluation, Rejected, check_plan, evaluate
 from plansim.planner.search import estimate_step_time_s, search
 from plansim.schedule import build_actions
 from plansim.sim import simulate
-from plansim.specs.plan import ParallelPlan, Recompute, Schedule
+from plansim.specs.plan import Recompute, Schedule, plan_from_fields
 from plansim.specs.work import P2P, PipelineWork, RankWork, Segment, StageWork
 from tests.unit.synthetic import round_profile
 
@@ -55,46 +55,46 @@ def test_plan_validation_names_values() -> None:
         match=r"global_batch_size\(10\) is not divisible by "
         r"micro_batch_size\(2\) \* dp\(4\) = 8",
     ):
-        ParallelPlan(dp=4, tp=1, pp=1, micro_batch_size=2, global_batch_size=10)
+        plan_from_fields(dp=4, tp=1, pp=1, micro_batch_size=2, global_batch_size=10)
     with pytest.raises(SpecError, match="zero_stage=4"):
-        ParallelPlan(dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=1, zero_stage=4)
+        plan_from_fields(dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=1, zero_stage=4)
     with pytest.raises(SpecError, match="sequence_parallel needs tp > 1"):
-        ParallelPlan(
+        plan_from_fields(
             dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=1, sequence_parallel=True
         )
 
 
 def test_rejection_reasons() -> None:
     gpt3 = resolve_model("gpt3-175b")
-    bad_pp = ParallelPlan(dp=1, tp=8, pp=64, micro_batch_size=1, global_batch_size=64)
+    bad_pp = plan_from_fields(dp=1, tp=8, pp=64, micro_batch_size=1, global_batch_size=64)
     r = check_plan(gpt3, bad_pp, A100)
     assert isinstance(r, Rejected) and "num_layers(96) is not divisible by pp(64)" in r.reason
-    big = ParallelPlan(dp=8, tp=1, pp=1, micro_batch_size=1, global_batch_size=8)
+    big = plan_from_fields(dp=8, tp=1, pp=1, micro_batch_size=1, global_batch_size=8)
     r = check_plan(gpt3, big, A100)
     assert isinstance(r, Rejected) and r.category == "out of memory"
     assert r.reason.startswith("stage 0 needs ") and "80.0 GiB available: activations" in r.reason
     # tp 16 on 8-GPU nodes: two whole nodes per TP group, priced on the inter-node tier
-    wide = ParallelPlan(dp=1, tp=16, pp=1, micro_batch_size=1, global_batch_size=1)
+    wide = plan_from_fields(dp=1, tp=16, pp=1, micro_batch_size=1, global_batch_size=1)
     r = check_plan(gpt3, wide, A100)
     assert not (isinstance(r, Rejected) and r.category == "tp straddles nodes")
     # ... but not with Transformer Engine's userbuffers TP overlap, which stays in one node
-    wide_overlap = dataclasses.replace(wide, sequence_parallel=True, tp_comm_overlap=True)
+    wide_overlap = wide.with_fields(sequence_parallel=True, tp_comm_overlap=True)
     r = check_plan(gpt3, wide_overlap, A100)
     assert isinstance(r, Rejected) and r.category == "tp comm overlap across nodes"
     assert r.reason.startswith("tp_comm_overlap needs the TP group inside one node; tp(16)")
     # tp 3 divides the 96 heads, but groups of 3 consecutive ranks straddle 8-GPU nodes
-    odd = ParallelPlan(dp=8, tp=3, pp=1, micro_batch_size=1, global_batch_size=8)
+    odd = plan_from_fields(dp=8, tp=3, pp=1, micro_batch_size=1, global_batch_size=8)
     r = check_plan(gpt3, odd, A100)
     assert isinstance(r, Rejected) and r.category == "tp straddles nodes"
     assert r.reason.startswith(
         "tp(3) neither divides nor is a multiple of GPUs per node(8) of a100-sxm4-80gb"
     )
     # tp 12: half of every other group sits on one node, half on the next
-    twelve = ParallelPlan(dp=2, tp=12, pp=1, micro_batch_size=1, global_batch_size=2)
+    twelve = plan_from_fields(dp=2, tp=12, pp=1, micro_batch_size=1, global_batch_size=2)
     r = check_plan(gpt3, twelve, A100)
     assert isinstance(r, Rejected) and r.category == "tp straddles nodes"
     # on 6 GPUs of one node no group crosses a node boundary
-    one_node = ParallelPlan(dp=2, tp=3, pp=1, micro_batch_size=1, global_batch_size=2)
+    one_node = plan_from_fields(dp=2, tp=3, pp=1, micro_batch_size=1, global_batch_size=2)
     r = check_plan(gpt3, one_node, A100)
     assert not (isinstance(r, Rejected) and r.category == "tp straddles nodes")
 
@@ -105,7 +105,7 @@ def test_tp_across_nodes_pays_the_inter_node_tier() -> None:
     them on the NIC link (so they contend with DP and PP traffic there)."""
     gpt3 = resolve_model("gpt3-175b")
     plans = {
-        tp: ParallelPlan(dp=1, tp=tp, pp=64 // tp, micro_batch_size=1, global_batch_size=32)
+        tp: plan_from_fields(dp=1, tp=tp, pp=64 // tp, micro_batch_size=1, global_batch_size=32)
         for tp in (8, 16)
     }
     groups = {
@@ -152,7 +152,7 @@ def test_more_microbatches_shrink_the_bubble() -> None:
     prof = round_profile()
     bubbles = []
     for gbs in (4, 16, 64):
-        plan = ParallelPlan(
+        plan = plan_from_fields(
             dp=1, tp=1, pp=4, micro_batch_size=1, global_batch_size=gbs, recompute=Recompute.FULL
         )
         ev = evaluate(model, plan, prof)
@@ -167,7 +167,7 @@ def test_more_microbatches_shrink_the_bubble() -> None:
 
 def test_gpt3_published_layout_metrics_are_consistent() -> None:
     gpt3 = resolve_model("gpt3-175b")
-    plan = ParallelPlan(
+    plan = plan_from_fields(
         dp=8, tp=8, pp=16, micro_batch_size=1, global_batch_size=1536, recompute=Recompute.FULL
     )
     ev = evaluate(gpt3, plan, A100)
@@ -270,7 +270,7 @@ def test_interleaved_engine_peak_memory_equals_analytic() -> None:
     # reach the analytic total of every rank exactly.
     model = resolve_model("megatron-1.7b")
     prof = round_profile()
-    plan = ParallelPlan(
+    plan = plan_from_fields(
         dp=1,
         tp=1,
         pp=4,
@@ -315,12 +315,14 @@ def test_overlapping_p2p_makes_interleaving_cheaper_on_slow_links() -> None:
         recompute=Recompute.FULL,
         schedule=Schedule.INTERLEAVED_1F1B,
     )
-    sync = evaluate(model, ParallelPlan(**kw), prof)
-    overlap = evaluate(model, ParallelPlan(**kw, overlap_p2p_comm=True), prof)
+    sync = evaluate(model, plan_from_fields(**kw), prof)
+    overlap = evaluate(model, plan_from_fields(**kw, overlap_p2p_comm=True), prof)
     assert isinstance(sync, Evaluation) and isinstance(overlap, Evaluation)
     assert overlap.step_time_s < sync.step_time_s
     with pytest.raises(SpecError, match="overlap_p2p_comm needs schedule interleaved-1f1b"):
-        ParallelPlan(**{**kw, "vpp": 1, "schedule": Schedule.ONE_F_ONE_B}, overlap_p2p_comm=True)
+        plan_from_fields(
+            **{**kw, "vpp": 1, "schedule": Schedule.ONE_F_ONE_B}, overlap_p2p_comm=True
+        )
 
 
 def test_zb_h1_estimate_matches_the_simulated_pipeline_on_uniform_costs() -> None:
@@ -355,11 +357,11 @@ def test_estimate_credits_gradient_buckets_hidden_behind_backward() -> None:
     model = resolve_model("megatron-1.7b")
     prof = round_profile()
     base = dict(dp=8, tp=1, pp=1, micro_batch_size=1, global_batch_size=8)
-    plain = build_pipeline_work(model, ParallelPlan(**base), prof)
-    over = build_pipeline_work(model, ParallelPlan(**base, overlap_grad_reduce=True), prof)
+    plain = build_pipeline_work(model, plan_from_fields(**base), prof)
+    over = build_pipeline_work(model, plan_from_fields(**base, overlap_grad_reduce=True), prof)
     est_plain, est_over = estimate_step_time_s(plain), estimate_step_time_s(over)
     assert est_over < est_plain
-    ev = evaluate(model, ParallelPlan(**base, overlap_grad_reduce=True), prof)
+    ev = evaluate(model, plan_from_fields(**base, overlap_grad_reduce=True), prof)
     assert isinstance(ev, Evaluation)
     assert est_over == pytest.approx(ev.step_time_s, rel=0.05)
 

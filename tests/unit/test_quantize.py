@@ -16,7 +16,7 @@ from plansim.io.runs import RunRow
 from plansim.planner.backtest import predict_row
 from plansim.planner.evaluate import Rejected, check_plan
 from plansim.specs.model import Activation
-from plansim.specs.plan import ParallelPlan, Precision, Recompute
+from plansim.specs.plan import Precision, Recompute, plan_from_fields
 from tests.unit.synthetic import TINY_MODEL, round_profile
 
 FP8, FP4 = Precision.FP8, Precision.FP4
@@ -55,10 +55,10 @@ def test_an_fp8_layer_pays_its_casts_and_a_bf16_layer_does_not() -> None:
         peak_flops_per_s={**base.peak_flops_per_s, "fp8": 2 * base.peak_flops_per_s["bf16"]},
         matmul_efficiency={**base.matmul_efficiency, "fp8": base.matmul_efficiency["bf16"]},
     )
-    plan8 = ParallelPlan(
+    plan8 = plan_from_fields(
         dp=1, tp=2, pp=1, micro_batch_size=1, global_batch_size=1, precision=Precision.FP8
     )
-    plan16 = dataclasses.replace(plan8, precision=Precision.BF16)
+    plan16 = plan8.with_fields(precision=Precision.BF16)
     groups = layout_groups(plan8, gpus_per_node=prof.gpus_per_node)
     t8 = layer_pass_times(TINY_MODEL, plan8, prof, groups)
     t16 = layer_pass_times(TINY_MODEL, plan16, prof, groups)
@@ -104,7 +104,7 @@ def test_quantize_traffic_refuses_an_unquantized_precision() -> None:
 
 def test_fp4_on_blackwell_is_faster_than_fp8_and_rejected_on_hopper() -> None:
     model = resolve_model("llama3-70b")
-    plan = ParallelPlan(
+    plan = plan_from_fields(
         dp=1,
         tp=8,
         pp=1,
@@ -117,7 +117,7 @@ def test_fp4_on_blackwell_is_faster_than_fp8_and_rejected_on_hopper() -> None:
     b200 = load_profile("b200-sxm-180gb")
     times = {}
     for precision in (Precision.BF16, FP8, FP4):
-        p = dataclasses.replace(plan, precision=precision)
+        p = plan.with_fields(precision=precision)
         times[precision] = layer_pass_times(
             model, p, b200, layout_groups(p, gpus_per_node=8)
         ).forward_s
@@ -126,7 +126,7 @@ def test_fp4_on_blackwell_is_faster_than_fp8_and_rejected_on_hopper() -> None:
     assert times[FP8] / times[FP4] < 1.6
     h100 = load_profile("h100-sxm5-80gb")
     assert "fp4" not in h100.peak_flops_per_s
-    outcome = check_plan(model, dataclasses.replace(plan, precision=FP4), h100)
+    outcome = check_plan(model, plan.with_fields(precision=FP4), h100)
     assert isinstance(outcome, Rejected) and outcome.category == "precision not supported"
 
 

@@ -18,15 +18,15 @@ from plansim.catalog import resolve_model
 from plansim.cli import main
 from plansim.errors import SpecError
 from plansim.io.profiles import load_profile
-from plansim.specs.plan import ParallelPlan, Recompute
+from plansim.specs.plan import ParallelPlan, Recompute, plan_from_fields
 from plansim.validate.simulated import executed_model, run_plan
 
 PROFILE = load_profile("h100-sxm5-80gb")
 
 
 def _plan(**changes: object) -> ParallelPlan:
-    base = ParallelPlan(tp=1, pp=1, dp=1, micro_batch_size=1, global_batch_size=4)
-    return dataclasses.replace(base, recompute=Recompute.FULL, **changes)
+    base = plan_from_fields(tp=1, pp=1, dp=1, micro_batch_size=1, global_batch_size=4)
+    return base.with_fields(recompute=Recompute.FULL, **changes)
 
 
 def _passes(model, plan):  # type: ignore[no-untyped-def]
@@ -54,7 +54,7 @@ def test_early_stop_skips_the_collective_after_the_down_projection(
     plan = _plan(tp=4, micro_batch_size=1, sequence_parallel=sequence_parallel)
     plain, early = (
         _passes(model, plan),
-        _passes(model, dataclasses.replace(plan, recompute_early_stop=True)),
+        _passes(model, plan.with_fields(recompute_early_stop=True)),
     )
     assert plain.tp_recompute_s == plain.tp_forward_s > 0
     assert early.tp_recompute_s == pytest.approx(kept * plain.tp_forward_s)
@@ -78,7 +78,7 @@ def test_a_model_with_dropout_recomputes_to_the_end() -> None:
 
 def test_early_stop_needs_full_recompute_and_labels_it() -> None:
     with pytest.raises(SpecError, match="recompute_early_stop needs recompute full"):
-        ParallelPlan(
+        plan_from_fields(
             tp=1, pp=1, dp=1, micro_batch_size=1, global_batch_size=4, recompute_early_stop=True
         )
     assert _plan(recompute_early_stop=True).recompute_label == "full-early-stop"
@@ -92,7 +92,7 @@ def test_the_validator_prices_its_runner() -> None:
     model has no dropout module."""
     profile = load_profile("h100-sxm5-80gb-1gpu")
     assert run_plan(_plan(), profile, dtype="fp32").recompute_early_stop
-    none = dataclasses.replace(_plan(), recompute=Recompute.NONE)
+    none = _plan().with_fields(recompute=Recompute.NONE)
     assert not run_plan(none, profile, dtype="fp32").recompute_early_stop
     assert not executed_model(resolve_model("gpt3-175b")).dropout
 

@@ -17,14 +17,14 @@ from plansim.io.profiles import load_profile
 from plansim.planner.evaluate import Evaluation, evaluate
 from plansim.report import plots
 from plansim.report.trace import STREAM_TIDS, chrome_trace, event_name, write_trace
-from plansim.specs.plan import ParallelPlan, Recompute, Schedule
+from plansim.specs.plan import Recompute, Schedule, plan_from_fields
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 GPU = "a100-sxm4-80gb"
 
 
 def _evaluate(model: str, **plan: object) -> Evaluation:
-    outcome = evaluate(resolve_model(model), ParallelPlan(**plan), load_profile(GPU))
+    outcome = evaluate(resolve_model(model), plan_from_fields(**plan), load_profile(GPU))
     assert isinstance(outcome, Evaluation), outcome
     return outcome
 

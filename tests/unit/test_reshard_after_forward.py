@@ -4,8 +4,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from plansim.analytic.cost import build_pipeline_work
@@ -121,7 +119,7 @@ def test_the_planner_also_tries_it_for_zero3_plans_only() -> None:
 def test_the_validator_prices_its_zero2_run_as_zero3_kept_gathered() -> None:
     # FSDP2 shards a ZeRO-2 run's parameters at rest and keeps them gathered from each
     # micro-batch's forward to its backward: one gather and one reduce-scatter per micro-batch
-    plan = dataclasses.replace(zero2_plan(), pp=1, global_batch_size=8)
+    plan = zero2_plan().with_fields(pp=1, global_batch_size=8)
     executed = run_plan(plan, _profile(), dtype="bf16")
     assert (executed.zero_stage, executed.reshard_after_forward) == (3, False)
     rows = simulate_plan(MODEL, plan, _profile(), dtype="bf16").result.timeline

@@ -21,7 +21,7 @@ from plansim.planner.robustness import ranking_upsets
 from plansim.planner.sensitivity import SPEED_UP, sensitivity
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import OffloadDevice, ParallelPlan, Recompute
+from plansim.specs.plan import OffloadDevice, ParallelPlan, Recompute, plan_from_fields
 from plansim.specs.profile_terms import (
     PROFILE_TERMS,
     TERM_NAMES,
@@ -54,13 +54,13 @@ ONE_NODE_CASES = [
     pytest.param(
         "h100-sxm5-80gb-1gpu",
         dataclasses.replace(resolve_model("llama3-8b"), num_layers=4),
-        ParallelPlan(tp=1, pp=1, dp=1, micro_batch_size=1, global_batch_size=2),
+        plan_from_fields(tp=1, pp=1, dp=1, micro_batch_size=1, global_batch_size=2),
         id="measured-1gpu-host-elementwise-attention",
     ),
     pytest.param(
         "h100-sxm5-80gb",
         resolve_model("llama3-8b"),
-        ParallelPlan(
+        plan_from_fields(
             tp=2,
             pp=2,
             dp=2,
@@ -75,13 +75,13 @@ ONE_NODE_CASES = [
     pytest.param(
         "cpu-2core-gloo",
         WIDE,
-        ParallelPlan(tp=1, pp=2, dp=1, micro_batch_size=1, global_batch_size=4),
+        plan_from_fields(tp=1, pp=2, dp=1, micro_batch_size=1, global_batch_size=4),
         id="serial-host-cpu",
     ),
     pytest.param(
         "h100-sxm5-80gb-1gpu",
         dataclasses.replace(resolve_model("llama3-8b"), num_layers=4),
-        ParallelPlan(
+        plan_from_fields(
             tp=1,
             pp=1,
             dp=1,
@@ -112,7 +112,7 @@ def test_every_term_faster_divides_a_one_node_step(
 def test_one_gpu_step_rests_on_no_link() -> None:
     profile = load_profile("h100-sxm5-80gb-1gpu")
     model = dataclasses.replace(resolve_model("llama3-8b"), num_layers=4)
-    plan = ParallelPlan(tp=1, pp=1, dp=1, micro_batch_size=1, global_batch_size=2)
+    plan = plan_from_fields(tp=1, pp=1, dp=1, micro_batch_size=1, global_batch_size=2)
     s = sensitivity(model, plan, profile, base=_evaluated(model, plan, profile))
     by = {t.term: t.elasticity for t in s.terms}
     assert by["scale_up"] == by["scale_out"] == by["pcie"] == 0.0
@@ -128,7 +128,7 @@ def test_exposed_all_reduce_elasticity_matches_its_bandwidth_seconds() -> None:
     alpha + S / busbw. The NVLink term 10% faster removes (1 - 1/1.1) of its S / busbw part
     and nothing else, and the network term (no rank crosses a node) removes nothing."""
     profile = round_profile(gpus_per_node=2)
-    plan = ParallelPlan(tp=1, pp=1, dp=2, micro_batch_size=1, global_batch_size=8)
+    plan = plan_from_fields(tp=1, pp=1, dp=2, micro_batch_size=1, global_batch_size=8)
     base = _evaluated(WIDE, plan, profile)
     exposed = base.exposed_comm_s_by_kind["dp_comm"]
     bandwidth_s = exposed - profile.intra_node["all_reduce"].latency_s
@@ -145,7 +145,7 @@ def test_exposed_all_reduce_elasticity_matches_its_bandwidth_seconds() -> None:
 
 def test_across_nodes_the_network_term_carries_the_all_reduce() -> None:
     profile = round_profile(gpus_per_node=1)
-    plan = ParallelPlan(tp=1, pp=1, dp=2, micro_batch_size=1, global_batch_size=8)
+    plan = plan_from_fields(tp=1, pp=1, dp=2, micro_batch_size=1, global_batch_size=8)
     s = sensitivity(WIDE, plan, profile, base=_evaluated(WIDE, plan, profile))
     by = {t.term: t.elasticity for t in s.terms}
     assert by["scale_out"] > 0.3
@@ -235,7 +235,7 @@ def _ranked(profile: HardwareProfile, gbs: int) -> list[Evaluation]:
         {"tp": 2, "pp": 1, "dp": 1},
     )
     evs = [
-        _evaluated(WIDE, ParallelPlan(micro_batch_size=1, global_batch_size=gbs, **kw), profile)
+        _evaluated(WIDE, plan_from_fields(micro_batch_size=1, global_batch_size=gbs, **kw), profile)
         for kw in layouts
     ]
     return sorted(evs, key=lambda ev: ev.step_time_s)

@@ -10,7 +10,7 @@ from plansim.cli import main
 from plansim.io.profiles import load_profile
 from plansim.planner.evaluate import Evaluation, evaluate
 from plansim.sim.steady_state import MIN_WINDOWS, steady_state_sizes
-from plansim.specs.plan import ParallelPlan, Recompute, Schedule
+from plansim.specs.plan import Recompute, Schedule, plan_from_fields
 
 MODEL = resolve_model("megatron-1.7b")
 PROFILE = load_profile("a100-sxm4-80gb")
@@ -34,19 +34,19 @@ def test_the_two_simulations_cover_the_step_in_whole_windows(pp: int, schedule: 
 
 
 PLANS = {
-    "1f1b": ParallelPlan(dp=1, tp=2, pp=4, micro_batch_size=1, global_batch_size=300),
-    "interleaved, overlapped p2p": ParallelPlan(
+    "1f1b": plan_from_fields(dp=1, tp=2, pp=4, micro_batch_size=1, global_batch_size=300),
+    "interleaved, overlapped p2p": plan_from_fields(
         dp=1, tp=2, pp=4, vpp=3, micro_batch_size=1, global_batch_size=300,
         schedule=Schedule.INTERLEAVED_1F1B, overlap_p2p_comm=True,
     ),
-    "zb-h1": ParallelPlan(
+    "zb-h1": plan_from_fields(
         dp=1, tp=2, pp=4, micro_batch_size=1, global_batch_size=300, schedule=Schedule.ZB_H1
     ),
-    "zero1 buckets": ParallelPlan(
+    "zero1 buckets": plan_from_fields(
         dp=2, tp=2, pp=4, micro_batch_size=1, global_batch_size=600, zero_stage=1,
         overlap_grad_reduce=True, recompute=Recompute.FULL,
     ),
-    "zero3, no pipeline": ParallelPlan(
+    "zero3, no pipeline": plan_from_fields(
         dp=8, tp=1, pp=1, micro_batch_size=1, global_batch_size=8 * 300, zero_stage=3
     ),
 }  # fmt: skip
@@ -75,7 +75,7 @@ def test_the_extrapolated_step_equals_the_whole_one(name: str) -> None:
 
 
 def test_gpipe_is_simulated_whole() -> None:
-    plan = ParallelPlan(
+    plan = plan_from_fields(
         dp=1,
         tp=2,
         pp=4,

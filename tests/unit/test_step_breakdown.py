@@ -12,11 +12,11 @@ from plansim.cli import main
 from plansim.io.profiles import load_profile
 from plansim.planner.evaluate import Evaluation, evaluate
 from plansim.report.tables import plan_row, step_breakdown_table
-from plansim.specs.plan import ParallelPlan, Recompute, Schedule
+from plansim.specs.plan import Recompute, Schedule, plan_from_fields
 
 
 def _evaluate(**kw: object) -> Evaluation:
-    plan = ParallelPlan(**kw)  # type: ignore[arg-type]
+    plan = plan_from_fields(**kw)  # type: ignore[arg-type]
     out = evaluate(resolve_model("gpt3-175b"), plan, load_profile("a100-sxm4-80gb"))
     assert isinstance(out, Evaluation)
     return out

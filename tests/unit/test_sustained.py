@@ -27,7 +27,7 @@ from plansim.errors import InputFileError, SpecError
 from plansim.io.profile_parse import profile_from_dict
 from plansim.io.profiles import load_profile, profile_to_dict
 from plansim.planner.evaluate import Evaluation, evaluate
-from plansim.specs.plan import ParallelPlan
+from plansim.specs.plan import plan_from_fields
 from tests.unit.synthetic import profile_dict_provenance_keys, round_profile
 
 
@@ -78,7 +78,7 @@ def test_fp32_gemms_run_below_the_power_limit_but_wait_for_the_slowest_gpu() -> 
 def test_job_costing_is_the_burst_costing_on_scaled_curves() -> None:
     """Stating the keys gives the same work as pre-scaling the GEMM curves by hand."""
     model = resolve_model("megatron-1.7b")
-    plan = ParallelPlan(tp=2, pp=2, dp=2, micro_batch_size=2, global_batch_size=16)
+    plan = plan_from_fields(tp=2, pp=2, dp=2, micro_batch_size=2, global_batch_size=16)
     base = load_profile("h100-sxm5-80gb")
     keyed = dataclasses.replace(base, sustained_matmul_fraction=0.9, gpu_matmul_spread_fraction=0.0)
     by_hand = dataclasses.replace(
@@ -106,7 +106,7 @@ def test_a_larger_job_computes_more_slowly_per_gpu() -> None:
     alike = dataclasses.replace(prof, gpu_matmul_spread_fraction=0.0)
     excess = []
     for dp in (1, 8, 64):
-        plan = ParallelPlan(tp=1, pp=1, dp=dp, micro_batch_size=4, global_batch_size=8 * dp)
+        plan = plan_from_fields(tp=1, pp=1, dp=dp, micro_batch_size=4, global_batch_size=8 * dp)
         slow, same = evaluate(model, plan, prof), evaluate(model, plan, alike)
         assert isinstance(slow, Evaluation) and isinstance(same, Evaluation)
         excess.append(slow.step_time_s - same.step_time_s)

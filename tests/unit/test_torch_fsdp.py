@@ -18,7 +18,13 @@ from plansim.io.profiles import load_profile
 from plansim.io.runs import RunRow
 from plansim.planner.enumerate import SearchSpace, enumerate_plans
 from plansim.planner.run_framework import is_torch_fsdp
-from plansim.specs.plan import OffloadDevice, ParallelPlan, Recompute, Zero3ParamFetch
+from plansim.specs.plan import (
+    OffloadDevice,
+    ParallelPlan,
+    Recompute,
+    Zero3ParamFetch,
+    plan_from_fields,
+)
 
 A100 = load_profile("a100-sxm4-80gb")
 MODEL = resolve_model("llama2-7b")
@@ -29,7 +35,7 @@ def _plan(**kw: object) -> ParallelPlan:
         dp=8, tp=1, pp=1, micro_batch_size=1, global_batch_size=64, zero_stage=3
     )
     base.update(kw)
-    return ParallelPlan(**base)  # type: ignore[arg-type]
+    return plan_from_fields(**base)  # type: ignore[arg-type]
 
 
 def test_states_are_sixteen_bytes_per_parameter_and_the_wire_is_unchanged() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -16,7 +15,7 @@ from plansim.cli import main
 from plansim.errors import SpecError
 from plansim.io.profiles import load_profile
 from plansim.planner.enumerate import SearchSpace, enumerate_plans
-from plansim.specs.plan import ParallelPlan, Recompute
+from plansim.specs.plan import ParallelPlan, Recompute, plan_from_fields
 
 
 def test_pipelined_exposure_hand_computed() -> None:
@@ -57,12 +56,12 @@ GPT3 = resolve_model("gpt3-175b")
 
 def _plan(**kw: object) -> ParallelPlan:
     base = dict(dp=1, tp=8, pp=1, micro_batch_size=1, global_batch_size=1)
-    return ParallelPlan(**{**base, **kw})  # type: ignore[arg-type]
+    return plan_from_fields(**{**base, **kw})  # type: ignore[arg-type]
 
 
 def test_overlap_hides_most_tp_time_of_a_large_layer_and_changes_nothing_else() -> None:
     plain = _plan(sequence_parallel=True)
-    over = dataclasses.replace(plain, tp_comm_overlap=True)
+    over = plain.with_fields(tp_comm_overlap=True)
     groups = layout_groups(plain, gpus_per_node=H100.gpus_per_node)
     a = layer_pass_times(GPT3, plain, H100, groups)
     b = layer_pass_times(GPT3, over, H100, groups)
@@ -76,7 +75,7 @@ def test_overlap_hides_most_tp_time_of_a_large_layer_and_changes_nothing_else() 
         a.backward_input_s,
         a.backward_weight_s,
     )
-    full = layer_pass_times(GPT3, dataclasses.replace(over, recompute=Recompute.FULL), H100, groups)
+    full = layer_pass_times(GPT3, over.with_fields(recompute=Recompute.FULL), H100, groups)
     assert full.tp_recompute_s == pytest.approx(b.tp_forward_s)
 
 
@@ -122,7 +121,7 @@ def test_a_search_memo_keeps_overlap_and_plain_layers_apart() -> None:
     """The planner prices many plans with one memo: the overlap plan must not reuse the
     plain plan's layer times (the memo key carries tp_comm_overlap)."""
     plain = _plan(sequence_parallel=True, pp=2, global_batch_size=4)
-    over = dataclasses.replace(plain, tp_comm_overlap=True)
+    over = plain.with_fields(tp_comm_overlap=True)
     memo: dict[object, object] = {}
     build_pipeline_work(GPT3, plain, H100, memo=memo)
     shared = build_pipeline_work(GPT3, over, H100, memo=memo)

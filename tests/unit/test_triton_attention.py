@@ -21,12 +21,12 @@ from plansim.analytic.op_overheads import (
 from plansim.cli import main
 from plansim.io.runs import RunRow
 from plansim.planner.run_space import row_space
-from plansim.specs.plan import AttentionKernel, ParallelPlan
+from plansim.specs.plan import AttentionKernel, ParallelPlan, plan_from_fields
 from tests.unit.synthetic import TINY_MODEL, round_profile
 from tests.unit.test_attention_efficiency import with_attention
 
-FLASH = ParallelPlan(dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=1)
-TRITON = dataclasses.replace(FLASH, attention=AttentionKernel.FLASH_TRITON)
+FLASH = plan_from_fields(dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=1)
+TRITON = FLASH.with_fields(attention=AttentionKernel.FLASH_TRITON)
 
 
 def _core(plan: ParallelPlan, profile=None):  # type: ignore[no-untyped-def]
@@ -52,7 +52,7 @@ def test_fused_like_flashattention_in_memory_and_op_count() -> None:
     profile = round_profile()
     flash = rank_memory(TINY_MODEL, FLASH, profile, rank=0)
     assert rank_memory(TINY_MODEL, TRITON, profile, rank=0) == flash
-    unfused = dataclasses.replace(FLASH, attention=AttentionKernel.UNFUSED)
+    unfused = FLASH.with_fields(attention=AttentionKernel.UNFUSED)
     assert rank_memory(TINY_MODEL, unfused, profile, rank=0).total_bytes > flash.total_bytes
     gemms = layer_gemms(TINY_MODEL, FLASH)
     assert layer_ops(gemms, TRITON, num_kernels=5) == layer_ops(gemms, FLASH, num_kernels=5)

@@ -31,7 +31,7 @@ from plansim.specs.layer_split import (
     stage_num_layers,
     uneven_pipeline_split,
 )
-from plansim.specs.plan import ParallelPlan, Schedule
+from plansim.specs.plan import ParallelPlan, Schedule, plan_from_fields
 from tests.unit.synthetic import TINY_MODEL, round_profile
 
 #: 12 layers: an even split over pp 4 is 3 each; the uneven 2, 4, 4, 2 keeps the same total.
@@ -44,7 +44,7 @@ def _plan(**kw: object) -> ParallelPlan:
     base: dict[str, object] = {"dp": 1, "tp": 1, "pp": 4, "micro_batch_size": 1}
     base.update(kw)
     base.setdefault("global_batch_size", 16)
-    return ParallelPlan(**base)  # type: ignore[arg-type]
+    return plan_from_fields(**base)  # type: ignore[arg-type]
 
 
 def _compute_s(segments: tuple[object, ...]) -> float:

@@ -19,7 +19,7 @@ from plansim.io.profiles import SCALAR_KEYS, load_profile, write_profile
 from plansim.sim import timeline as tl
 from plansim.specs.curves import COLLECTIVES, CollectiveCurve, Curve
 from plansim.specs.hardware import HardwareProfile
-from plansim.specs.plan import ParallelPlan, Schedule
+from plansim.specs.plan import ParallelPlan, Schedule, plan_from_fields
 from plansim.validate.compare import (
     compare,
     error_pct,
@@ -33,7 +33,7 @@ from plansim.validate.result import MeasuredRun, ValidateError
 from tests.unit.synthetic import TINY_MODEL, round_profile
 
 MODEL = TINY_MODEL
-PLAN = ParallelPlan(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=4)
+PLAN = plan_from_fields(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=4)
 
 
 def profile_with_fp32() -> HardwareProfile:
@@ -290,7 +290,7 @@ def test_refitted_profile_writes_atomically(tmp_path: Path) -> None:
 
 
 def test_interleaved_plan_compares_per_virtual_stage() -> None:
-    plan = ParallelPlan(
+    plan = plan_from_fields(
         dp=1,
         tp=1,
         pp=2,
@@ -339,7 +339,7 @@ def test_refit_of_zero1_fits_the_collectives_the_runner_uses() -> None:
     machine whose all-reduce and send/recv are 2x slower is recovered on those two curves,
     and the reduce-scatter / all-gather curves the runner never uses are kept."""
     profile = profile_with_fp32()
-    plan = ParallelPlan(dp=2, tp=1, pp=1, micro_batch_size=1, global_batch_size=4, zero_stage=1)
+    plan = plan_from_fields(dp=2, tp=1, pp=1, micro_batch_size=1, global_batch_size=4, zero_stage=1)
 
     def twice(curve: CollectiveCurve) -> CollectiveCurve:
         bw = curve.busbw_bytes_per_s

@@ -11,7 +11,7 @@ from plansim.analytic.ranks import layout_groups
 from plansim.catalog import resolve_model
 from plansim.planner.evaluate import Evaluation, evaluate
 from plansim.specs.model import Activation
-from plansim.specs.plan import ParallelPlan
+from plansim.specs.plan import plan_from_fields
 from plansim.validate.executed_loss import replicated_head_extra_s, runner_loss_time_s
 from plansim.validate.simulated import (
     dtensor_backward_all_reduces,
@@ -21,15 +21,15 @@ from plansim.validate.simulated import (
 from tests.unit.synthetic import round_profile
 
 GPT = resolve_model("megatron-1.7b")  # GELU: one up projection
-PLAN = ParallelPlan(dp=1, tp=2, pp=1, micro_batch_size=1, global_batch_size=2)
+PLAN = plan_from_fields(dp=1, tp=2, pp=1, micro_batch_size=1, global_batch_size=2)
 
 
 def test_backward_all_reduces_per_layer() -> None:
     assert dtensor_backward_all_reduces(GPT, PLAN) == 3 + 1  # q, k, v, up
     swiglu = dataclasses.replace(GPT, activation=Activation.SWIGLU)
     assert dtensor_backward_all_reduces(swiglu, PLAN) == 3 + 2  # q, k, v, gate, up
-    assert dtensor_backward_all_reduces(GPT, dataclasses.replace(PLAN, tp=1)) == 0
-    sp = dataclasses.replace(PLAN, sequence_parallel=True)
+    assert dtensor_backward_all_reduces(GPT, PLAN.with_fields(tp=1)) == 0
+    sp = PLAN.with_fields(sequence_parallel=True)
     assert dtensor_backward_all_reduces(GPT, sp) == 2  # left at Megatron's
 
 
@@ -37,9 +37,7 @@ def test_simulated_tp_plan_pays_the_extra_all_reduces() -> None:
     profile = round_profile()
     # as the run executes it (simulated.run_plan): autograd accumulates gradients unfused,
     # torch's norm backward on a GPU is two passes
-    executed = dataclasses.replace(
-        PLAN, gradient_accumulation_fusion=False, persist_layer_norm=False
-    )
+    executed = PLAN.with_fields(gradient_accumulation_fusion=False, persist_layer_norm=False)
     plain = evaluate(executed_model(GPT), executed, profile)
     assert isinstance(plain, Evaluation)
     got = simulate_plan(GPT, PLAN, profile, dtype="bf16")

@@ -11,7 +11,7 @@ from plansim.analytic.ranks import layout_groups
 from plansim.specs.compute_terms import HostOverhead
 from plansim.specs.curves import Curve
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan
+from plansim.specs.plan import plan_from_fields
 from plansim.validate.eager_layer import eager_layer_extra, eager_layer_ops
 from tests.unit.synthetic import SMALL_GPT, SMALL_LLAMA, round_profile
 
@@ -49,7 +49,7 @@ def test_op_count_matches_the_real_block(model: ModelSpec) -> None:
 
 
 def test_gelu_layer_pays_for_separate_q_k_v() -> None:
-    plan = ParallelPlan(tp=1, pp=1, dp=1, micro_batch_size=2, global_batch_size=2)
+    plan = plan_from_fields(tp=1, pp=1, dp=1, micro_batch_size=2, global_batch_size=2)
     rising = Curve(x=(1e5, 1e8), y=(0.1, 1.0), source="test")
     profile = dataclasses.replace(round_profile(), matmul_efficiency={"bf16": rising})
     bare = eager_layer_extra(GPT, plan, profile)
@@ -71,7 +71,7 @@ def test_gelu_layer_pays_for_separate_q_k_v() -> None:
     one = eager_layer_extra(GPT, plan, with_host)
     # 12 eager ops against plansim's 10 (4 weight GEMMs, the attention core, 5 kernels)
     assert one.forward_s == pytest.approx(split + 2 * 1e-5)
-    tp2 = dataclasses.replace(plan, tp=2)
+    tp2 = plan.with_fields(tp=2)
     two = eager_layer_extra(GPT, tp2, with_host)
     fused2 = next(g for g in layer_gemms(GPT, tp2) if g.name == "qkv")
     split2 = 3 * gemm_time_s(
@@ -86,7 +86,7 @@ def test_on_a_gpu_the_extra_ops_host_time_hides_behind_the_device() -> None:
     """A GPU's host issues kernels ahead of the device (``HostOverhead.pass_s``: max), so the
     eager layer's extra ops cost nothing while the pass stays device-bound, and only the part
     beyond the device's time when they make it host-bound; on a CPU they add up."""
-    plan = ParallelPlan(dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=1)
+    plan = plan_from_fields(dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=1)
     base = round_profile()
     split = eager_layer_extra(GPT, plan, base)
     bare = dataclasses.replace(base, host_overhead=None)

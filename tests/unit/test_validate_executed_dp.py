@@ -10,7 +10,7 @@ from plansim.analytic.memory import rank_parameters, state_bytes_per_param
 from plansim.analytic.ranks import layout_groups
 from plansim.planner.evaluate import Evaluation, evaluate
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan, Precision, Schedule
+from plansim.specs.plan import ParallelPlan, Precision, Schedule, plan_from_fields
 from plansim.validate.executed_dp import (
     FLAT_COPY_ACCESSES,
     broadcasts_s,
@@ -29,7 +29,7 @@ def _plan(**fields: object) -> ParallelPlan:
     base: dict[str, object] = {"tp": 1, "pp": 1, "dp": 2, "micro_batch_size": 1}
     base.update(fields)
     base.setdefault("global_batch_size", 4 * int(base["dp"]))  # type: ignore[call-overload]
-    return ParallelPlan(**base)  # type: ignore[arg-type]
+    return plan_from_fields(**base)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("model", [GPT, LLAMA], ids=["gpt", "llama"])

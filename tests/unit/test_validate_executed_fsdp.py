@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from plansim.specs.plan import ParallelPlan, Schedule, Zero3ParamFetch
+from plansim.specs.plan import ParallelPlan, Schedule, Zero3ParamFetch, plan_from_fields
 from plansim.validate.executed_fsdp import executed_zero_plan, reshard_after_forward, runs_per_step
 from plansim.validate.framework_overhead import fsdp_unit_extra
 from plansim.validate.simulated import run_plan, simulate_plan
@@ -22,7 +22,7 @@ def _plan(**kw: object) -> ParallelPlan:
     base: dict[str, object] = dict(
         dp=2, tp=1, pp=2, micro_batch_size=1, global_batch_size=8, zero_stage=3
     )
-    return ParallelPlan(**{**base, **kw})  # type: ignore[arg-type]
+    return plan_from_fields(**{**base, **kw})  # type: ignore[arg-type]
 
 
 def test_fsdp2_reshards_after_forward_only_for_zero3_without_a_pipeline() -> None:

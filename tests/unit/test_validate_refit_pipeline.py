@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from plansim.specs.compute_terms import HostOverhead
-from plansim.specs.plan import ParallelPlan
+from plansim.specs.plan import plan_from_fields
 from plansim.validate.refit import refit
 from plansim.validate.refit_pipeline import (
     MAX_FACTOR,
@@ -64,7 +64,7 @@ def test_the_factor_solves_a_linear_step() -> None:
 def test_refit_recovers_the_per_action_cost_of_a_pipelined_run() -> None:
     """A machine whose pipeline actions cost 3x what the profile says: the refit finds the
     factor from the step time, leaves the passes alone and re-simulates the run exactly."""
-    plan = ParallelPlan(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=8)
+    plan = plan_from_fields(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=8)
     profile = _with_actions(2 * MS, 3 * MS)
     truth = simulate_plan(MODEL, plan, _with_actions(6 * MS, 9 * MS), dtype="fp32")
     run = measured_run(truth.result.timeline, step_times_s=(truth.step_time_s,) * 2, plan=plan)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from plansim.analytic.cost import build_pipeline_work
@@ -12,16 +10,16 @@ from plansim.io.profiles import load_profile
 from plansim.specs.plan import (
     AttentionKernel,
     DpSync,
-    ParallelPlan,
     Precision,
     Recompute,
     Schedule,
     Zero3ParamFetch,
+    plan_from_fields,
 )
 
 MODEL = resolve_model("llama2-7b")
 H100 = load_profile("h100-sxm5-80gb")
-BASE = ParallelPlan(
+BASE = plan_from_fields(
     dp=4,
     tp=2,
     pp=2,
@@ -75,8 +73,8 @@ FP8 = {"precision": Precision.FP8}
 def test_a_plan_costed_after_its_neighbour_gets_its_own_work(
     first: dict[str, object], second: dict[str, object]
 ) -> None:
-    neighbour = replace(BASE, **first)  # type: ignore[arg-type]
-    variant = replace(BASE, **second)  # type: ignore[arg-type]
+    neighbour = BASE.with_fields(**first)  # type: ignore[arg-type]
+    variant = BASE.with_fields(**second)  # type: ignore[arg-type]
     alone = build_pipeline_work(MODEL, variant, H100)
     assert alone != build_pipeline_work(MODEL, neighbour, H100), "the change must matter"
     memo: dict[object, object] = {}

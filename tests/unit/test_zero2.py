@@ -14,7 +14,7 @@ from plansim.analytic.cost import build_pipeline_work
 from plansim.analytic.grad_buckets import stage_parameters
 from plansim.catalog import resolve_model
 from plansim.planner.evaluate import Evaluation, evaluate
-from plansim.specs.plan import ParallelPlan, Zero3ParamFetch
+from plansim.specs.plan import ParallelPlan, Zero3ParamFetch, plan_from_fields
 from tests.unit.synthetic import round_profile
 
 MODEL = resolve_model("megatron-1.7b")  # 24 layers, h 2304, tied embeddings
@@ -29,7 +29,7 @@ def _plan(**kw: object) -> ParallelPlan:
         "global_batch_size": 16,  # 8 micro-batches per pipeline
         "zero_stage": 2,
     }
-    return ParallelPlan(**{**base, **kw})  # type: ignore[arg-type]
+    return plan_from_fields(**{**base, **kw})  # type: ignore[arg-type]
 
 
 def _evaluate(plan: ParallelPlan) -> Evaluation:

@@ -25,7 +25,7 @@ from plansim.errors import SpecError
 from plansim.io.profiles import load_profile
 from plansim.io.runs import RunRow
 from plansim.planner.backtest import OVER_MEMORY, predict_row
-from plansim.specs.plan import ParallelPlan, Recompute, Zero3ParamFetch
+from plansim.specs.plan import ParallelPlan, Recompute, Zero3ParamFetch, plan_from_fields
 from tests.unit.synthetic import round_profile
 
 PER_TENSOR = Zero3ParamFetch.PER_TENSOR_SYNC
@@ -34,7 +34,7 @@ PER_TENSOR = Zero3ParamFetch.PER_TENSOR_SYNC
 def plan(**kw: object) -> ParallelPlan:
     base: dict[str, object] = dict(dp=8, tp=1, pp=1, micro_batch_size=1, global_batch_size=8)
     base.update(kw)
-    return ParallelPlan(zero_stage=3, **base)  # type: ignore[arg-type]
+    return plan_from_fields(zero_stage=3, **base)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("name, count", [("gpt3-175b", 12), ("llama3-8b", 6)])
@@ -95,7 +95,7 @@ def test_per_tensor_sync_pays_one_collective_and_dp_copies_per_tensor() -> None:
     )
     assert got.scatter_s == pytest.approx(want_scatter)
     prefetch = unit_traffic(
-        tensors, plan=replace(p, zero3_param_fetch=Zero3ParamFetch.LAYER_PREFETCH),
+        tensors, plan=p.with_fields(zero3_param_fetch=Zero3ParamFetch.LAYER_PREFETCH),
         profile=prof, groups=groups, param_bytes=2, grad_bytes=2,
     )  # fmt: skip
     # one collective of the whole layer: no per-tensor latency, no per-chunk copies; the flat
@@ -149,7 +149,7 @@ def test_layer_prefetch_hides_gathers_behind_compute() -> None:
     assert fwd < 0.02 * compute
     assert bwd == pytest.approx(edge.gather_s + edge.scatter_s + layer.gather_s + layer.scatter_s)
     # without prefetch every layer's gather (and reduce-scatter) is on the critical path
-    sync = replace(p, zero3_param_fetch=Zero3ParamFetch.LAYER_SYNC)
+    sync = p.with_fields(zero3_param_fetch=Zero3ParamFetch.LAYER_SYNC)
     sync_fwd, sync_bwd, _ = _zero3_comm_s(sync)
     assert sync_fwd == pytest.approx(edge.gather_s + 96 * layer.gather_s)
     both = edge.gather_s + edge.scatter_s + 96 * (layer.gather_s + layer.scatter_s)
@@ -160,7 +160,7 @@ def test_layer_prefetch_hides_gathers_behind_compute() -> None:
 def test_per_tensor_sync_regathers_for_full_recompute_and_grows_with_dp() -> None:
     p = plan(dp=64, global_batch_size=64, zero3_param_fetch=PER_TENSOR)
     _, bwd_none, _ = _zero3_comm_s(p)
-    _, bwd_full, _ = _zero3_comm_s(replace(p, recompute=Recompute.FULL))
+    _, bwd_full, _ = _zero3_comm_s(p.with_fields(recompute=Recompute.FULL))
     fwd, _, _ = _zero3_comm_s(p)
     model, prof = resolve_model("gpt3-175b"), round_profile()
     edge = unit_traffic(
@@ -170,7 +170,7 @@ def test_per_tensor_sync_regathers_for_full_recompute_and_grows_with_dp() -> Non
     # the recompute forward gathers every layer again (not the embedding/output)
     assert bwd_full == pytest.approx(bwd_none + fwd - edge.gather_s, rel=1e-9)
     small, _, _ = _zero3_comm_s(p, launch_s=5e-6)
-    large, _, _ = _zero3_comm_s(replace(p, dp=512, global_batch_size=512), launch_s=5e-6)
+    large, _, _ = _zero3_comm_s(p.with_fields(dp=512, global_batch_size=512), launch_s=5e-6)
     # same bytes per rank; per tensor (96 layers x 12) 448 more chunk copies and a longer ring
     copies_s = 96 * 12 * (512 - 64) * 5e-6
     assert large - small > copies_s
@@ -293,7 +293,7 @@ def test_per_tensor_fetching_holds_the_largest_tensor_not_two_layers() -> None:
     layer = counts.attention_per_layer + counts.mlp_per_layer
     for pp, rank, largest in ((1, 0, vocab * h), (2, 1, vocab * h), (4, 1, 4 * h * h)):
         prefetch = plan(pp=pp, dp=8, global_batch_size=8 * pp)
-        per_tensor = replace(prefetch, zero3_param_fetch=PER_TENSOR)
+        per_tensor = prefetch.with_fields(zero3_param_fetch=PER_TENSOR)
         # layer-prefetch: a gathered and a prefetched layer; per tensor: DeepSpeed's
         # estimator's 4 Psi_L, the largest module (an embedding on an edge rank, else an
         # MLP matrix) gathered plus its unsharded 16-bit gradient

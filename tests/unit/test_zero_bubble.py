@@ -32,7 +32,7 @@ from plansim.schedule import (
 )
 from plansim.schedule.actions import PerRankActions
 from plansim.sim import SimResult, simulate, validate_timeline
-from plansim.specs.plan import ParallelPlan, Recompute, Schedule
+from plansim.specs.plan import Recompute, Schedule, plan_from_fields
 from plansim.specs.work import P2P, PipelineWork, RankWork, Segment, StageWork
 from tests.unit.synthetic import round_profile
 
@@ -161,10 +161,10 @@ def test_in_flight_is_min_p_m_on_every_rank(p: int, m: int) -> None:
         return top
 
     assert [peak(row) for row in zb(p, m)] == [min(p, m)] * p
-    plan = ParallelPlan(dp=1, tp=1, pp=p, micro_batch_size=1, global_batch_size=m, schedule=ZB)
+    plan = plan_from_fields(dp=1, tp=1, pp=p, micro_batch_size=1, global_batch_size=m, schedule=ZB)
     assert [microbatches_in_flight(plan, rank=r) for r in range(p)] == [min(p, m)] * p
     # Rank 0 holds exactly what it holds under 1F1B (paper §2.1).
-    flat = ParallelPlan(dp=1, tp=1, pp=p, micro_batch_size=1, global_batch_size=m)
+    flat = plan_from_fields(dp=1, tp=1, pp=p, micro_batch_size=1, global_batch_size=m)
     assert microbatches_in_flight(plan, rank=0) == microbatches_in_flight(flat, rank=0)
 
 
@@ -323,7 +323,7 @@ def test_engine_peak_memory_equals_analytic_in_flight(p: int, m: int) -> None:
     # peak of every rank; rank 0 is also 1F1B's peak.
     uniform = work(p, m, activation_bytes=10.0, static_bytes=1000.0)
     result = simulate(zb(p, m), uniform)
-    plan = ParallelPlan(dp=1, tp=1, pp=p, micro_batch_size=1, global_batch_size=m, schedule=ZB)
+    plan = plan_from_fields(dp=1, tp=1, pp=p, micro_batch_size=1, global_batch_size=m, schedule=ZB)
     analytic = [1000.0 + 10.0 * microbatches_in_flight(plan, rank=r) for r in range(p)]
     assert list(result.peak_memory_bytes) == analytic
     flat = simulate(build_actions(Schedule.ONE_F_ONE_B, num_ranks=p, num_microbatches=m), uniform)
@@ -337,7 +337,7 @@ def test_end_to_end_peak_memory_equals_analytic() -> None:
     # with min(p, m) = 4 micro-batches of activations in flight on every rank.
     model = resolve_model("megatron-1.7b")
     prof = round_profile()
-    plan = ParallelPlan(
+    plan = plan_from_fields(
         dp=1,
         tp=1,
         pp=4,
@@ -423,10 +423,10 @@ def test_deadlock_is_reported_with_grid() -> None:
 def test_plan_validation_names_values() -> None:
     kw = dict(dp=1, tp=1, micro_batch_size=1, global_batch_size=8, schedule=ZB)
     with pytest.raises(SpecError, match=re.escape("schedule zb-h1 needs pp > 1 (got pp=1)")):
-        ParallelPlan(pp=1, **kw)
+        plan_from_fields(pp=1, **kw)
     with pytest.raises(SpecError, match=re.escape("schedule zb-h1 needs vpp == 1 (got vpp=2)")):
-        ParallelPlan(pp=4, vpp=2, **kw)
-    plan = ParallelPlan(pp=4, **{**kw, "global_batch_size": 3})  # m < p is allowed
+        plan_from_fields(pp=4, vpp=2, **kw)
+    plan = plan_from_fields(pp=4, **{**kw, "global_batch_size": 3})  # m < p is allowed
     assert plan.label().endswith("zb-h1") and plan.num_microbatches == 3
 
 

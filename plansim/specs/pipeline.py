@@ -1,0 +1,97 @@
+"""PipelineOptions: the pipeline schedule and how the layers split over the pipeline ranks
+(pure). The schedule's action lists are built by ``plansim.schedule.builders``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plansim.errors import choice_error, require_positive_int
+from plansim.specs.choice_enum import ChoiceEnum
+
+
+class Schedule(ChoiceEnum):
+    """Pipeline schedule; action lists are built by ``plansim.schedule.builders``.
+
+    GPIPE and ONE_F_ONE_B run one model chunk per rank (vpp == 1); INTERLEAVED_1F1B runs
+    vpp > 1 chunks per rank (Narayanan et al. SC21 §2.2.2, Megatron-LM virtual pipeline).
+    ZB_H1 is the memory-efficient zero-bubble schedule of Qi et al. (ICLR 2024,
+    arXiv:2401.10241, §2.1 "ZB-H1"): 1F1B with each backward split into input-gradient (I)
+    and weight-gradient (W) actions, W deferred to fill the tail bubble; vpp == 1, pp > 1.
+    """
+
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED_1F1B = "interleaved-1f1b"
+    ZB_H1 = "zb-h1"
+
+    @property
+    def interleaved(self) -> bool:
+        """True when the schedule runs several model chunks (vpp > 1) per rank."""
+        return self is Schedule.INTERLEAVED_1F1B
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelineOptions:
+    """Pipeline schedule and layer split.
+
+    Attributes:
+        schedule: pipeline schedule; interleaved-1f1b needs vpp > 1, pp > 1 and a number of
+            micro-batches that is a multiple of pp (Megatron-LM's rule for interleaving);
+            gpipe and 1f1b need vpp == 1; zb-h1 needs vpp == 1 and pp > 1 (any number of
+            micro-batches: neither the paper nor torch's ``ScheduleInterleavedZeroBubble``
+            asks for m >= pp; with m < pp fewer W fill the tail, see the builder). Checked by
+            the plan, which knows pp, vpp and the micro-batch count.
+        decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers: transformer
+            layers on the first / last pipeline rank (Megatron-LM
+            ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``,
+            uneven pipeline split); None = an even share. The other ranks split the
+            remaining layers evenly; every rank's count must divide by vpp (its model
+            chunks hold equal whole layers; Megatron-LM's rule). Needs pp > 1. Llama 3 405B
+            trains 126 layers on pp 16 this way, one layer fewer on the first and the last
+            stage (Dubey et al. 2024, arXiv:2407.21783, §3.3.2).
+        account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split: the
+            input embedding (loss: output layer and loss) takes the place of one layer in the
+            split (Megatron-LM ``--account-for-embedding-in-pipeline-split`` /
+            ``--account-for-loss-in-pipeline-split``): L + 1 (or L + 2) slots split evenly
+            over the pp * vpp stages, and the first (last) stage holds one layer fewer. With
+            both, Llama 3 405B's 126 layers fill 16 ranks x 8 chunks of one slot, the first
+            chunk holding only the embedding and the last only the output and loss (Dubey et
+            al. 2024 §3.3.2). Needs pp > 1; not with decoder_first/last_pipeline_num_layers.
+
+    Raises:
+        SpecError: schedule not a :class:`Schedule`, a layer count not None or a positive
+            integer, an account_for flag not a boolean.
+    """
+
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    decoder_first_pipeline_num_layers: int | None = None
+    decoder_last_pipeline_num_layers: int | None = None
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+
+    def __post_init__(self) -> None:
+        if type(self.schedule) is not Schedule:
+            raise choice_error("plan.schedule", self.schedule, [m.value for m in Schedule])
+        if not self.uneven:
+            return
+        for edge in ("embedding", "loss"):
+            field = f"account_for_{edge}_in_pipeline_split"
+            value = getattr(self, field)
+            if not isinstance(value, bool):
+                raise choice_error(f"plan.{field}", value, [True, False])
+        for edge in ("first", "last"):
+            field = f"decoder_{edge}_pipeline_num_layers"
+            value = getattr(self, field)
+            if value is not None:
+                require_positive_int(f"plan.{field}", value)
+
+    @property
+    def uneven(self) -> bool:
+        """The layers do not split evenly: the first or the last pipeline rank (or stage)
+        has its own layer count."""
+        return not (
+            self.account_for_embedding_in_pipeline_split is False
+            and self.account_for_loss_in_pipeline_split is False
+            and self.decoder_first_pipeline_num_layers is None
+            and self.decoder_last_pipeline_num_layers is None
+        )
