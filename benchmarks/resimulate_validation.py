@@ -33,10 +33,10 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from plansim.errors import PlansimError
+from plansim.io.plan_file import plan_from_flat_dict
 from plansim.io.profiles import load_profile
 from plansim.sim import timeline as tl
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan
 from plansim.validate.compare import CATEGORY_KINDS
 from plansim.validate.simulated import simulate_plan
 
@@ -60,7 +60,7 @@ def resimulate(folder: Path, profile_name: str) -> dict[str, Any]:
     """Measured, saved-simulated and now-simulated seconds of one validate output folder."""
     doc = json.loads((folder / "comparison.json").read_text(encoding="utf-8"))
     model = _spec(ModelSpec, doc["run"]["model"])
-    plan = _spec(ParallelPlan, doc["run"]["plan"])
+    plan = plan_from_flat_dict(doc["run"]["plan"], ignore=("label",))
     profile = load_profile(profile_name)
     now = simulate_plan(model, plan, profile, dtype=plan.precision.value)
     timeline = now.result.timeline
@@ -111,7 +111,7 @@ def term_errors(folder: Path, profile_name: str, other_name: str) -> dict[str, A
     :data:`TERM_FIELDS` group of ``other_name`` put in alone, and with all of them."""
     doc = json.loads((folder / "comparison.json").read_text(encoding="utf-8"))
     model = _spec(ModelSpec, doc["run"]["model"])
-    plan = _spec(ParallelPlan, doc["run"]["plan"])
+    plan = plan_from_flat_dict(doc["run"]["plan"], ignore=("label",))
     base, other = load_profile(profile_name), load_profile(other_name)
     measured = doc["measured_step_time_s"]
 

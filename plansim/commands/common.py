@@ -10,7 +10,7 @@ from plansim.errors import SpecError
 from plansim.io.profiles import load_profile
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import DdpImpl, DpSync, OffloadDevice, Precision, Recompute
+from plansim.specs.plan import DdpImpl, DpSync, OffloadDevice, Precision, Recompute, Schedule
 
 
 def add_model_args(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -280,3 +280,28 @@ def add_offload_args(p: argparse.ArgumentParser) -> None:
         help="ZeRO-Infinity: 16-bit parameter shards in host memory (cpu) or on NVMe (nvme), "
         "fetched for every forward and backward; ZeRO 3 only",
     )
+
+
+def shared_plan_fields(args: argparse.Namespace, *, dp: int) -> dict[str, Any]:
+    """The plan fields of the flags ``plansim simulate`` and ``plansim validate`` share
+    (sizes, batch, ZeRO stage and hybrid sharding, recompute, sequence parallelism, schedule,
+    uneven pipeline split), by their plan-field names: each command adds its own and builds
+    the plan with ``plansim.specs.plan.plan_from_fields``, as the plan files do."""
+    return {
+        "dp": dp,
+        "tp": args.tp,
+        "pp": args.pp,
+        "vpp": args.vpp,
+        "micro_batch_size": args.mbs,
+        "global_batch_size": args.gbs,
+        "zero_stage": args.zero,
+        "dp_shard": args.dp_shard,
+        "recompute": Recompute(args.recompute),
+        "recompute_num_layers": args.recompute_num_layers,
+        "sequence_parallel": args.sequence_parallel,
+        "schedule": Schedule(args.schedule),
+        "decoder_first_pipeline_num_layers": args.decoder_first_pipeline_num_layers,
+        "decoder_last_pipeline_num_layers": args.decoder_last_pipeline_num_layers,
+        "account_for_embedding_in_pipeline_split": args.account_for_embedding_in_pipeline_split,
+        "account_for_loss_in_pipeline_split": args.account_for_loss_in_pipeline_split,
+    }

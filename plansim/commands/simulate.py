@@ -23,6 +23,7 @@ from plansim.commands.common import (
     plan_flag_defaults,
     require_args,
     resolve,
+    shared_plan_fields,
 )
 from plansim.commands.simulate_report import SimulateReport, json_text, rejected_text, table_text
 from plansim.errors import SpecError, require_positive_int
@@ -42,7 +43,6 @@ from plansim.specs.plan import (
     OffloadDevice,
     ParallelPlan,
     Precision,
-    Recompute,
     Schedule,
     Zero3ParamFetch,
     plan_from_fields,
@@ -221,19 +221,9 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
     fetch = _zero3_fetch(args)
     bf16_start, bf16_end = bf16_layers_from_args(args)
     return plan_from_fields(
-        dp=dp,
-        tp=args.tp,
-        pp=args.pp,
+        **shared_plan_fields(args, dp=dp),
         cp=args.cp,
-        vpp=args.vpp,
-        micro_batch_size=args.mbs,
-        global_batch_size=args.gbs,
-        zero_stage=args.zero,
-        recompute=Recompute(args.recompute),
-        recompute_num_layers=args.recompute_num_layers,
         recompute_early_stop=args.recompute_early_stop,
-        sequence_parallel=args.sequence_parallel,
-        schedule=Schedule(args.schedule),
         precision=Precision(args.precision),
         attention=AttentionKernel(args.attention),
         dp_sync=dp_syncs_from_args(args)[0],
@@ -253,11 +243,6 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
         zero3_param_fetch=fetch,
         use_torch_fsdp2=args.use_torch_fsdp2,
         reshard_after_forward=args.reshard_after_forward,
-        dp_shard=args.dp_shard,
-        decoder_first_pipeline_num_layers=args.decoder_first_pipeline_num_layers,
-        decoder_last_pipeline_num_layers=args.decoder_last_pipeline_num_layers,
-        account_for_embedding_in_pipeline_split=args.account_for_embedding_in_pipeline_split,
-        account_for_loss_in_pipeline_split=args.account_for_loss_in_pipeline_split,
         num_layers_at_start_in_bf16=bf16_start,
         num_layers_at_end_in_bf16=bf16_end,
     )

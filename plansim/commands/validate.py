@@ -31,6 +31,7 @@ from plansim.commands.common import (
     check_no_plan_flags,
     plan_flag_defaults,
     require_args,
+    shared_plan_fields,
 )
 from plansim.errors import SpecError, require_positive, require_positive_int
 from plansim.io.outputs import check_writable, write_json_atomic, write_text_atomic
@@ -46,7 +47,6 @@ from plansim.specs.plan import (
     PLAN_FIELDS,
     ParallelPlan,
     Precision,
-    Recompute,
     Schedule,
     plan_from_fields,
 )
@@ -249,25 +249,7 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
             f"--nproc({args.nproc}) must equal tp({args.tp}) * pp({args.pp}) * dp({dp}) = "
             f"{model_parallel * dp}"
         )
-    return plan_from_fields(
-        dp=dp,
-        tp=args.tp,
-        pp=args.pp,
-        vpp=args.vpp,
-        micro_batch_size=args.mbs,
-        global_batch_size=args.gbs,
-        zero_stage=args.zero,
-        dp_shard=args.dp_shard,
-        recompute=Recompute(args.recompute),
-        recompute_num_layers=args.recompute_num_layers,
-        sequence_parallel=args.sequence_parallel,
-        schedule=Schedule(args.schedule),
-        precision=Precision(args.dtype),
-        decoder_first_pipeline_num_layers=args.decoder_first_pipeline_num_layers,
-        decoder_last_pipeline_num_layers=args.decoder_last_pipeline_num_layers,
-        account_for_embedding_in_pipeline_split=args.account_for_embedding_in_pipeline_split,
-        account_for_loss_in_pipeline_split=args.account_for_loss_in_pipeline_split,
-    )
+    return plan_from_fields(**shared_plan_fields(args, dp=dp), precision=Precision(args.dtype))
 
 
 def _out_dir(path: str) -> Path:

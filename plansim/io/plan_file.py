@@ -41,7 +41,7 @@ import yaml
 from plansim.errors import InputFileError, SpecError
 from plansim.io.outputs import write_text_atomic
 from plansim.specs.choice_enum import parse_enum
-from plansim.specs.plan import GROUPS, ParallelPlan
+from plansim.specs.plan import FIELD_GROUP, GROUPS, PLAN_FIELDS, ParallelPlan, plan_from_fields
 
 #: The format version this module reads and writes (the file's ``plansim_plan`` key).
 FORMAT_VERSION = 1
@@ -49,6 +49,10 @@ _TOP_KEYS = ("plansim_plan", "model", "gpu", "num_gpus", "seq_length", "plan", "
 _REQUIRED_KEYS = ("plansim_plan", "model", "gpu", "num_gpus", "plan")
 #: PyYAML's safe loader, in C where libyaml is installed (same documents, ~7x faster).
 _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+#: Each flat plan field's type (an enum class for enum fields).
+_FIELD_TYPES: dict[str, Any] = {
+    name: hint for _, cls in GROUPS for name, hint in typing.get_type_hints(cls).items()
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -124,6 +128,26 @@ def plan_from_dict(data: object) -> ParallelPlan:
         if attr not in groups:
             raise SpecError(f"plan.{attr} is required (a plan has no default {attr})")
     return ParallelPlan(**groups)
+
+
+def plan_from_flat_dict(data: dict[str, Any], *, ignore: tuple[str, ...] = ()) -> ParallelPlan:
+    """A plan from its flat fields (``plansim.specs.plan.PLAN_FIELDS``, enums as their
+    values), as ``plansim validate``'s comparison.json and the JSON reports write it; keys in
+    ``ignore`` (derived ones such as ``label``) are skipped, fields left out take defaults.
+
+    Raises:
+        SpecError: a key is neither a plan field nor ignored, or a value is invalid.
+    """
+    values: dict[str, Any] = {}
+    for name, value in data.items():
+        if name in ignore:
+            continue
+        if name not in FIELD_GROUP:
+            raise SpecError(f"{name!r} is not a plan field; choose from: {', '.join(PLAN_FIELDS)}")
+        hint = _FIELD_TYPES[name]
+        is_enum = isinstance(hint, type) and issubclass(hint, enum.Enum)
+        values[name] = parse_enum(hint, f"plan.{name}", value) if is_enum else value
+    return plan_from_fields(**values)
 
 
 def _group(attr: str, cls: type, data: object) -> Any:

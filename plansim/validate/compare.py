@@ -48,6 +48,7 @@ import pandas as pd
 
 from plansim.planner.evaluate import Evaluation
 from plansim.sim import timeline as tl
+from plansim.specs.plan import PLAN_FIELDS, Framework, ParallelPlan
 from plansim.validate.result import MeasuredRun, ValidateError
 from plansim.validate.simulated import simulate_plan, simulation_profile
 
@@ -276,9 +277,29 @@ def _plain(value: Any) -> Any:
     return value
 
 
+#: Plan fields a comparison writes only where they differ from their defaults, so that runs
+#: of dense plans keep the comparison.json they had before these fields existed.
+_OPTIONAL_PLAN_FIELDS = {
+    "ep": 1,
+    "etp": None,
+    "framework": Framework.MEGATRON_CORE,
+    "framework_version": None,
+}
+
+
 def spec_dict(spec: Any) -> dict[str, Any]:
-    """A frozen spec dataclass (ModelSpec, ParallelPlan) as a plain dict, fields in order."""
+    """A frozen spec dataclass (ModelSpec) as a plain dict, fields in order; a ParallelPlan
+    by its flat fields (``PLAN_FIELDS``; :data:`_OPTIONAL_PLAN_FIELDS` only where set)."""
+    if isinstance(spec, ParallelPlan):
+        return {
+            name: _plain(getattr(spec, name))
+            for name in PLAN_FIELDS
+            if _OPTIONAL_PLAN_FIELDS.get(name, _UNSET) != getattr(spec, name)
+        }
     return {f.name: _plain(getattr(spec, f.name)) for f in dataclasses.fields(spec)}
+
+
+_UNSET = object()
 
 
 def run_description(measured: MeasuredRun) -> dict[str, Any]:
