@@ -23,6 +23,12 @@ install-test: install
 	@$(PY) -c "import sys, torch; v = tuple(int(x) for x in torch.__version__.split('+')[0].split('.')[:2]); sys.exit(0 if v >= (2, 3) else 1)" 2>/dev/null \
 		|| $(PIP) install -q "torch==2.13.0"
 	$(PIP) install -q -e ".[test]" nbclient nbformat ipykernel
+# framework parsers of tests/unit/test_export_frameworks.py (extra "frameworks"): --no-deps
+# so torch is never replaced (deepspeed's build imports the installed torch), then the
+# small pure-Python packages their config parsers import
+	DS_BUILD_OPS=0 $(PIP) install -q --no-deps --no-build-isolation \
+		"megatron-core==0.16.1" "torchtitan==0.2.2" "deepspeed==0.19.8"
+	$(PIP) install -q tyro einops hjson msgpack ninja py-cpuinfo "pydantic>=2"
 
 demo: install
 	$(VENV)/bin/plansim plan --model gpt3-175b --gpu a100-sxm4-80gb --gpus 1024 --gbs 1536

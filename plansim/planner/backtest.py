@@ -50,6 +50,7 @@ from plansim.planner.sensitivity import sensitivity as plan_sensitivity
 from plansim.planner.space import SearchSpace
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
+from plansim.specs.plan import ParallelPlan
 
 #: A run's layout needs no more than this fraction over the GPU's memory in plansim's model
 #: to be predicted anyway (status ``OVER_MEMORY``); further out, the row more likely misstates
@@ -62,7 +63,8 @@ OVER_MEMORY = "over-memory"
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Prediction:
     """Outcome of one row: ``ok`` or ``OVER_MEMORY`` with a prediction, or ``skipped`` with
-    the reason in ``note``.
+    the reason in ``note``. ``plan`` is the chosen plan (its execution spec names the row's
+    framework), ``plan_label`` its label.
 
     Besides the step time, a prediction says where the simulated step goes, so a row's error
     can be read against it: ``mfu_pct`` (model FLOPs over the step at the dense peak,
@@ -92,6 +94,7 @@ class Prediction:
     step_time_error_pct: float | None = None
     predicted_peak_memory_gib: float | None = None
     plan_label: str = ""
+    plan: ParallelPlan | None = None
     mfu_pct: float | None = None
     bubble_fraction: float | None = None
     exposed_comm_s_by_kind: dict[str, float] = field(default_factory=dict)
@@ -235,6 +238,7 @@ def _layer_only(
         status=PER_LAYER,
         note="; ".join(notes),
         plan_label=label,
+        plan=plan,
         layer=layer_check(row, model, plan, profile),
     )
 
@@ -291,6 +295,7 @@ def _best_prediction(
         step_time_error_pct=100.0 * (best.step_time_s - measured) / measured,
         predicted_peak_memory_gib=best.peak_memory_bytes / 2**30,
         plan_label=label,
+        plan=best.plan,
         mfu_pct=100.0 * best.mfu,
         bubble_fraction=best.bubble_fraction,
         exposed_comm_s_by_kind={

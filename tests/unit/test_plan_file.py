@@ -22,7 +22,7 @@ from plansim.io.plan_file import (
     write_plan_file,
 )
 from plansim.report.tables import plan_dict
-from plansim.specs.plan import Precision, Schedule, plan_from_fields
+from plansim.specs.plan import Framework, Precision, Schedule, plan_from_fields
 from tests.unit.test_plan_vocabulary import DEMO, _sample_plans
 
 SIMULATE_FLAGS = [
@@ -215,3 +215,29 @@ def test_validate_takes_the_layout_of_a_plan_file(
 
 def args_list(path: Path) -> list[str]:
     return ["validate", "--plan", str(path), "--backend", "gloo", "--out", "o"]
+
+
+def test_export_writes_the_plan_files_framework_configuration(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = plan_from_fields(**DEMO)
+    path = write_plan_file(
+        tmp_path / "best.yaml",
+        PlanFile(plan=plan, model="gpt3-175b", gpu="a100-sxm4-80gb", num_gpus=1024),
+    )
+    assert main(["export", str(path)]) == 0  # megatron-core plan: Megatron-LM arguments
+    text = capsys.readouterr().out
+    assert "--tensor-model-parallel-size 4\n" in text and "--use-distributed-optimizer\n" in text
+    out = tmp_path / "ds.json"
+    assert main(["export", str(path), "--to", "deepspeed", "--out", str(out)]) == 2
+    assert "cannot export the plan to DeepSpeed" in capsys.readouterr().err
+    assert not out.exists()  # nothing half-written on a refusal
+    assert main(["export", str(path), "--to", "megatron", "--out", str(out)]) == 0
+    assert out.read_text() == text
+    composer = plan.with_fields(framework=Framework.COMPOSER)
+    path = write_plan_file(
+        tmp_path / "c.yaml",
+        PlanFile(plan=composer, model="gpt3-175b", gpu="a100-sxm4-80gb", num_gpus=1024),
+    )
+    assert main(["export", str(path)]) == 2
+    assert "plan.framework composer has no export target" in capsys.readouterr().err
