@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from plansim.calibrate.build import aggregate
-from plansim.calibrate.plan_types import Item, Plan
+from plansim.calibrate.plan import Item, Plan
 from plansim.calibrate.raw import frame
 from plansim.calibrate.runner import run_items
 from plansim.calibrate.timing import Timing

@@ -56,7 +56,7 @@ from plansim.analytic.flops import Gemm, layer_forward_gemms
 from plansim.analytic.layer_cost import gemm_time_s
 from plansim.analytic.op_overheads import attention_core_times
 from plansim.calibrate.build import aggregate
-from plansim.calibrate.plan_types import Item, Plan
+from plansim.calibrate.plan import Item, Plan
 from plansim.calibrate.raw import frame
 from plansim.calibrate.runner import run_items
 from plansim.calibrate.timing import Timing

@@ -94,7 +94,8 @@ def model_for(args: argparse.Namespace) -> ModelSpec:
 
 
 def run_one(model: ModelSpec, plan: ParallelPlan, args: argparse.Namespace) -> MeasuredRun:
-    from plansim.validate.runner import RunConfig, run_plan
+    from plansim.validate.run_config import RunConfig
+    from plansim.validate.runner import run_plan
 
     return run_plan(
         RunConfig(

@@ -56,13 +56,44 @@ from __future__ import annotations
 import math
 
 from plansim.analytic.ranks import GroupSpan
-from plansim.errors import SpecError
+from plansim.errors import SpecError, choice_error
+from plansim.specs.choice_enum import ChoiceEnum
 from plansim.specs.curves import bus_factor
 from plansim.specs.hardware import HardwareProfile
 
 
+class Collective(ChoiceEnum):
+    """A collective as nccl-tests names it; the values are the keys of
+    ``HardwareProfile.intra_node`` and of a profile file's ``intra_node:`` section
+    (``plansim.specs.curves.COLLECTIVES``, in that order)."""
+
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    SENDRECV = "sendrecv"
+
+    @classmethod
+    def parse(cls, value: object, *, field: str = "collective") -> Collective:
+        """``value`` as a Collective: a member as it is, a member's value (``"all_reduce"``,
+        as files and users write it) as that member.
+
+        Raises:
+            SpecError: anything else, naming ``field`` and the allowed values.
+        """
+        if isinstance(value, cls):
+            return value
+        for member in cls:
+            if member.value == value:
+                return member
+        raise choice_error(field, value, [m.value for m in cls])
+
+
+#: Collectives NCCL runs only as rings across nodes (no tree): all-gather, reduce-scatter.
+RING_ONLY = (Collective.ALL_GATHER, Collective.REDUCE_SCATTER)
+
+
 def collective_time_s(
-    profile: HardwareProfile, *, collective: str, message_bytes: float, span: GroupSpan
+    profile: HardwareProfile, *, collective: Collective, message_bytes: float, span: GroupSpan
 ) -> float:
     """Seconds for one collective of ``message_bytes`` over a group with ``span``.
 
@@ -70,11 +101,12 @@ def collective_time_s(
     all-gather, the full input of a reduce-scatter, the message of a send/recv.
 
     Raises:
-        SpecError: unknown collective.
+        SpecError: ``collective`` is neither a :class:`Collective` nor one's value.
     """
+    collective = Collective.parse(collective)
     if span.size <= 1 or message_bytes <= 0:
         return 0.0
-    curve = profile.intra_node[collective]
+    curve = profile.intra_node[collective.value]
     if span.num_nodes == 1:
         return curve.time_s(message_bytes, span.size)
     busbw = min(
@@ -83,13 +115,13 @@ def collective_time_s(
         * profile.nic_bytes_per_s
         * profile.message_busbw_fraction(message_bytes),
     )
-    if collective in ("all_gather", "reduce_scatter"):
+    if collective in RING_ONLY:
         busbw *= profile.ring_busbw_fraction(span.num_nodes)
         return ring_collective_time_s(
             collective=collective, message_bytes=message_bytes, span=span, busbw_bytes_per_s=busbw
         )
     alpha = collective_latency_s(profile, collective=collective, span=span)
-    return alpha + bus_factor(collective, span.size) * message_bytes / busbw
+    return alpha + bus_factor(collective.value, span.size) * message_bytes / busbw
 
 
 def sharded_reduce_time_s(
@@ -102,22 +134,32 @@ def sharded_reduce_time_s(
     ``--num-distributed-optimizer-instances``: reduce-scatter inside an instance, all-reduce
     across instances)."""
     scatter = collective_time_s(
-        profile, collective="reduce_scatter", message_bytes=message_bytes, span=shard
+        profile, collective=Collective.REDUCE_SCATTER, message_bytes=message_bytes, span=shard
     )
     return scatter + collective_time_s(
-        profile, collective="all_reduce", message_bytes=message_bytes / shard.size, span=replicate
+        profile,
+        collective=Collective.ALL_REDUCE,
+        message_bytes=message_bytes / shard.size,
+        span=replicate,
     )
 
 
-def collective_latency_s(profile: HardwareProfile, *, collective: str, span: GroupSpan) -> float:
+def collective_latency_s(
+    profile: HardwareProfile, *, collective: Collective, span: GroupSpan
+) -> float:
     """The latency (alpha) :func:`collective_time_s` gives ``collective`` over ``span``: the
     curve's inside a node; across nodes, all-reduce and send/recv add ``nic_latency_s`` per
     tree level (module docstring), all-gather and reduce-scatter take the fastest NCCL ring
-    protocol's latency (:func:`ring_latency_s`)."""
-    curve = profile.intra_node[collective]
+    protocol's latency (:func:`ring_latency_s`).
+
+    Raises:
+        SpecError: ``collective`` is neither a :class:`Collective` nor one's value.
+    """
+    collective = Collective.parse(collective)
+    curve = profile.intra_node[collective.value]
     if span.num_nodes == 1:
         return curve.latency_s
-    if collective in ("all_gather", "reduce_scatter"):
+    if collective in RING_ONLY:
         return min(
             ring_latency_s(name, num_ranks=span.size, num_nodes=span.num_nodes)
             for name in _NCCL_RING_PROTOCOLS
@@ -155,13 +197,16 @@ def ring_latency_s(protocol: str, *, num_ranks: int, num_nodes: int) -> float:
 
 
 def ring_collective_time_s(
-    *, collective: str, message_bytes: float, span: GroupSpan, busbw_bytes_per_s: float
+    *, collective: Collective, message_bytes: float, span: GroupSpan, busbw_bytes_per_s: float
 ) -> float:
     """Seconds for an all-gather or reduce-scatter ring spanning nodes: the fastest NCCL
     protocol's latency (:func:`ring_latency_s`) plus the bytes at that protocol's share of
     ``busbw_bytes_per_s`` (the tier bottleneck of :func:`collective_time_s`).
+
+    Raises:
+        SpecError: ``collective`` is neither a :class:`Collective` nor one's value.
     """
-    volume = bus_factor(collective, span.size) * message_bytes
+    volume = bus_factor(Collective.parse(collective).value, span.size) * message_bytes
     return min(
         ring_latency_s(name, num_ranks=span.size, num_nodes=span.num_nodes)
         + volume / min(busbw_bytes_per_s * fraction, cap)
@@ -172,7 +217,11 @@ def ring_collective_time_s(
 def p2p_latency_s(profile: HardwareProfile, *, inter_node: bool) -> float:
     """The latency (alpha) :func:`p2p_time_s` gives a send/recv: ``nic_latency_s`` across
     nodes, the send/recv curve's inside a node."""
-    return profile.nic_latency_s if inter_node else profile.intra_node["sendrecv"].latency_s
+    return (
+        profile.nic_latency_s
+        if inter_node
+        else profile.intra_node[Collective.SENDRECV.value].latency_s
+    )
 
 
 def p2p_time_s(profile: HardwareProfile, *, message_bytes: float, inter_node: bool) -> float:
@@ -185,4 +234,4 @@ def p2p_time_s(profile: HardwareProfile, *, message_bytes: float, inter_node: bo
         return 0.0
     if inter_node:
         return profile.nic_latency_s + message_bytes / profile.nic_bytes_per_s
-    return profile.intra_node["sendrecv"].time_s(message_bytes, 2)
+    return profile.intra_node[Collective.SENDRECV.value].time_s(message_bytes, 2)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plansim.analytic import flops as fl
-from plansim.analytic.comm import collective_time_s
+from plansim.analytic.comm import Collective, collective_time_s
 from plansim.analytic.elementwise import cross_entropy_bytes
 from plansim.analytic.layer_cost import cp_local_model, gemm_time_s, unquantized_dtype
 from plansim.analytic.op_overheads import edge_ops, with_host_s
@@ -58,12 +58,12 @@ def edge_times(
     emb_tp = 0.0
     ce_tp = 0.0
     if tp > 1:
-        kind = "reduce_scatter" if plan.sequence_parallel else "all_reduce"
+        kind = Collective.REDUCE_SCATTER if plan.sequence_parallel else Collective.ALL_REDUCE
         emb_tp = collective_time_s(
             profile, collective=kind, message_bytes=act_bytes, span=groups.tp
         )
         ce_tp = 3 * collective_time_s(
-            profile, collective="all_reduce", message_bytes=4.0 * tokens, span=groups.tp
+            profile, collective=Collective.ALL_REDUCE, message_bytes=4.0 * tokens, span=groups.tp
         )
     logits = fl.logits_forward_gemm(local, micro_batch_size=b, tp=tp)
     logits_s = gemm_time_s(logits, profile, dtype=unquantized_dtype(plan))

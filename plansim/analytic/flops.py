@@ -20,6 +20,10 @@ vocabulary V) that the functions below reproduce exactly:
 
 GQA changes only the K and V projections (n = h + 2*kv_size instead of 3h); the attention
 core still runs per query head. SwiGLU adds a gate GEMM the shape of the up projection.
+
+Dense models only: the step FLOPs refuse models with routed experts, MLA or MTP modules
+(``plansim.specs.model.require_simulated``); :mod:`plansim.analytic.moe_counts` gives their
+forward FLOPs per token.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plansim.errors import SpecError, require_positive_int
-from plansim.specs.model import Activation, ModelSpec
+from plansim.specs.model import Activation, ModelSpec, require_simulated
 from plansim.specs.plan import Recompute
 
 #: Forward + backward = 3 forward passes (backward = 2x forward), Korthikanti 2022 App. A.
@@ -242,6 +246,7 @@ def attention_core_forward_flops(model: ModelSpec, *, micro_batch_size: int, tp:
 
 
 def _model_flops_exact(model: ModelSpec, global_batch_size: int) -> int:
+    require_simulated(model)  # experts, MLA, MTP: plansim.analytic.moe_counts
     layers = model.num_layers * layer_forward_flops(model, micro_batch_size=global_batch_size)
     logits = logits_forward_gemm(model, micro_batch_size=global_batch_size, tp=1).flops
     return FWD_BWD_MULTIPLIER * (layers + logits)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from plansim.analytic.comm import collective_time_s, sharded_reduce_time_s
+from plansim.analytic.comm import Collective, collective_time_s, sharded_reduce_time_s
 from plansim.analytic.memory import plan_state_bytes
 from plansim.analytic.param_server import PUSH_KIND, ps_transfer, uses_parameter_server
 from plansim.analytic.params import count_parameters
@@ -97,7 +97,10 @@ def dp_grad_reduce_s(
     with hybrid sharding (``comm.sharded_reduce_time_s``)."""
     if plan.zero_stage == 0:
         return collective_time_s(
-            profile, collective="all_reduce", message_bytes=message_bytes, span=groups.dp_cp
+            profile,
+            collective=Collective.ALL_REDUCE,
+            message_bytes=message_bytes,
+            span=groups.dp_cp,
         )
     return sharded_reduce_time_s(
         profile, message_bytes=message_bytes, shard=groups.shard, replicate=groups.replicate

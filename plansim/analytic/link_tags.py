@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from plansim.analytic.comm import Collective
 from plansim.analytic.memo import Memo
 from plansim.analytic.ranks import GroupSpan, LayoutGroups
 from plansim.specs.hardware import HardwareProfile
@@ -30,7 +31,9 @@ def _alpha_s(profile: HardwareProfile, span: GroupSpan) -> float:
     """Latency (alpha) of one collective over ``span``, as ``comm.collective_time_s`` prices
     it: the intra-node latency (the smallest of the collective curves', a lower bound where
     they differ), plus nic_latency_s per tree level when the group spans nodes."""
-    alpha = min(c.latency_s for name, c in profile.intra_node.items() if name != "sendrecv")
+    alpha = min(
+        c.latency_s for name, c in profile.intra_node.items() if name != Collective.SENDRECV.value
+    )
     if span.num_nodes > 1:
         alpha += profile.nic_latency_s * math.ceil(math.log2(span.num_nodes))
     return alpha
@@ -120,7 +123,9 @@ def _link_tags(profile: HardwareProfile, groups: LayoutGroups) -> _LinkTags:
     """Links from the tiers the groups span (rank order tp -> cp -> dp -> pp)."""
     pair = GroupSpan(size=2, members_per_node=1, num_nodes=min(2, groups.pp.num_nodes))
     inter = groups.pp.num_nodes > 1
-    send_alpha = profile.nic_latency_s if inter else profile.intra_node["sendrecv"].latency_s
+    send_alpha = (
+        profile.nic_latency_s if inter else profile.intra_node[Collective.SENDRECV.value].latency_s
+    )
     return _LinkTags(
         by_kind={
             "tp_comm": (_tier(groups.tp), 0.0),

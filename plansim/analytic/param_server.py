@@ -69,6 +69,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from plansim.analytic.comm import Collective
 from plansim.analytic.elementwise import adam_step_bytes
 from plansim.analytic.memory import plan_state_bytes, rank_parameters
 from plansim.analytic.ranks import LayoutGroups, dp_cp_size
@@ -136,7 +137,7 @@ def _one_way_latency_s(profile: HardwareProfile, groups: LayoutGroups, dedicated
     """l: a message's latency on the slowest tier crossed (``comm.p2p_time_s``'s alphas)."""
     if dedicated or groups.dp_cp.num_nodes > 1:
         return profile.nic_latency_s
-    return profile.intra_node["sendrecv"].latency_s
+    return profile.intra_node[Collective.SENDRECV.value].latency_s
 
 
 def ps_transfer(
@@ -169,7 +170,7 @@ def ps_transfer(
         servers, incast = n - 1, 1.0
         server_bytes = nic_bytes + nvl_bytes
         nic_s = nic_bytes / profile.nic_bytes_per_s
-        sendrecv = profile.intra_node["sendrecv"]
+        sendrecv = profile.intra_node[Collective.SENDRECV.value]
         nvl_s = nvl_bytes / sendrecv.busbw_bytes_per_s(message_bytes / n) if nvl_bytes else 0.0
     return PsTraffic(
         message_bytes=message_bytes,

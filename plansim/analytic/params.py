@@ -10,9 +10,11 @@ embeddings) the total equals Narayanan et al. SC21 Eq. 2,
 plus the final LayerNorm (2h), which Eq. 2 leaves out. GQA shrinks the K and V projections to
 ``kv_size = num_query_groups * head_dim`` columns each; SwiGLU adds a third h x ffn matrix.
 
-Modelling limits: no MoE, no QKV-only biases (Qwen2 has biases on Q, K and V but not on the
-output or MLP), no embedding LayerNorm (BLOOM has one, 2h parameters), no vocabulary padding
-(Megatron pads V to a multiple of 128 x tp).
+Modelling limits: dense models only (:func:`count_parameters` refuses models with routed
+experts, MLA or MTP modules; :mod:`plansim.analytic.moe_counts` counts those), no QKV-only
+biases (Qwen2 has biases on Q, K and V but not on the output or MLP), no embedding LayerNorm
+(BLOOM has one, 2h parameters), no vocabulary padding (Megatron pads V to a multiple of
+128 x tp).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plansim.specs.layer_split import pipeline_layer_counts
-from plansim.specs.model import ModelSpec, PositionEmbedding
+from plansim.specs.model import ModelSpec, PositionEmbedding, require_simulated
 from plansim.specs.plan import ParallelPlan
 
 #: Norm layers per transformer layer (pre-attention and pre-MLP; Narayanan SC21 Eq. 2's 13h
@@ -92,28 +94,35 @@ class ParamCounts:
 
 
 def attention_params_per_layer(model: ModelSpec) -> int:
-    """Self-attention parameters of one layer.
+    """Self-attention (MHA/GQA) parameters of one layer.
 
-    Q and output projections are h x h; K and V are h x kv_size each (GQA: kv_size =
-    num_query_groups * head_dim; MHA: kv_size = h, giving Narayanan SC21's 4h^2 + 4h).
+    Q is h x q and the output projection q x h, with q = ``model.query_size`` = heads x
+    head_dim (= h unless ``kv_channels`` says otherwise, as for Qwen3-MoE); K and V are
+    h x kv_size each (GQA: kv_size = num_query_groups * head_dim; MHA: kv_size = h, giving
+    Narayanan SC21's 4h^2 + 4h). Biases: q + 2*kv_size (QKV) and h (output).
     """
-    h, kv = model.hidden_size, model.kv_size
-    weights = 2 * h * h + 2 * h * kv
-    biases = (h + 2 * kv) + h if model.add_bias_linear else 0
+    h, q, kv = model.hidden_size, model.query_size, model.kv_size
+    weights = 2 * h * q + 2 * h * kv
+    biases = (q + 2 * kv) + h if model.add_bias_linear else 0
     return weights + biases
 
 
-def mlp_params_per_layer(model: ModelSpec) -> int:
-    """MLP parameters of one layer.
+def ffn_params(model: ModelSpec, *, ffn_hidden_size: int) -> int:
+    """Parameters of one MLP of width ``ffn_hidden_size`` (a dense layer's, or one expert's).
 
     num_ffn_matrices matrices of h x ffn (2 for GELU/ReLU: up, down; 3 for SwiGLU: up, gate,
     down). Biases: ffn outputs for each of the up/gate projections and h for the down one
     (GPT ffn = 4h: 8h^2 + 5h, Narayanan SC21 Eq. 2).
     """
-    h, ffn, n = model.hidden_size, model.ffn_hidden_size, model.activation.num_ffn_matrices
+    h, ffn, n = model.hidden_size, ffn_hidden_size, model.activation.num_ffn_matrices
     weights = n * h * ffn
     biases = ffn * (n - 1) + h if model.add_bias_linear else 0
     return weights + biases
+
+
+def mlp_params_per_layer(model: ModelSpec) -> int:
+    """MLP parameters of one layer: :func:`ffn_params` of ``model.ffn_hidden_size``."""
+    return ffn_params(model, ffn_hidden_size=model.ffn_hidden_size)
 
 
 def count_parameters(model: ModelSpec) -> ParamCounts:
@@ -125,7 +134,13 @@ def count_parameters(model: ModelSpec) -> ParamCounts:
     Returns:
         ParamCounts; ``total`` equals Narayanan et al. SC21 Eq. 2 plus the final LayerNorm (2h)
         for a GPT-style model.
+
+    Raises:
+        SpecError: the model has routed experts, MLA, MTP modules or attention of another
+            width than h (``plansim.specs.model.require_simulated``; count those with
+            ``plansim.analytic.moe_counts.count_moe_parameters``).
     """
+    require_simulated(model)
     h, vocab = model.hidden_size, model.vocab_size
     norm = model.normalization.params_per_hidden * h
     learned = model.position_embedding is PositionEmbedding.LEARNED

@@ -7,7 +7,7 @@ the profile's send/recv and all-gather curves.
 
 from __future__ import annotations
 
-from plansim.analytic.comm import collective_time_s, p2p_time_s
+from plansim.analytic.comm import Collective, collective_time_s, p2p_time_s
 from plansim.analytic.ranks import LayoutGroups
 from plansim.analytic.tp_comm import hidden_message_bytes
 from plansim.specs.hardware import HardwareProfile
@@ -33,7 +33,7 @@ def pipeline_send(
     gather_s = 0.0
     if plan.scatter_gather_p2p and not plan.sequence_parallel and plan.tp > 1:
         gather_s = collective_time_s(
-            profile, collective="all_gather", message_bytes=tensor_bytes, span=groups.tp
+            profile, collective=Collective.ALL_GATHER, message_bytes=tensor_bytes, span=groups.tp
         )
     link_s = p2p_time_s(profile, message_bytes=p2p_bytes, inter_node=groups.pp.num_nodes > 1)
     return P2P(duration_s=link_s + gather_s, num_bytes=p2p_bytes, latency_s=gather_s)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plansim.analytic.comm import collective_time_s
+from plansim.analytic.comm import Collective, collective_time_s
 from plansim.analytic.elementwise import adam_step_bytes, grad_average_bytes
 from plansim.analytic.grad_buckets import dp_grad_reduce_s
 from plansim.analytic.memory import (
@@ -127,7 +127,9 @@ def rank_work(
     if plan.pp > 1 and counts.output_layer == 0 and rank in (0, plan.pp - 1):
         emb_bytes = counts.embedding / plan.tp * per_param.grad
         pair = type(groups.pp)(size=2, members_per_node=1, num_nodes=min(2, groups.pp.num_nodes))
-        t = collective_time_s(profile, collective="all_reduce", message_bytes=emb_bytes, span=pair)
+        t = collective_time_s(
+            profile, collective=Collective.ALL_REDUCE, message_bytes=emb_bytes, span=pair
+        )
         sync.append(("embedding_grad_comm", "dp", t, emb_bytes))
     local = params / zero_shard_size(plan) if plan.zero_stage >= 1 else params
     step_bytes = adam_step_bytes(local, precision=plan.precision) + grad_average_bytes(
@@ -138,7 +140,7 @@ def rank_work(
     if plan.zero_stage in (1, 2) and dp_cp > 1:
         weight_bytes = params * per_param.param
         t = collective_time_s(
-            profile, collective="all_gather", message_bytes=weight_bytes, span=groups.shard
+            profile, collective=Collective.ALL_GATHER, message_bytes=weight_bytes, span=groups.shard
         )
         if plan.overlap_param_gather:
             if cover is None:

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plansim.analytic.comm import collective_time_s
+from plansim.analytic.comm import Collective, collective_time_s
 from plansim.analytic.ranks import LayoutGroups
 from plansim.analytic.zero3 import exposed_gather_s, overlapped_excess_s
 from plansim.errors import require_positive_int
@@ -81,14 +81,14 @@ def tp_pass_times(
         return 0.0, 0.0
     message = hidden_message_bytes(model, plan)
 
-    def time_s(collective: str) -> float:
+    def time_s(collective: Collective) -> float:
         return collective_time_s(
             profile, collective=collective, message_bytes=message, span=groups.tp
         )
 
     if not plan.sequence_parallel:
-        return 2.0 * time_s("all_reduce"), 2.0 * time_s("all_reduce")
-    ag, rs = time_s("all_gather"), time_s("reduce_scatter")
+        return 2.0 * time_s(Collective.ALL_REDUCE), 2.0 * time_s(Collective.ALL_REDUCE)
+    ag, rs = time_s(Collective.ALL_GATHER), time_s(Collective.REDUCE_SCATTER)
     if not plan.tp_comm_overlap:
         return 2.0 * (ag + rs), 2.0 * (ag + rs) + 2.0 * ag
     return overlapped_tp_s(

@@ -140,7 +140,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plansim.analytic.comm import collective_time_s, sharded_reduce_time_s
+from plansim.analytic.comm import Collective, collective_time_s, sharded_reduce_time_s
 from plansim.analytic.params import NORMS_PER_LAYER, count_parameters, rank_parameters
 from plansim.analytic.ranks import LayoutGroups, dp_cp_size
 from plansim.specs.hardware import HardwareProfile
@@ -320,7 +320,10 @@ def unit_traffic(
             gather_copy_s, scatter_copy_s = gather_bytes / stream, scatter_bytes / stream
         if not grads_only:
             gather += gather_copy_s + collective_time_s(
-                profile, collective="all_gather", message_bytes=numel * param_bytes, span=span
+                profile,
+                collective=Collective.ALL_GATHER,
+                message_bytes=numel * param_bytes,
+                span=span,
             )
         scatter += scatter_copy_s + sharded_reduce_time_s(
             profile, message_bytes=numel * grad_bytes, shard=span, replicate=groups.replicate

@@ -7,8 +7,8 @@ Two sources feed a profile (``hardware_profiles/README.md`` has the schema):
   ``torch.distributed``), run by ranks this package launches (:mod:`.launch`, :mod:`.bench`).
 * ``plansim profiles import-nccl-tests``: logs of NVIDIA's nccl-tests (:mod:`.nccl_tests`).
 
-Only :mod:`.bench` (and its :mod:`.bench_host`), :mod:`.launch` and :mod:`.runner` import
-torch. The parser, the fitting
+Only :mod:`.bench` (and its :mod:`.bench_host`), :mod:`.op_sac`, :mod:`.launch` and
+:mod:`.runner` import torch. The parser, the fitting
 (:mod:`.fit`), the measurement plan (:mod:`.plan`), the raw-measurement CSV (:mod:`.raw`) and
 the profile builder (:mod:`.build`) are pure (numpy/pandas) and importable without torch.
 """

@@ -5,7 +5,7 @@ grad) is so small that its time is the eager dispatch and autograd bookkeeping
 (``plansim.calibrate.plan.HOST_OP_OPS``); its ``dtensor_`` twin makes the linears
 tensor-parallel on a one-rank mesh, so the DTensor dispatch is timed without communication;
 its ``sac_`` twin runs the chain as one region checkpointed with torchtitan's per-op policy
-(``plansim.validate.op_sac``), so every op of the forward passes through torch's selective
+(``plansim.calibrate.op_sac``), so every op of the forward passes through torch's selective
 checkpointing dispatch mode and the backward recomputes the ops the policy does not save.
 With more than one rank two more twins run over all ranks (``WORLD_HOST_OP_OPS``):
 ``dtensor_world_`` (the same tensor parallelism on a mesh of every rank: each
@@ -55,7 +55,7 @@ def host_op_chain(
         _fully_shard(chain, _mesh(meshes, "world", device=device, world=world))
     model: torch.nn.Module = chain
     if item.op.startswith("sac_"):
-        from plansim.validate.op_sac import op_selective_checkpoint
+        from plansim.calibrate.op_sac import op_selective_checkpoint
 
         model = op_selective_checkpoint(chain)
     x = torch.randn(2, 8, device=device, requires_grad=True)

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from plansim.calibrate.plan_types import Item
+from plansim.calibrate.plan import Item
 from plansim.calibrate.timing import Timing
 
 #: Seconds of GEMM calls per timed loop (tens of ms: far above timer resolution and launch

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from plansim.calibrate.bench_overlap import random_gemm
-from plansim.calibrate.plan_types import Item
+from plansim.calibrate.plan import Item
 from plansim.calibrate.timing import Timing
 
 #: Seconds of sleep before the burst, so that the device starts from idle clocks and power.

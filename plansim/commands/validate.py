@@ -321,7 +321,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _measure(args: argparse.Namespace, *, model: ModelSpec, plan: ParallelPlan) -> MeasuredRun:
     """Run the plan (torch imported here, not at module import)."""
-    from plansim.validate.runner import RunConfig, run_plan
+    from plansim.validate.run_config import RunConfig
+    from plansim.validate.runner import run_plan
 
     config = RunConfig(
         model=model,

@@ -13,7 +13,7 @@ import enum
 
 from plansim.errors import SpecError
 from plansim.specs.layer_split import check_plan_divides_model
-from plansim.specs.model import ModelSpec
+from plansim.specs.model import ModelSpec, require_simulated
 from plansim.specs.plan import ParallelPlan
 
 __all__ = ["Problems", "check_fits", "show"]
@@ -63,8 +63,10 @@ def check_fits(plan: ParallelPlan, model: ModelSpec) -> None:
     layers over pp * vpp stages, heads and query groups over tp, the sequence over 2 * cp).
 
     Raises:
-        SpecError: naming the model and why it does not split.
+        SpecError: naming the model and why it does not split, or what of the model plansim
+            does not yet model (``plansim.specs.model.require_simulated``).
     """
+    require_simulated(model)
     reason = check_plan_divides_model(
         plan,
         num_layers=model.num_layers,

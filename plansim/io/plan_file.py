@@ -98,10 +98,7 @@ def plan_to_dict(plan: ParallelPlan) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for attr, _ in GROUPS:
         group = getattr(plan, attr)
-        out[attr] = {
-            f.name: _plain(getattr(group, f.name))
-            for f in fields(group)  # type: ignore[arg-type]
-        }
+        out[attr] = {f.name: _plain(getattr(group, f.name)) for f in fields(group)}
     return out
 
 

@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plansim.errors import InputFileError, SpecError
-from plansim.io.profile_extras import host_overhead_keys
-from plansim.io.profile_schema import HOST_SCALARS, OPTIONAL_SCALARS, SCALARS
+from plansim.io.profile_schema import HOST_SCALARS, OPTIONAL_SCALARS, SCALARS, host_overhead_keys
 from plansim.specs.compute_terms import AttentionEfficiency, HostOverhead
 from plansim.specs.curves import COLLECTIVES, CollectiveCurve, Curve
 from plansim.specs.hardware import HardwareProfile, HostSpec

@@ -1,5 +1,14 @@
 """Profile YAML (a parsed mapping) -> :class:`HardwareProfile`, with one clear error per problem.
 
+Reads every section, the optional ones too: ``attention_efficiency``, ``host_overhead``,
+``inter_node_ring_scaling`` and ``inter_node_message_scaling`` (all documented in
+``hardware_profiles/README.md``). A file without them loads with
+``HardwareProfile.attention_efficiency == {}``, ``host_overhead is None``,
+``inter_node_ring_fraction is None`` and ``inter_node_message_fraction is None``, which leaves
+every cost as it was. Their provenance keys: ``attention_efficiency.<dtype>`` (one per
+curve), ``host_overhead.<key>`` (one per value, ``serial`` included),
+``inter_node_ring_scaling`` and ``inter_node_message_scaling`` (one per curve).
+
 Every problem is an :class:`InputFileError` naming the source and the key path
 (``hardware_profiles/x.yaml: intra_node.all_reduce.busbw_gb_per_s: expected a list of
 numbers, got 'abc'``); there are no silent defaults for required keys. Numbers are converted
@@ -14,7 +23,12 @@ from dataclasses import dataclass
 
 from plansim.errors import InputFileError, SpecError
 from plansim.io.profile_schema import (
+    ATTENTION_KEYS,
     COLLECTIVE_KEYS,
+    FRACTION_CURVES,
+    HOST_OVERHEAD_KEYS,
+    HOST_OVERHEAD_OPTIONAL_KEYS,
+    HOST_OVERHEAD_SCALARS,
     HOST_REQUIRED_KEYS,
     HOST_SCALARS,
     MATMUL_KEYS,
@@ -25,6 +39,7 @@ from plansim.io.profile_schema import (
     TOP,
     TOP_LEVEL_KEYS,
 )
+from plansim.specs.compute_terms import AttentionEfficiency, HostOverhead
 from plansim.specs.curves import COLLECTIVES, CollectiveCurve, Curve
 from plansim.specs.hardware import HardwareProfile, HostSpec
 from plansim.units import gb_per_s_to_bytes_per_s, tflops_to_flops_per_s, us_to_s
@@ -135,12 +150,10 @@ def profile_from_dict(data: object, *, source: str) -> HardwareProfile:
     scalars |= {
         s.field: s.to_si(_number(ctx, top[s.key], s.key)) for s in OPTIONAL_SCALARS if s.key in top
     }
-    from plansim.io import profile_extras as extras  # it imports this module's helpers
-
-    attention = extras.read_attention(ctx, top, provenance)
-    host_overhead = extras.read_host_overhead(ctx, top)
-    ring = extras.read_fraction_curve(ctx, top, provenance, "inter_node_ring_scaling")
-    message = extras.read_fraction_curve(ctx, top, provenance, "inter_node_message_scaling")
+    attention = _read_attention(ctx, top, provenance)
+    host_overhead = _read_host_overhead(ctx, top)
+    ring = _read_fraction_curve(ctx, top, provenance, "inter_node_ring_scaling")
+    message = _read_fraction_curve(ctx, top, provenance, "inter_node_message_scaling")
     try:
         return HardwareProfile(
             name=_text(ctx, top["name"], "name"),
@@ -242,6 +255,103 @@ def _read_intra_node(
     return curves
 
 
+def _read_attention(
+    ctx: _Ctx, top: Mapping[str, object], provenance: Mapping[str, str]
+) -> dict[str, AttentionEfficiency]:
+    """``attention_efficiency.<dtype>: {attention_flops, forward_fraction_of_peak,
+    backward_fraction_of_peak}`` -> :class:`AttentionEfficiency` per dtype ({} if absent).
+
+    Raises:
+        InputFileError: a key is missing, unknown or ill-typed, the lists differ in length,
+            x is not increasing, or a fraction is outside (0, 1].
+    """
+    if "attention_efficiency" not in top:
+        return {}
+    section = _mapping(ctx, top["attention_efficiency"], "attention_efficiency")
+    out: dict[str, AttentionEfficiency] = {}
+    for dtype, raw in section.items():
+        path = f"attention_efficiency.{dtype}"
+        entry = _mapping(ctx, raw, path)
+        _require(ctx, entry, path, ATTENTION_KEYS)
+        x = _numbers(ctx, entry["attention_flops"], f"{path}.attention_flops")
+        curves = []
+        for side in ("forward", "backward"):
+            key = f"{path}.{side}_fraction_of_peak"
+            y = _numbers(ctx, entry[f"{side}_fraction_of_peak"], key)
+            if any(not f > 0 for f in y):
+                raise ctx.error(key, f"values must be positive, got {y}")
+            curves.append(_curve(ctx, x, y, path, provenance[path]))
+        try:
+            out[dtype] = AttentionEfficiency(
+                forward=curves[0], backward=curves[1], source=provenance[path]
+            )
+        except SpecError as exc:
+            raise ctx.error(path, str(exc)) from None
+    return out
+
+
+def _read_host_overhead(ctx: _Ctx, top: Mapping[str, object]) -> HostOverhead | None:
+    """``host_overhead: {serial, forward_op_us, backward_op_us[, dtensor_forward_op_us,
+    dtensor_backward_op_us]}`` -> :class:`HostOverhead` in seconds (None if absent).
+
+    Raises:
+        InputFileError: a key is missing, unknown or ill-typed, or a value is negative.
+    """
+    if "host_overhead" not in top:
+        return None
+    section = _mapping(ctx, top["host_overhead"], "host_overhead")
+    _require(ctx, section, "host_overhead", HOST_OVERHEAD_KEYS, HOST_OVERHEAD_OPTIONAL_KEYS)
+    serial = section["serial"]
+    if not isinstance(serial, bool):
+        raise ctx.error("host_overhead.serial", f"expected true or false, got {serial!r}")
+    values = {
+        s.field: s.to_si(_number(ctx, section[s.key], f"host_overhead.{s.key}"))
+        for s in HOST_OVERHEAD_SCALARS
+        if s.key in section
+    }
+    try:
+        return HostOverhead(serial=serial, **values)
+    except SpecError as exc:
+        raise ctx.error("host_overhead", str(exc)) from None
+
+
+def _read_fraction_curve(
+    ctx: _Ctx, top: Mapping[str, object], provenance: Mapping[str, str], path: str
+) -> Curve | None:
+    """``inter_node_ring_scaling: {num_nodes, busbw_fraction}`` (the curve of
+    ``HardwareProfile.inter_node_ring_fraction``) or ``inter_node_message_scaling:
+    {message_bytes, busbw_fraction}`` (``inter_node_message_fraction``), by ``path``; None if
+    the section is absent.
+
+    Raises:
+        InputFileError: a key is missing, unknown or ill-typed, the lists differ in length,
+            x does not increase, or a fraction is outside (0, 1].
+    """
+    if path not in top:
+        return None
+    x_key = FRACTION_CURVES[path][0]
+    section = _mapping(ctx, top[path], path)
+    _require(ctx, section, path, (x_key, "busbw_fraction"))
+    x = _numbers(ctx, section[x_key], f"{path}.{x_key}")
+    y = _numbers(ctx, section["busbw_fraction"], f"{path}.busbw_fraction")
+    if any(not 0 < f <= 1 for f in y):
+        raise ctx.error(f"{path}.busbw_fraction", f"values must be in (0, 1], got {y}")
+    return _curve(ctx, x, y, path, provenance[path])
+
+
+def _extra_number_keys(top: Mapping[str, object]) -> set[str]:
+    """Provenance keys the optional sections of ``top`` need."""
+    keys: set[str] = set()
+    attention = top.get("attention_efficiency")
+    if isinstance(attention, Mapping):
+        keys |= {f"attention_efficiency.{d}" for d in attention}
+    host = top.get("host_overhead")
+    if isinstance(host, Mapping):
+        keys |= {f"host_overhead.{k}" for k in HOST_OVERHEAD_KEYS if k in host}
+    keys |= {path for path in FRACTION_CURVES if path in top}
+    return keys
+
+
 def _number_keys(top: Mapping[str, object]) -> set[str]:
     """Dotted keys that need a provenance entry (one per number or curve in the file)."""
     keys = {s.key for s in SCALARS} | {"gpus_per_node"}
@@ -256,9 +366,7 @@ def _number_keys(top: Mapping[str, object]) -> set[str]:
     host = top.get("host")
     if isinstance(host, Mapping):
         keys |= {f"host.{s.key}" for s in HOST_SCALARS if s.key in host}
-    from plansim.io.profile_extras import extra_number_keys  # it imports this module
-
-    return keys | extra_number_keys(top)
+    return keys | _extra_number_keys(top)
 
 
 def _read_provenance(ctx: _Ctx, top: Mapping[str, object]) -> dict[str, str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from plansim.specs.compute_terms import HostOverhead
 from plansim.units import (
     GB,
     bytes_per_s_to_gb_per_s,
@@ -151,11 +152,11 @@ HOST_SCALARS = (
 #: Keys of ``host:`` that must be there when the section is (the NVMe pair is optional).
 HOST_REQUIRED_KEYS = ("memory_gib", "adam_params_per_s")
 MATMUL_KEYS = ("gemm_flops", "fraction_of_peak")
-#: Keys of one dtype of the optional ``attention_efficiency:`` section (``profile_extras``).
+#: Keys of one dtype of the optional ``attention_efficiency:`` section (``profile_parse``).
 ATTENTION_KEYS = ("attention_flops", "forward_fraction_of_peak", "backward_fraction_of_peak")
-#: The optional ``host_overhead:`` section (``profile_extras``): YAML key <-> ``HostOverhead``
+#: The optional ``host_overhead:`` section (``profile_parse``): YAML key <-> ``HostOverhead``
 #: field, in file order; ``serial`` (a bool) and the two ``dtensor_`` keys are not scalars
-#: here (see ``plansim.io.profile_extras``); provenance keys are ``host_overhead.<key>``.
+#: here (:data:`HOST_OVERHEAD_KEYS`); provenance keys are ``host_overhead.<key>``.
 HOST_OVERHEAD_SCALARS = (
     _Scalar("forward_op_us", "forward_op_s", us_to_s, s_to_us),
     _Scalar("backward_op_us", "backward_op_s", us_to_s, s_to_us),
@@ -170,8 +171,24 @@ HOST_OVERHEAD_SCALARS = (
     _Scalar("sac_forward_op_us", "sac_forward_op_s", us_to_s, s_to_us),
     _Scalar("sac_backward_op_us", "sac_backward_op_s", us_to_s, s_to_us),
 )
+#: Keys of ``host_overhead:`` in file order; ``serial`` and the forward/backward pair are
+#: required in the section, the others (:data:`HOST_OVERHEAD_OPTIONAL_KEYS`) optional.
+HOST_OVERHEAD_KEYS = ("serial", *(s.key for s in HOST_OVERHEAD_SCALARS))
+HOST_OVERHEAD_OPTIONAL_KEYS = tuple(
+    s.key for s in HOST_OVERHEAD_SCALARS if s.key not in ("forward_op_us", "backward_op_us")
+)
+
+
+def host_overhead_keys(host: HostOverhead) -> tuple[str, ...]:
+    """YAML keys of ``host_overhead:`` that ``host`` has values for, in file order."""
+    present = {"serial"} | {
+        s.key for s in HOST_OVERHEAD_SCALARS if getattr(host, s.field) is not None
+    }
+    return tuple(k for k in HOST_OVERHEAD_KEYS if k in present)
+
+
 COLLECTIVE_KEYS = ("latency_us", "message_bytes", "busbw_gb_per_s")
-#: The optional fraction-of-bandwidth sections (``profile_extras``): YAML section -> (its x
+#: The optional fraction-of-bandwidth sections (``profile_parse``): YAML section -> (its x
 #: key, HardwareProfile field); each also has ``busbw_fraction``, the fraction at each x.
 #: ``inter_node_ring_scaling``: node counts, the bus bandwidth a ring keeps;
 #: ``inter_node_message_scaling``: message sizes, the NIC line rate a collective reaches.

@@ -24,7 +24,6 @@ import yaml
 
 from plansim.errors import InputFileError, UnknownNameError
 from plansim.io.outputs import replace_file
-from plansim.io.profile_extras import extras_provenance, extras_to_dict
 from plansim.io.profile_merge import (
     HOST_KEYS,
     OPTIONAL_SCALAR_KEYS,
@@ -34,7 +33,9 @@ from plansim.io.profile_merge import (
 )
 from plansim.io.profile_parse import profile_from_dict
 from plansim.io.profile_schema import (
+    FRACTION_CURVES,
     HEADER,
+    HOST_OVERHEAD_SCALARS,
     HOST_SCALARS,
     OPTIONAL_SCALARS,
     SCALARS,
@@ -198,9 +199,55 @@ def profile_to_dict(profile: HardwareProfile) -> dict[str, Any]:
             for s in HOST_SCALARS
             if (value := getattr(profile.host, s.field)) is not None
         }
-    data.update(extras_to_dict(profile, _tidy))
-    data["provenance"] = {**extras_provenance(profile), **provenance}
+    data.update(_extras_to_dict(profile))
+    data["provenance"] = {**_extras_provenance(profile), **provenance}
     return {key: data[key] for key in TOP_LEVEL_KEYS if key in data}
+
+
+def _extras_to_dict(profile: HardwareProfile) -> dict[str, Any]:
+    """The optional sections of ``profile`` (``attention_efficiency``, ``host_overhead``,
+    ``inter_node_*_scaling``) as YAML-ready entries in edge units ({} when it has none)."""
+    data: dict[str, Any] = {}
+    if profile.attention_efficiency:
+        data["attention_efficiency"] = {
+            dtype: {
+                "attention_flops": [_tidy(x) for x in curves.forward.x],
+                "forward_fraction_of_peak": [_tidy(y) for y in curves.forward.y],
+                "backward_fraction_of_peak": [_tidy(y) for y in curves.backward.y],
+            }
+            for dtype, curves in profile.attention_efficiency.items()
+        }
+    host = profile.host_overhead
+    if host is not None:
+        section: dict[str, Any] = {"serial": host.serial}
+        for s in HOST_OVERHEAD_SCALARS:
+            value = getattr(host, s.field)
+            if value is not None:
+                section[s.key] = _tidy(s.from_si(value))
+        data["host_overhead"] = section
+    for path, (x_key, attr) in FRACTION_CURVES.items():
+        curve = getattr(profile, attr)
+        if curve is not None:
+            data[path] = {
+                x_key: [_tidy(x) for x in curve.x],
+                "busbw_fraction": [_tidy(y) for y in curve.y],
+            }
+    return data
+
+
+def _extras_provenance(profile: HardwareProfile) -> dict[str, str]:
+    """Provenance entries the curves carry themselves (used when the profile's mapping has
+    none for them)."""
+    entries = {
+        f"attention_efficiency.{dtype}": curves.source
+        for dtype, curves in profile.attention_efficiency.items()
+        if curves.source
+    }
+    for path, (_, attr) in FRACTION_CURVES.items():
+        curve = getattr(profile, attr)
+        if curve is not None and curve.source:
+            entries[path] = curve.source
+    return entries
 
 
 def _dump(data: Mapping[str, Any]) -> str:

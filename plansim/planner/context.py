@@ -18,6 +18,7 @@ from plansim.analytic.stage_compute import stage_compute_s
 from plansim.analytic.zero_segments import sharded_action_s
 from plansim.planner.bounds import compute_lower_bound_s, step_time_lower_bound_s
 from plansim.planner.enumerate import Layout, enumerate_plan_groups, restrict_to_layout
+from plansim.planner.estimate import estimate_step_time_s
 from plansim.planner.evaluate import Evaluation, Rejected, check_plan, evaluate
 from plansim.planner.rejections import RejectedRows, plan_from_values, plan_values
 from plansim.planner.space import SearchSpace
@@ -38,7 +39,7 @@ class Candidate:
             (``plansim.planner.bounds.step_time_lower_bound_s``) when ``refined``, else
             the cheaper compute-only one (``bounds.compute_lower_bound_s``), never above
             the full one.
-        estimate_s: the heuristic estimate (``search.estimate_step_time_s``) when asked for
+        estimate_s: the heuristic estimate (``estimate.estimate_step_time_s``) when asked for
             (the ``simulate_top`` mode), else 0.
         refined: ``bound_s`` is the full bound.
     """
@@ -112,8 +113,6 @@ class SearchContext:
         (``Candidate.refined`` False; :meth:`refine_bounds` later), without building its
         work; the estimate, when asked for, needs the work and refines too.
         """
-        from plansim.planner.search import estimate_step_time_s  # (search imports us)
-
         model, profile = self.model, self.profile
         feasible: list[Candidate] = []
         rejected = RejectedRows()

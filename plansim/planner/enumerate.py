@@ -27,7 +27,6 @@ from plansim.specs.plan import (
     AttentionKernel,
     BatchOptions,
     DpSync,
-    ExecutionSpec,
     MixedPrecisionOptions,
     OffloadDevice,
     OverlapOptions,
@@ -73,7 +72,7 @@ class Layout:
 
 def layouts(num_gpus: int, space: SearchSpace) -> Iterator[Layout]:
     """Every layout the space allows, in (tp, cp, pp) order; cp > 1 only with FlashAttention."""
-    flash = space.attention is AttentionKernel.FLASH
+    flash = space.execution.attention is AttentionKernel.FLASH
     for tp in space.tp or divisors(num_gpus):
         if num_gpus % tp:
             continue
@@ -199,15 +198,7 @@ class _Groups:
 
     def __init__(self, space: SearchSpace) -> None:
         self.space = space
-        self.execution = ExecutionSpec(
-            framework=space.framework,
-            attention=space.attention,
-            gradient_accumulation_fusion=space.gradient_accumulation_fusion,
-            fused_elementwise=space.fused_elementwise,
-            persist_layer_norm=space.persist_layer_norm,
-            scatter_gather_p2p=space.scatter_gather_p2p,
-            ddp_impl=space.ddp_impl,
-        )
+        self.execution = space.execution
         self._cache: dict[tuple[object, ...], object] = {}
 
     def get(self, cls: type[_G], **fields: object) -> _G:
@@ -312,7 +303,7 @@ def _recompute_groups(
     for (recompute, block), shard in product(_recompute_modes(space, chunk=chunk), shards):
         if (
             recompute is Recompute.SELECTIVE
-            and space.attention.fused
+            and space.execution.attention.fused
             and Recompute.NONE in space.recomputes
         ):
             continue  # FlashAttention stores no s x s scores: selective ~ none, but slower

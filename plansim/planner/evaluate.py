@@ -20,7 +20,7 @@ from plansim.sim.result import SimResult
 from plansim.sim.steady_state import extrapolate, plan_steady_state
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import check_plan_divides_model, stage_layer_counts
-from plansim.specs.model import ModelSpec
+from plansim.specs.model import ModelSpec, require_simulated
 from plansim.specs.plan import ParallelPlan
 from plansim.specs.work import PipelineWork
 
@@ -84,10 +84,14 @@ def check_plan(
     profile) for the memory model's activation pricing; same result without.
 
     Raises:
-        SpecError: the plan offloads and the profile has no host section (or no NVMe figures
-            for ``nvme``): a usage error, not an infeasible plan
+        SpecError: the model has routed experts, MLA or MTP modules, which plansim describes
+            but does not yet plan or simulate (``plansim.specs.model.require_simulated``: a
+            user error raised on the first plan checked, not a rejection of every plan); or
+            the plan offloads and the profile has no host section (or no NVMe figures for
+            ``nvme``): a usage error, not an infeasible plan
             (``plansim.analytic.offload.require_host``).
     """
+    require_simulated(model)
     if offloads(plan):
         require_host(plan, profile)
     why = _layout_rejection(model, plan, profile)

@@ -152,8 +152,8 @@ def stated_layer_plan(row: RunRow, space: SearchSpace, notes: list[str]) -> Para
         recompute=recompute,
         sequence_parallel=sps[0],
         precision=space.precision,
-        attention=space.attention,
-        gradient_accumulation_fusion=space.gradient_accumulation_fusion,
-        fused_elementwise=space.fused_elementwise,
-        framework=space.framework,
+        attention=space.execution.attention,
+        gradient_accumulation_fusion=space.execution.gradient_accumulation_fusion,
+        fused_elementwise=space.execution.fused_elementwise,
+        framework=space.execution.framework,
     )

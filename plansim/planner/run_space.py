@@ -80,7 +80,14 @@ from plansim.planner.run_framework import (
 from plansim.planner.run_model import Skip
 from plansim.planner.run_scripts import ScriptFacts, script_facts
 from plansim.planner.space import SearchSpace
-from plansim.specs.plan import AttentionKernel, DdpImpl, Precision, Recompute, Schedule
+from plansim.specs.plan import (
+    AttentionKernel,
+    DdpImpl,
+    ExecutionSpec,
+    Precision,
+    Recompute,
+    Schedule,
+)
 
 FLASH_IN_MEGATRON_YEAR = 2023
 SP_AND_SELECTIVE_YEAR = 2022
@@ -200,16 +207,9 @@ def row_space(row: RunRow, notes: list[str]) -> SearchSpace:
         sequence_parallel=(sp,) if sp is not None else ((False, True) if modern else (False,)),
         overlap_p2p_comm=(False, True) if year is None or year >= OVERLAP_P2P_YEAR else (False,),
         overlap_grad_reduce=_overlap_grad_reduce(year, facts, notes),
-        ddp_impl=_ddp_impl(row, year, facts, notes),
-        framework=row_framework(row, year),
+        execution=row_execution(row, year, facts, attention=attention, notes=notes),
         precision=precision,
-        attention=attention,
-        gradient_accumulation_fusion=(year is None or year >= GRAD_ACC_FUSION_YEAR)
-        and not is_megatron_fork(row, year),
-        fused_elementwise=fused_elementwise(row, notes),
-        persist_layer_norm=_persist_layer_norm(year, notes),
         grad_reduce_in_bf16=bf16_grad_modes(row, year, notes, torch_fsdp=torch_fsdp),
-        scatter_gather_p2p=year is None or year >= SCATTER_GATHER_P2P_YEAR,
         zero3_param_fetch=zero3_fetch(row, year, notes),
         use_torch_fsdp2=torch_fsdp,
         recompute_early_stop=recompute_early_stop(row, recompute, notes),
@@ -225,6 +225,34 @@ def row_space(row: RunRow, notes: list[str]) -> SearchSpace:
         )
         return replace(space, zero_stages=(3,), reshard_after_forward=(False,))
     return space
+
+
+def row_execution(
+    row: RunRow,
+    year: int | None,
+    facts: ScriptFacts | None,
+    *,
+    attention: AttentionKernel,
+    notes: list[str],
+) -> ExecutionSpec:
+    """The execution spec a row's framework and date give its plans: the framework
+    (``run_framework.row_framework``), the attention kernel, gradient-accumulation fusion
+    (Megatron-LM from 2022, not the DeepSpeed forks before 2023), the elementwise kernels
+    (``run_framework.fused_elementwise``), the layer-norm backward (:func:`_persist_layer_norm`),
+    pipeline scatter/gather (Megatron-LM from 2021) and the DDP wrapper (:func:`_ddp_impl`);
+    ``notes`` gets the notes of the DDP wrapper, elementwise kernels and layer norm, in that
+    order."""
+    ddp_impl = _ddp_impl(row, year, facts, notes)
+    return ExecutionSpec(
+        framework=row_framework(row, year),
+        attention=attention,
+        gradient_accumulation_fusion=(year is None or year >= GRAD_ACC_FUSION_YEAR)
+        and not is_megatron_fork(row, year),
+        fused_elementwise=fused_elementwise(row, notes),
+        persist_layer_norm=_persist_layer_norm(year, notes),
+        scatter_gather_p2p=year is None or year >= SCATTER_GATHER_P2P_YEAR,
+        ddp_impl=ddp_impl,
+    )
 
 
 def _stated_knobs(

@@ -9,16 +9,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plansim.specs.plan import (
-    AttentionKernel,
-    DdpImpl,
     DpSync,
-    Framework,
+    ExecutionSpec,
     OffloadDevice,
     Precision,
     Recompute,
     Schedule,
     Zero3ParamFetch,
 )
+
+#: The default execution spec: Megatron-Core's of today.
+_MEGATRON_CORE = ExecutionSpec()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,14 +52,16 @@ class SearchSpace:
             offload (PyTorch FSDP's ``reshard_after_forward``); default resharding only.
         grad_reduce_in_bf16: values tried when the precision keeps an fp32 main-gradient
             buffer (bf16, fp8, fp4; Megatron-LM ``--grad-reduce-in-bf16``); default off only.
-        precision, attention, gradient_accumulation_fusion, fused_elementwise,
-            persist_layer_norm, scatter_gather_p2p, zero3_param_fetch, use_torch_fsdp2
-            (ZeRO-3 plans only), recompute_early_stop (full-recompute plans only),
-            bf16_layers ((start, end) layers kept in bf16 under fp8 / fp4): fixed for the
-            whole search
+        execution: the execution spec of every plan (``plansim.specs.execution``: the
+            framework, its attention kernel, gradient-accumulation fusion, elementwise
+            kernels, layer-norm kernel, pipeline scatter/gather and DDP wrapper): the
+            implementation facts of the software, fixed for the whole search, not layout
+            choices (the back-test builds the row's from its framework and date).
+        precision, zero3_param_fetch, use_torch_fsdp2 (ZeRO-3 plans only),
+            recompute_early_stop (full-recompute plans only), bf16_layers ((start, end)
+            layers kept in bf16 under fp8 / fp4): fixed for the whole search
             (``per-step`` for the plans with pp > 1: without a pipeline FSDP2 gathers layer
-            by layer)
-            (implementation facts of the framework, not layout choices).
+            by layer).
         uneven_pipeline: when the layers do not split evenly over pp * vpp stages, offer
             the uneven split of ``plansim.specs.layer_split.uneven_split_fields`` (Megatron-LM
             ``--account-for-embedding/loss-in-pipeline-split`` or
@@ -78,10 +81,6 @@ class SearchSpace:
             plans also try ``dp_shard`` = hsdp_shard_gpus / (tp * cp) where it fits
             (``plansim.planner.hsdp``); None (default): full sharding only. hsdp_only: where
             that hybrid sharding fits, try it instead of full sharding (a stated HSDP run).
-        ddp_impl: the data-parallel wrapper of every plan (``ParallelPlan.ddp_impl``): a
-            framework fact, fixed for the search (Megatron-core by default).
-        framework: the framework every plan's execution spec names
-            (``ExecutionSpec.framework``; the back-test sets the row's).
         offloads: (offload_optimizer, offload_param) pairs tried (default: none only);
             each pair with every ZeRO stage that allows it. ``plansim plan`` passes
             ``plansim.analytic.offload.offload_choices(profile)``: offload only on a profile
@@ -112,15 +111,9 @@ class SearchSpace:
     tp_comm_overlap: tuple[bool, ...] = (False,)
     grad_reduce_in_bf16: tuple[bool, ...] = (False,)
     precision: Precision = Precision.BF16
-    attention: AttentionKernel = AttentionKernel.FLASH
-    gradient_accumulation_fusion: bool = True
-    fused_elementwise: bool = True
-    persist_layer_norm: bool = True
-    scatter_gather_p2p: bool = True
+    execution: ExecutionSpec = _MEGATRON_CORE
     dp_syncs: tuple[DpSync, ...] = (DpSync.RING,)
     ps_servers: int = 0
-    ddp_impl: DdpImpl = DdpImpl.MEGATRON_CORE
-    framework: Framework = Framework.MEGATRON_CORE
     offloads: tuple[tuple[OffloadDevice, OffloadDevice], ...] = (
         (OffloadDevice.NONE, OffloadDevice.NONE),
     )

@@ -24,7 +24,7 @@ from plansim.io.profiles import load_profile
 from plansim.planner.parallel import map_in_order
 from plansim.planner.search import search
 from plansim.planner.space import SearchSpace
-from plansim.specs.plan import AttentionKernel, Precision
+from plansim.specs.plan import AttentionKernel, ExecutionSpec, Precision
 from plansim.units import bytes_to_gib
 
 EXECUTORS = ("local", "dask", "ray")
@@ -75,7 +75,9 @@ def run_cell(cell: SweepCell, settings: SweepSettings) -> dict[str, Any]:
     """Search one cell (exact best plan) and return its row (column -> value)."""
     model = resolve_model(cell.model, seq_length=settings.seq_length)
     profile = load_profile(cell.gpu)
-    space = SearchSpace(precision=settings.precision, attention=settings.attention)
+    space = SearchSpace(
+        precision=settings.precision, execution=ExecutionSpec(attention=settings.attention)
+    )
     result = search(
         model,
         profile,

@@ -79,6 +79,10 @@ _SEGMENTS = {
     ActionKind.BACKWARD_INPUT: "backward_input",
     ActionKind.BACKWARD_WEIGHT: "backward_weight",
 }
+#: (sender's, receiver's) Timeline kind of an activation and of a gradient transfer.
+_ACTIVATION_KINDS = (tl.TimelineKind.SEND_FORWARD.value, tl.TimelineKind.RECV_FORWARD.value)
+_GRADIENT_KINDS = (tl.TimelineKind.SEND_BACKWARD.value, tl.TimelineKind.RECV_BACKWARD.value)
+_PP_SEND, _PP_RECV = tl.Stream.PP_SEND.value, tl.Stream.PP_RECV.value
 #: Kinds whose end frees the activations of their (stage, micro-batch).
 _FREES = (ActionKind.FULL_BACKWARD, ActionKind.BACKWARD_WEIGHT)
 
@@ -164,7 +168,7 @@ class _Run:
             if seg.duration_s > 0:
                 links = self._links(rank, seg.link) if seg.link else ()
                 if not links:
-                    if self.slowdown is not None and seg.stream == "compute":
+                    if self.slowdown is not None and seg.stream == tl.COMPUTE:
                         yield from self.slowdown.run(rank, seg.duration_s)
                     else:
                         yield env.timeout(seg.duration_s)
@@ -208,18 +212,18 @@ class _Run:
         signal, stage, microbatch = key
         if signal is Signal.ACTIVATION:
             p2p: P2P = self.work.stages[stage].send_forward
-            send_kind, recv_kind = "send_forward", "recv_forward"
+            send_kind, recv_kind = _ACTIVATION_KINDS
         else:
             p2p = self.work.stages[stage].send_backward
-            send_kind, recv_kind = "send_backward", "recv_backward"
+            send_kind, recv_kind = _GRADIENT_KINDS
         arrival = self._arrival(key)
 
         slowdown = None if self.work.blocking_p2p else self.slowdown
 
         def done(start: float, end: float) -> None:
             nbytes = p2p.num_bytes
-            self.rows.append((src, "pp_send", send_kind, stage, microbatch, start, end, nbytes))
-            self.rows.append((dst, "pp_recv", recv_kind, consumer, microbatch, start, end, nbytes))
+            self.rows.append((src, _PP_SEND, send_kind, stage, microbatch, start, end, nbytes))
+            self.rows.append((dst, _PP_RECV, recv_kind, consumer, microbatch, start, end, nbytes))
             if slowdown is not None:
                 slowdown.end(src, dst)
             arrival.succeed()

@@ -47,14 +47,40 @@ from functools import partial
 
 import simpy
 
-from plansim.errors import SpecError
-from plansim.specs.work import LINKS, PipelineWork
+from plansim.errors import choice_error
+from plansim.specs.choice_enum import ChoiceEnum
+from plansim.specs.work import PipelineWork
 
 #: ``on_done(start_s, end_s)``, called when a transfer ends.
 Done = Callable[[float, float], None]
 
+
+class LinkKind(ChoiceEnum):
+    """A GPU's links, one each per GPU: what a transfer can load on its rank
+    (``plansim.specs.work.LINKS`` less "", no link modelled, in that order)."""
+
+    NVLINK = "nvlink"
+    NIC = "nic"
+    PCIE = "pcie"  # with the node's host memory behind it
+
+    @classmethod
+    def parse(cls, value: object, *, field: str = "link") -> LinkKind:
+        """``value`` as a LinkKind: a member as it is, a member's value (as a
+        ``plansim.specs.work.Segment`` or ``P2P`` names its link) as that member.
+
+        Raises:
+            SpecError: anything else, naming ``field`` and the allowed values.
+        """
+        if isinstance(value, cls):
+            return value
+        for member in cls:
+            if member.value == value:
+                return member
+        raise choice_error(field, value, [m.value for m in cls])
+
+
 #: Per-GPU tiers (one link each per GPU) and the per-node one.
-GPU_TIERS = tuple(link for link in LINKS if link)
+GPU_TIERS = tuple(link.value for link in LinkKind)
 HOST_MEMORY = "host_memory"
 SEND, RECV = "send", "recv"
 
@@ -126,8 +152,8 @@ class Network:
         self._env = env
         self._rank_nodes = tuple(rank_nodes)
         self._links: dict[tuple[str, int, str], Link] = {}
-        self._collective: dict[tuple[int, str], tuple[Link, ...]] = {}
-        self._p2p: dict[tuple[int, int, str], tuple[Link, ...]] = {}
+        self._collective: dict[tuple[int, LinkKind | str], tuple[Link, ...]] = {}
+        self._p2p: dict[tuple[int, int, LinkKind | str], tuple[Link, ...]] = {}
         self._routes: dict[tuple[Link, ...], tuple[Link, ...]] = {}
 
     def link(self, tier: str, owner: int, half: str = "") -> Link:
@@ -139,37 +165,39 @@ class Network:
             found = self._links[key] = Link(name)
         return found
 
-    def collective_links(self, rank: int, tier: str) -> tuple[Link, ...]:
-        """Links a collective (or any non-directional transfer) of ``rank`` on ``tier`` loads.
+    def collective_links(self, rank: int, tier: LinkKind | str) -> tuple[Link, ...]:
+        """Links a collective (or any non-directional transfer) of ``rank`` on ``tier`` (a
+        LinkKind, or its value as a segment names it) loads.
 
         Raises:
-            SpecError: ``tier`` is not one of the GPU tiers.
+            SpecError: ``tier`` is not a :class:`LinkKind` nor one's value.
         """
         key = (rank, tier)
         links = self._collective.get(key)
         if links is None:
-            _check_tier(tier)
-            links = (self.link(tier, rank, SEND), self.link(tier, rank, RECV))
-            if tier == "pcie":
+            kind = LinkKind.parse(tier)
+            links = (self.link(kind.value, rank, SEND), self.link(kind.value, rank, RECV))
+            if kind is LinkKind.PCIE:
                 links += (self.link(HOST_MEMORY, self._rank_nodes[rank]),)
             self._collective[key] = links
         return links
 
-    def p2p_links(self, src: int, dst: int, tier: str) -> tuple[Link, ...]:
-        """Links a send from rank ``src`` to rank ``dst`` on ``tier`` loads.
+    def p2p_links(self, src: int, dst: int, tier: LinkKind | str) -> tuple[Link, ...]:
+        """Links a send from rank ``src`` to rank ``dst`` on ``tier`` (a LinkKind, or its
+        value as a P2P names it) loads.
 
         Raises:
-            SpecError: ``tier`` is not one of the GPU tiers.
+            SpecError: ``tier`` is not a :class:`LinkKind` nor one's value.
         """
         key = (src, dst, tier)
         links = self._p2p.get(key)
         if links is None:
-            _check_tier(tier)
-            if tier == "pcie":
-                both = self.collective_links(src, tier) + self.collective_links(dst, tier)
+            kind = LinkKind.parse(tier)
+            if kind is LinkKind.PCIE:
+                both = self.collective_links(src, kind) + self.collective_links(dst, kind)
                 links = tuple(dict.fromkeys(both))  # one host memory when on one node
             else:
-                links = (self.link(tier, src, SEND), self.link(tier, dst, RECV))
+                links = (self.link(kind.value, src, SEND), self.link(kind.value, dst, RECV))
             self._p2p[key] = links
         return links
 
@@ -335,8 +363,3 @@ def declare_sources(network: Network, work: PipelineWork) -> None:
             for seg in segs:
                 if seg.link:
                     network.declare(network.collective_links(r, seg.link), source)
-
-
-def _check_tier(tier: str) -> None:
-    if tier not in GPU_TIERS:
-        raise SpecError(f"link tier {tier!r} unknown; choose one of: {', '.join(GPU_TIERS)}")

@@ -7,9 +7,9 @@ A Timeline is a pandas DataFrame with one row per event and exactly the columns
 column     dtype   meaning
 ========== ======= =================================================================
 rank       int64   pipeline rank (0 .. pp-1) of the representative replica
-stream     str     one of ``plansim.specs.work.STREAMS`` (compute, tp, pp_send, ...)
-kind       str     segment kind (``forward``, ``backward``, ``tp_comm``, ``dp_comm``,
-                   ``optimizer``, ``send_forward``, ``recv_backward``, ...)
+stream     str     a :class:`Stream`'s value (compute, tp, pp_send, ...)
+kind       str     a :class:`TimelineKind`'s value in every row plansim writes
+                   (``forward``, ``tp_comm``, ``send_forward``, ...); readers accept any
 stage      int64   pipeline stage of the action, -1 for events not tied to one
 microbatch int64   micro-batch index, -1 for events not tied to one
 start_s    float64 seconds from the start of the step
@@ -40,8 +40,90 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from plansim.errors import PlansimError
-from plansim.specs.work import STREAMS
+from plansim.errors import PlansimError, choice_error
+from plansim.specs.choice_enum import ChoiceEnum
+
+
+class Stream(ChoiceEnum):
+    """A rank's streams: the Timeline's ``stream`` values (``plansim.specs.work.STREAMS``, in
+    that order). Compute segments and blocking TP collectives run on ``compute``/``tp`` one
+    after another; ``pp_send``/``pp_recv`` and ``dp`` run beside compute."""
+
+    COMPUTE = "compute"
+    TP = "tp"
+    PP_SEND = "pp_send"
+    PP_RECV = "pp_recv"
+    DP = "dp"
+
+    @classmethod
+    def parse(cls, value: object, *, field: str = "stream") -> Stream:
+        """``value`` as a Stream: a member as it is, a member's value as that member.
+
+        Raises:
+            SpecError: anything else, naming ``field`` and the allowed values.
+        """
+        if isinstance(value, cls):
+            return value
+        for member in cls:
+            if member.value == value:
+                return member
+        raise choice_error(field, value, [m.value for m in cls])
+
+
+class TimelineKind(ChoiceEnum):
+    """What a Timeline row is: its ``kind`` value.
+
+    Pipeline actions (``forward``, ``backward``, ``backward_input``, ``backward_weight``) and
+    their ``recompute``; the pipeline transfers (``send_*`` on ``pp_send``, ``recv_*`` on
+    ``pp_recv``); the collectives of TP, CP and DP/ZeRO (``tp_comm``, ``cp_comm``,
+    ``dp_comm``) and the tied-embedding gradient all-reduce; the optimizer; ZeRO-Offload /
+    ZeRO-Infinity's host copies, NVMe transfers and CPU Adam (``plansim.analytic.offload``);
+    a parameter server's push, update and pull (``plansim.analytic.param_server``); and the
+    validator's per-action pipeline-schedule cost (``plansim.validate.simulated``).
+    """
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    BACKWARD_INPUT = "backward_input"
+    BACKWARD_WEIGHT = "backward_weight"
+    RECOMPUTE = "recompute"
+    OPTIMIZER = "optimizer"
+    SEND_FORWARD = "send_forward"
+    RECV_FORWARD = "recv_forward"
+    SEND_BACKWARD = "send_backward"
+    RECV_BACKWARD = "recv_backward"
+    TP_COMM = "tp_comm"
+    CP_COMM = "cp_comm"
+    DP_COMM = "dp_comm"
+    EMBEDDING_GRAD_COMM = "embedding_grad_comm"
+    OFFLOAD_D2H = "offload_d2h"
+    OFFLOAD_H2D = "offload_h2d"
+    NVME_READ = "nvme_read"
+    NVME_WRITE = "nvme_write"
+    CPU_ADAM = "cpu_adam"
+    PS_PUSH = "ps_push"
+    PS_UPDATE = "ps_update"
+    PS_PULL = "ps_pull"
+    PIPELINE_ACTION = "pipeline_action"
+
+    @classmethod
+    def parse(cls, value: object, *, field: str = "kind") -> TimelineKind:
+        """``value`` as a TimelineKind: a member as it is, a member's value as that member.
+
+        Raises:
+            SpecError: anything else, naming ``field`` and the allowed values.
+        """
+        if isinstance(value, cls):
+            return value
+        for member in cls:
+            if member.value == value:
+                return member
+        raise choice_error(field, value, [m.value for m in cls])
+
+
+#: The values of :class:`Stream` and :class:`TimelineKind`, in definition order.
+STREAMS = tuple(s.value for s in Stream)
+KINDS = tuple(k.value for k in TimelineKind)
 
 RANK = "rank"
 STREAM = "stream"
@@ -56,23 +138,26 @@ COLUMNS = (RANK, STREAM, KIND, STAGE, MICROBATCH, START_S, END_S, BYTES)
 #: stage / microbatch of an event not tied to one (grad sync, optimizer).
 NOT_TIED = -1
 #: Streams whose stage-tied rows are pipeline work (the compute stream is busy).
-COMPUTE_STREAMS = ("compute", "tp")
+COMPUTE_STREAMS = (Stream.COMPUTE.value, Stream.TP.value)
 
 #: The stream of compute kernels; every other stream carries communication.
-COMPUTE = "compute"
+COMPUTE = Stream.COMPUTE.value
 #: When several kinds of communication run during the same idle compute time, the time
 #: goes to the first of them in this order; kinds not listed follow in alphabetical order.
 #: TP collectives block the compute stream, so they come first; then the pipeline transfers a
 #: rank waits for (receives) or is held by (synchronous sends); DP traffic last, as it is
 #: what runs beside the others when overlapped.
-EXPOSED_PRIORITY = (
-    "tp_comm",
-    "recv_forward",
-    "recv_backward",
-    "send_forward",
-    "send_backward",
-    "dp_comm",
-    "embedding_grad_comm",
+EXPOSED_PRIORITY = tuple(
+    k.value
+    for k in (
+        TimelineKind.TP_COMM,
+        TimelineKind.RECV_FORWARD,
+        TimelineKind.RECV_BACKWARD,
+        TimelineKind.SEND_FORWARD,
+        TimelineKind.SEND_BACKWARD,
+        TimelineKind.DP_COMM,
+        TimelineKind.EMBEDDING_GRAD_COMM,
+    )
 )
 
 #: (rank, stream, kind, stage, microbatch, start_s, end_s, bytes)

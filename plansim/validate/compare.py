@@ -54,9 +54,20 @@ from plansim.validate.simulated import simulate_plan, simulation_profile
 
 #: Timeline kinds per category of compute work.
 CATEGORY_KINDS = {
-    "forward": ("forward",),
-    "backward": ("backward", "backward_input", "backward_weight", "recompute"),
-    "optimizer": ("optimizer",),
+    category: tuple(k.value for k in kinds)
+    for category, kinds in (
+        ("forward", (tl.TimelineKind.FORWARD,)),
+        (
+            "backward",
+            (
+                tl.TimelineKind.BACKWARD,
+                tl.TimelineKind.BACKWARD_INPUT,
+                tl.TimelineKind.BACKWARD_WEIGHT,
+                tl.TimelineKind.RECOMPUTE,
+            ),
+        ),
+        ("optimizer", (tl.TimelineKind.OPTIMIZER,)),
+    )
 }
 #: Keys of one matched event.
 EVENT_KEY = [tl.RANK, tl.STREAM, tl.KIND, tl.STAGE, tl.MICROBATCH]
@@ -287,8 +298,14 @@ _OPTIONAL_PLAN_FIELDS = {
 }
 
 
+#: ModelSpec fields a comparison writes only where set (not None), so that dense models keep
+#: the comparison.json they had before these fields existed.
+_OPTIONAL_MODEL_FIELDS = frozenset(("kv_channels", "moe", "mla", "mtp_num_layers"))
+
+
 def spec_dict(spec: Any) -> dict[str, Any]:
-    """A frozen spec dataclass (ModelSpec) as a plain dict, fields in order; a ParallelPlan
+    """A frozen spec dataclass (ModelSpec) as a plain dict, fields in order
+    (:data:`_OPTIONAL_MODEL_FIELDS` only where set; nested specs as dicts); a ParallelPlan
     by its flat fields (``PLAN_FIELDS``; :data:`_OPTIONAL_PLAN_FIELDS` only where set)."""
     if isinstance(spec, ParallelPlan):
         return {
@@ -296,7 +313,14 @@ def spec_dict(spec: Any) -> dict[str, Any]:
             for name in PLAN_FIELDS
             if _OPTIONAL_PLAN_FIELDS.get(name, _UNSET) != getattr(spec, name)
         }
-    return {f.name: _plain(getattr(spec, f.name)) for f in dataclasses.fields(spec)}
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(spec):
+        value = getattr(spec, f.name)
+        if value is None and f.name in _OPTIONAL_MODEL_FIELDS:
+            continue
+        is_spec = dataclasses.is_dataclass(value) and not isinstance(value, type)
+        out[f.name] = spec_dict(value) if is_spec else _plain(value)
+    return out
 
 
 _UNSET = object()

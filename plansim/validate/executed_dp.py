@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 
 from plansim.analytic.comm import (
+    Collective,
     collective_latency_s,
     collective_time_s,
     p2p_latency_s,
@@ -124,10 +125,10 @@ def flat_all_reduce_s(
     grad_bytes = sum(rank_tensors(model, plan, pp_rank=pp_rank)) * per_param
     span = layout_groups(plan, gpus_per_node=profile.gpus_per_node).dp_cp
     reduce_s = collective_time_s(
-        profile, collective="all_reduce", message_bytes=grad_bytes, span=span
+        profile, collective=Collective.ALL_REDUCE, message_bytes=grad_bytes, span=span
     )
     copies_s = FLAT_COPY_ACCESSES * grad_bytes / profile.streaming_bytes_per_s()
-    alpha = collective_latency_s(profile, collective="all_reduce", span=span)
+    alpha = collective_latency_s(profile, collective=Collective.ALL_REDUCE, span=span)
     return reduce_s + copies_s, grad_bytes, min(reduce_s, alpha) + copies_s
 
 

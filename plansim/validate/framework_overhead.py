@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plansim.analytic.comm import collective_latency_s, p2p_latency_s
+from plansim.analytic.comm import Collective, collective_latency_s, p2p_latency_s
 from plansim.analytic.ranks import layout_groups
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.plan import ParallelPlan
@@ -53,7 +53,7 @@ def tp_all_reduce_extra(
     if plan.tp == 1 or host is None or host.dtensor_all_reduce_forward_s is None:
         return NONE
     groups = layout_groups(plan, gpus_per_node=profile.gpus_per_node)
-    priced = collective_latency_s(profile, collective="all_reduce", span=groups.tp)
+    priced = collective_latency_s(profile, collective=Collective.ALL_REDUCE, span=groups.tp)
     backward = host.dtensor_all_reduce_backward_s or 0.0
     return Extra(
         forward_s=FORWARD_ALL_REDUCES * max(0.0, host.dtensor_all_reduce_forward_s - priced),
@@ -70,7 +70,7 @@ def fsdp_unit_extra(plan: ParallelPlan, profile: HardwareProfile) -> Extra:
     span = layout_groups(plan, gpus_per_node=profile.gpus_per_node).dp_cp
     gather, scatter = (
         collective_latency_s(profile, collective=c, span=span)
-        for c in ("all_gather", "reduce_scatter")
+        for c in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER)
     )
     backward = host.fsdp_unit_backward_s or 0.0
     return Extra(

@@ -40,11 +40,16 @@ from typing import Any
 
 import torch
 from torch import nn
-
-from plansim.validate.parallelize import local
+from torch.distributed.tensor import DTensor
 
 #: torch dtype of each run dtype's working weights and activations.
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """The local shard of a DTensor (a tensor-parallel or FSDP2-sharded parameter or
+    gradient), or the tensor itself."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def fsdp_policy(dtype: str) -> Any:

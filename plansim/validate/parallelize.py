@@ -34,13 +34,14 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from plansim.calibrate.op_sac import op_selective_checkpoint
 from plansim.errors import SpecError
 from plansim.specs.layer_split import pipeline_layer_counts
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan, Recompute
 from plansim.validate.executed_fsdp import reshard_after_forward
+from plansim.validate.mixed_precision import fsdp_policy, local
 from plansim.validate.model import Block, StageModule
-from plansim.validate.op_sac import op_selective_checkpoint
 from plansim.validate.result import ValidateError
 from plansim.validate.run_dtype import uses_fsdp
 
@@ -178,7 +179,7 @@ def apply_recompute(stage: StageModule, plan: ParallelPlan) -> None:
     """Activation checkpointing (Korthikanti et al. 2022 §5): full wraps every block (with
     ``plan.recompute_num_layers``, Megatron's block method, only the stage's first N),
     selective only the attention core softmax(QK^T)V, selective-op every block with
-    torchtitan's per-op policy (``plansim.validate.op_sac``); in place, non-reentrant."""
+    torchtitan's per-op policy (``plansim.calibrate.op_sac``); in place, non-reentrant."""
     if plan.recompute is Recompute.NONE:
         return
     wrapped = plan.recomputed_layers(len(stage.blocks))
@@ -208,8 +209,6 @@ def apply_zero(
         return stage
     from torch.distributed.fsdp import fully_shard
 
-    from plansim.validate.mixed_precision import fsdp_policy  # it imports local from here
-
     options: dict[str, Any] = {"reshard_after_forward": reshard_after_forward(plan)}
     policy = fsdp_policy(dtype)
     if policy is not None:
@@ -235,11 +234,6 @@ def zero_mesh(plan: ParallelPlan, mesh: DeviceMesh) -> DeviceMesh:
         mesh_dim_names=("pp", "dp_replicate", "dp_shard"),
     )
     return hybrid["dp_replicate", "dp_shard"]
-
-
-def local(tensor: torch.Tensor) -> torch.Tensor:
-    """The local shard of a DTensor, or the tensor itself."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def all_reduce_grads(params: Iterable[nn.Parameter], *, group: Any) -> int:

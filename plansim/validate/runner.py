@@ -29,72 +29,14 @@ from typing import Any
 import pandas as pd
 
 from plansim.sim.timeline import make_timeline
-from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan
 from plansim.validate.result import MeasuredRun, ValidateError
-from plansim.validate.run_dtype import check_dtype_supported
+from plansim.validate.run_config import RunConfig
 
-BACKENDS = ("gloo", "nccl")
-DEVICES = ("cpu", "cuda")
+#: ``RunConfig`` is named here too: callers build it for :func:`run_plan`.
+__all__ = ["RunConfig", "RunOutcome", "execute", "measured_run", "run_plan", "under_torchrun"]
+
 _POLL_S = 0.1
 _WORKER_MODULE = "plansim.validate.worker"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunConfig:
-    """What to run and how.
-
-    Attributes:
-        model: the ModelSpec to build (already scaled down if needed; see
-            ``plansim.validate.model.scale_model``).
-        plan: the ParallelPlan; ``plan.num_gpus`` must equal ``num_processes``.
-        backend: ``gloo`` or ``nccl``; device: ``cpu`` or ``cuda``.
-        num_processes: world size.
-        num_steps: measured steps (>= 1); num_warmup_steps: steps before them (>= 0). On CPU
-            one more step follows, which measures memory (``plansim.validate.measure``).
-        timeout_s: the whole run (start-up included) must end within it, seconds.
-        seed: model initialisation and data seed.
-        dtype: ``fp32`` or ``bf16`` (mixed precision as plansim prices it:
-            ``plansim.validate.mixed_precision``; ZeRO 0, 2 or 3).
-        optimizer: ``adamw`` (lr 1e-3, weight decay 0.01) or ``sgd`` (lr 1.0; the
-            correctness tests use it: Adam is blind to a wrong gradient scale).
-
-    Raises:
-        ValidateError: a field is out of range or inconsistent, naming it.
-    """
-
-    model: ModelSpec
-    plan: ParallelPlan
-    backend: str
-    device: str
-    num_processes: int
-    num_steps: int
-    num_warmup_steps: int = 1
-    timeout_s: float = 300.0
-    seed: int = 0
-    dtype: str = "fp32"
-    optimizer: str = "adamw"
-
-    def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ValidateError(f"backend {self.backend!r}; choose one of: {', '.join(BACKENDS)}")
-        if self.device not in DEVICES:
-            raise ValidateError(f"device {self.device!r}; choose one of: {', '.join(DEVICES)}")
-        if self.backend == "nccl" and self.device != "cuda":
-            raise ValidateError("backend nccl needs device cuda")
-        if self.optimizer not in ("adamw", "sgd"):
-            raise ValidateError(f"optimizer {self.optimizer!r}; choose one of: adamw, sgd")
-        check_dtype_supported(self.dtype, self.plan)
-        if self.num_processes != self.plan.num_gpus:
-            raise ValidateError(
-                f"num_processes({self.num_processes}) != plan dp*tp*pp*cp = {self.plan.num_gpus}"
-            )
-        if self.num_steps < 1:
-            raise ValidateError(f"num_steps({self.num_steps}) must be >= 1")
-        if self.num_warmup_steps < 0:
-            raise ValidateError(f"num_warmup_steps({self.num_warmup_steps}) must be >= 0")
-        if not self.timeout_s > 0:
-            raise ValidateError(f"timeout_s({self.timeout_s}) must be > 0")
 
 
 def under_torchrun() -> bool:

@@ -16,13 +16,14 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from plansim.analytic.comm import collective_time_s
+from plansim.analytic.comm import Collective, collective_time_s
 from plansim.analytic.cost import build_pipeline_work
 from plansim.analytic.ranks import layout_groups
 from plansim.analytic.tp_comm import hidden_message_bytes
 from plansim.errors import choice_error
 from plansim.planner.evaluate import Evaluation, Rejected, evaluate
 from plansim.schedule.builders import build_actions
+from plansim.sim import timeline as tl
 from plansim.sim.engine import simulate
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import stage_layer_counts
@@ -337,7 +338,9 @@ def _with_tp_all_reduces(
     """``work`` with ``extra`` more all-reduces per layer in each stage's backward TP segment."""
     groups = layout_groups(plan, gpus_per_node=profile.gpus_per_node)
     message = hidden_message_bytes(model, plan)
-    one = collective_time_s(profile, collective="all_reduce", message_bytes=message, span=groups.tp)
+    one = collective_time_s(
+        profile, collective=Collective.ALL_REDUCE, message_bytes=message, span=groups.tp
+    )
     per_layer_s = extra * one
 
     def tp(seg: Segment) -> bool:
@@ -356,7 +359,7 @@ def _with_tp_all_reduces(
 
 #: Timeline kind of a pipeline action's own work (torch.distributed.pipelining's per-action
 #: cost, ``framework_overhead.pipeline_action_extra``); the run records no such interval.
-PIPELINE_ACTION_KIND = "pipeline_action"
+PIPELINE_ACTION_KIND = tl.TimelineKind.PIPELINE_ACTION.value
 
 
 def _action_first(segments: tuple[Segment, ...], seconds: float) -> tuple[Segment, ...]:

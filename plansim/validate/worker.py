@@ -36,11 +36,11 @@ from plansim.validate.measure import (
     cuda_peak_bytes,
     state_tensors,
 )
-from plansim.validate.mixed_precision import TORCH_DTYPES, MasterWeights
+from plansim.validate.mixed_precision import TORCH_DTYPES, MasterWeights, local
 from plansim.validate.model import StageModule, build_model, split_stage, synthetic_batches
 from plansim.validate.pipeline import LoopExecutor, PipelineExecutor
+from plansim.validate.run_config import RunConfig
 from plansim.validate.run_dtype import uses_fsdp
-from plansim.validate.runner import RunConfig
 
 FAULT_ENV = "PLANSIM_VALIDATE_FAULT"
 #: Exit status of a rank killed by the ``die`` fault.
@@ -197,7 +197,7 @@ class Trainer:
             if weight is not None and self.master is not None:
                 weight = self.master.master_of(weight)  # bf16: its fp32 main gradient
             assert weight is not None and weight.grad is not None
-            grad = par.local(weight.grad)
+            grad = local(weight.grad)
             nbytes = float(grad.numel() * grad.element_size())
             with rec.interval(
                 stream="dp", kind="embedding_grad_comm", stage=-1, microbatch=-1, num_bytes=nbytes

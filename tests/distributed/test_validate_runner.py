@@ -25,7 +25,8 @@ from plansim.specs.plan import ParallelPlan, Precision, Recompute, Schedule, pla
 from plansim.validate.executed_fsdp import runs_per_step
 from plansim.validate.reference import reference_losses
 from plansim.validate.result import ValidateError
-from plansim.validate.runner import RunConfig, execute, run_plan
+from plansim.validate.run_config import RunConfig
+from plansim.validate.runner import execute, run_plan
 from plansim.validate.worker import FAULT_ENV, FAULT_EXIT_STATUS
 
 NUM_STEPS = 3
@@ -388,7 +389,8 @@ def test_a_hung_rank_ends_the_run_within_the_timeout(monkeypatch: pytest.MonkeyP
 _TORCHRUN_SCRIPT = """
 import json, os, sys
 from plansim.specs.plan import plan_from_fields
-from plansim.validate.runner import RunConfig, run_plan
+from plansim.validate.run_config import RunConfig
+from plansim.validate.runner import run_plan
 sys.path.insert(0, {tests!r})
 from test_validate_runner import LLAMA
 

@@ -15,7 +15,7 @@ from plansim.specs.plan import ParallelPlan, Schedule, plan_from_fields
 from plansim.validate.model import build_model, scale_model, split_stage, synthetic_batches
 from plansim.validate.parallelize import check_supported
 from plansim.validate.result import ValidateError
-from plansim.validate.runner import RunConfig
+from plansim.validate.run_config import RunConfig
 
 TINY = ModelSpec(
     name="tiny",

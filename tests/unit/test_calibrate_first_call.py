@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
 from plansim.calibrate.bench import _Bench  # noqa: E402
-from plansim.calibrate.plan_types import Item, Plan  # noqa: E402
+from plansim.calibrate.plan import Item, Plan  # noqa: E402
 from plansim.calibrate.timing import QUICK  # noqa: E402
 
 

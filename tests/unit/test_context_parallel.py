@@ -31,7 +31,13 @@ from plansim.planner.evaluate import Evaluation, check_plan, evaluate
 from plansim.specs.hardware import LinkTier
 from plansim.specs.layer_split import check_plan_divides_model
 from plansim.specs.model import Activation, ModelSpec
-from plansim.specs.plan import AttentionKernel, ParallelPlan, Recompute, plan_from_fields
+from plansim.specs.plan import (
+    AttentionKernel,
+    ExecutionSpec,
+    ParallelPlan,
+    Recompute,
+    plan_from_fields,
+)
 from tests.unit.synthetic import round_profile
 
 US = 1e-6
@@ -395,7 +401,7 @@ def test_planner_enumerates_cp_only_when_asked() -> None:
     assert layouts == expected and all(p.num_gpus == 8 for p in asked)
     every = list(enumerate_plans(num_gpus=8, global_batch_size=8, space=_space(cp=None)))
     assert {p.cp for p in every} == {1, 2, 4, 8}
-    unfused = _space(cp=(1, 2), attention=AttentionKernel.UNFUSED)
+    unfused = _space(cp=(1, 2), execution=ExecutionSpec(attention=AttentionKernel.UNFUSED))
     assert {p.cp for p in enumerate_plans(num_gpus=8, global_batch_size=8, space=unfused)} == {1}
 
 

@@ -20,7 +20,7 @@ from plansim.io.profiles import load_profile
 from plansim.io.runs import RunRow
 from plansim.planner.enumerate import SearchSpace, enumerate_plans
 from plansim.planner.run_space import row_space
-from plansim.specs.plan import DdpImpl, DpSync, ParallelPlan, plan_from_fields
+from plansim.specs.plan import DdpImpl, DpSync, ExecutionSpec, ParallelPlan, plan_from_fields
 from tests.unit.test_attention_efficiency import MODEL
 
 G = 1000.0
@@ -66,7 +66,7 @@ def test_the_optimizer_segment_carries_the_average_pass() -> None:
 
 
 def test_the_search_carries_the_space_s_wrapper_into_every_plan() -> None:
-    space = SearchSpace(ddp_impl=DdpImpl.TORCH, zero_stages=(0, 1))
+    space = SearchSpace(execution=ExecutionSpec(ddp_impl=DdpImpl.TORCH), zero_stages=(0, 1))
     plans = list(enumerate_plans(num_gpus=8, global_batch_size=8, space=space, num_layers=4))
     assert plans and {p.ddp_impl for p in plans} == {DdpImpl.TORCH}
     assert "ddp-torch" in plans[0].label()
@@ -90,12 +90,12 @@ def _row(**cells: str) -> RunRow:
 
 def test_back_test_rows_get_their_framework_s_wrapper() -> None:
     notes: list[str] = []
-    assert row_space(_row(), notes).ddp_impl is DdpImpl.LOCAL
+    assert row_space(_row(), notes).execution.ddp_impl is DdpImpl.LOCAL
     assert any("DDP local" in n for n in notes)
     modern = _row(framework="NeMo 24.07 (Megatron-core, 2024)")
-    assert row_space(modern, []).ddp_impl is DdpImpl.MEGATRON_CORE
+    assert row_space(modern, []).execution.ddp_impl is DdpImpl.MEGATRON_CORE
     torchtitan = _row(framework="torchtitan (2024)", source_locator="torchtitan docs")
-    assert row_space(torchtitan, []).ddp_impl is DdpImpl.MEGATRON_CORE
+    assert row_space(torchtitan, []).execution.ddp_impl is DdpImpl.MEGATRON_CORE
     # SC21 Table 1's 18.4B case runs --DDP-impl torch (examples/sc21/run_table_1.sh)
     sc21 = _row(
         source_locator="Narayanan et al. SC21 (arXiv:2104.04473) Table 1",
@@ -105,7 +105,7 @@ def test_back_test_rows_get_their_framework_s_wrapper() -> None:
         num_gpus="256",
     )
     notes = []
-    assert row_space(sc21, notes).ddp_impl is DdpImpl.TORCH
+    assert row_space(sc21, notes).execution.ddp_impl is DdpImpl.TORCH
     assert "DDP torch (the launch script's --DDP-impl)" in notes
 
 

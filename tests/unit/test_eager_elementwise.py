@@ -99,7 +99,7 @@ def test_the_backtest_prices_eager_ops_for_torchtitan_without_compile(
         cells={"row_id": "Z1", "precision": "bf16", "framework": framework, "zero_stage": "3"},
     )
     notes: list[str] = []
-    assert row_space(row, notes).fused_elementwise is fused
+    assert row_space(row, notes).execution.fused_elementwise is fused
     assert ("eager elementwise ops (torchtitan without torch.compile)" in notes) is not fused
 
 

@@ -96,7 +96,7 @@ def test_a_stated_vpp_is_kept_whatever_the_rule() -> None:
 def test_gradient_accumulation_fusion_by_framework_and_date(framework: str, fused: bool) -> None:
     notes: list[str] = []
     space = row_space(_row(framework=framework), notes)
-    assert space.gradient_accumulation_fusion is fused
+    assert space.execution.gradient_accumulation_fusion is fused
 
 
 def test_the_fork_pays_a_separate_accumulation_pass_per_micro_batch() -> None:

@@ -31,17 +31,17 @@ from plansim.calibrate.plan import (
     build_plan,
 )
 from plansim.errors import InputFileError, SpecError
-from plansim.io.profile_extras import HOST_OVERHEAD_KEYS
+from plansim.io.profile_schema import HOST_OVERHEAD_KEYS
 from plansim.io.profiles import load_profile, profile_from_dict, profile_to_dict, write_profile
 from plansim.specs.compute_terms import HostOverhead
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import PositionEmbedding
 from plansim.specs.plan import AttentionKernel, ParallelPlan, Recompute, plan_from_fields
-from plansim.validate.refit import refit
-from plansim.validate.refit_terms import (
+from plansim.validate.refit import (
     PassTotals,
     fit_dtensor,
     fit_host_scale,
+    refit,
     scale_host,
     without_host,
 )

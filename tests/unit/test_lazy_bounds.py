@@ -25,6 +25,7 @@ from plansim.specs.hardware import HardwareProfile, HostSpec
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import (
     DpSync,
+    ExecutionSpec,
     OffloadDevice,
     ParallelPlan,
     Precision,
@@ -205,7 +206,7 @@ RICH_SPACES = (
         precision=Precision.FP8,
         bf16_layers=(1, 1),
         zero3_param_fetch=Zero3ParamFetch.PER_TENSOR_SYNC,
-        gradient_accumulation_fusion=False,
+        execution=ExecutionSpec(gradient_accumulation_fusion=False),
     ),
 )
 

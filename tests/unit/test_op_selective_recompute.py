@@ -202,8 +202,8 @@ def test_the_validator_recomputes_exactly_the_gemms_plansim_prices() -> None:
     torch = pytest.importorskip("torch")
     from torch.utils._python_dispatch import TorchDispatchMode
 
+    from plansim.calibrate.op_sac import MATMUL_OPS
     from plansim.validate.model import build_model, split_stage
-    from plansim.validate.op_sac import MATMUL_OPS
     from plansim.validate.parallelize import apply_recompute
 
     class CountMatmuls(TorchDispatchMode):

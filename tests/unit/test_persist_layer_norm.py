@@ -65,7 +65,7 @@ def test_the_backtest_gives_runs_dated_before_2022_the_two_pass_norm() -> None:
         cells = {"row_id": "Z1", "precision": "fp16", "framework": framework}
         notes: list[str] = []
         space = row_space(RunRow(path="runs.csv", line=2, cells=cells), notes)
-        assert space.persist_layer_norm is persist, framework
+        assert space.execution.persist_layer_norm is persist, framework
         assert any("two-pass layer norm backward" in n for n in notes) is not persist
 
 

@@ -16,8 +16,9 @@ from plansim.catalog import resolve_model
 from plansim.errors import SpecError
 from plansim.io.profiles import load_profile
 from plansim.planner.enumerate import SearchSpace, divisors, enumerate_plans, vpp_values
+from plansim.planner.estimate import estimate_step_time_s
 from plansim.planner.evaluate import Evaluation, Rejected, check_plan, evaluate
-from plansim.planner.search import estimate_step_time_s, search
+from plansim.planner.search import search
 from plansim.schedule import build_actions
 from plansim.sim import simulate
 from plansim.specs.plan import Recompute, Schedule, plan_from_fields

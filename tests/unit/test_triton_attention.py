@@ -79,7 +79,7 @@ def test_the_backtest_picks_the_kernel_by_framework_and_date(
     framework: str, kernel: AttentionKernel
 ) -> None:
     notes: list[str] = []
-    assert row_space(_row(framework), notes).attention is kernel
+    assert row_space(_row(framework), notes).execution.attention is kernel
     assert any("Triton FlashAttention" in n for n in notes) is (
         kernel is AttentionKernel.FLASH_TRITON
     )

@@ -27,8 +27,7 @@ from plansim.validate.compare import (
     simulate_plan,
     simulation_profile,
 )
-from plansim.validate.refit import refit
-from plansim.validate.refit_comm import waited_transfers_s
+from plansim.validate.refit import refit, waited_transfers_s
 from plansim.validate.result import MeasuredRun, ValidateError
 from tests.unit.synthetic import TINY_MODEL, round_profile
 

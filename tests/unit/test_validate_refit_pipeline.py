@@ -8,10 +8,10 @@ import pytest
 
 from plansim.specs.compute_terms import HostOverhead
 from plansim.specs.plan import plan_from_fields
-from plansim.validate.refit import refit
-from plansim.validate.refit_pipeline import (
+from plansim.validate.refit import (
     MAX_FACTOR,
     fit_pipeline_actions,
+    refit,
     scale_pipeline_actions,
 )
 from plansim.validate.simulated import simulate_plan

@@ -1,4 +1,6 @@
-"""torchtitan's per-op selective activation checkpointing for the validator (torch).
+"""torchtitan's per-op selective activation checkpointing (torch): the policy the validator
+runs (``plansim.validate.parallelize.apply_recompute``) and whose dispatch cost ``plansim
+calibrate`` times (the ``sac_`` host-overhead chains, ``plansim.calibrate.bench_host``).
 
 ``Recompute.SELECTIVE_OP`` wraps every transformer block in a non-reentrant checkpoint whose
 policy (torch's ``create_selective_checkpoint_contexts``) saves the output of every odd weight
