@@ -35,7 +35,7 @@ from plansim.planner.lookups import out_of_range, recording_profile
 from plansim.planner.sensitivity import sensitivity
 from plansim.report.trace import chrome_trace, write_trace
 from plansim.specs.hardware import HardwareProfile
-from plansim.specs.layer_split import check_plan_divides_model
+from plansim.specs.layer_split import require_plan_divides_model
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import (
     AttentionKernel,
@@ -318,15 +318,7 @@ def run(args: argparse.Namespace) -> int:
     """
     plan, model, profile = plan_and_context(args)
     outputs = _outputs(args)
-    reason = check_plan_divides_model(
-        plan,
-        num_layers=model.num_layers,
-        num_attention_heads=model.num_attention_heads,
-        num_query_groups=model.num_query_groups,
-        seq_length=model.seq_length,
-    )
-    if reason is not None:
-        raise SpecError(f"{model.name}: {reason}")
+    require_plan_divides_model(plan, model)
     recorded, lookups = recording_profile(profile)  # same prices, lookups logged
     # a trace or plot shows every micro-batch; the figures alone may come from the steady state
     outcome = evaluate(model, plan, recorded, whole=bool(outputs))

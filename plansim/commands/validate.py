@@ -41,7 +41,7 @@ from plansim.planner.lookups import OutOfRange, out_of_range, recording_profile
 from plansim.report.sensitivity_table import outside_text
 from plansim.report.trace import chrome_trace, write_trace
 from plansim.specs.hardware import HardwareProfile
-from plansim.specs.layer_split import check_plan_divides_model
+from plansim.specs.layer_split import require_plan_divides_model
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import (
     PLAN_FIELDS,
@@ -274,15 +274,7 @@ def run(args: argparse.Namespace) -> int:
     plan = apply_plan_file(args) or plan_from_args(args)
     check_dtype_supported(args.dtype, plan)
     model = scaled_model(args)
-    reason = check_plan_divides_model(
-        plan,
-        num_layers=model.num_layers,
-        num_attention_heads=model.num_attention_heads,
-        num_query_groups=model.num_query_groups,
-        seq_length=model.seq_length,
-    )
-    if reason is not None:
-        raise SpecError(f"{model.name}: {reason}")
+    require_plan_divides_model(plan, model)
     profile = load_profile(args.profile)
     simulate_plan(model, plan, profile, dtype=args.dtype)  # fail before any process starts
     out = _out_dir(args.out)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 
 from plansim.errors import SpecError
-from plansim.specs.layer_split import check_plan_divides_model
+from plansim.specs.layer_split import model_split_reason
 from plansim.specs.model import ModelSpec, require_simulated
 from plansim.specs.plan import ParallelPlan
 
@@ -59,7 +59,7 @@ class Problems:
 
 
 def check_fits(plan: ParallelPlan, model: ModelSpec) -> None:
-    """The plan splits the model (``plansim.specs.layer_split.check_plan_divides_model``:
+    """The plan splits the model (``plansim.specs.layer_split.model_split_reason``:
     layers over pp * vpp stages, heads and query groups over tp, the sequence over 2 * cp).
 
     Raises:
@@ -67,12 +67,6 @@ def check_fits(plan: ParallelPlan, model: ModelSpec) -> None:
             does not yet model (``plansim.specs.model.require_simulated``).
     """
     require_simulated(model)
-    reason = check_plan_divides_model(
-        plan,
-        num_layers=model.num_layers,
-        num_attention_heads=model.num_attention_heads,
-        num_query_groups=model.num_query_groups,
-        seq_length=model.seq_length,
-    )
+    reason = model_split_reason(plan, model)
     if reason is not None:
         raise SpecError(f"the plan does not split model {model.name}: {reason}")

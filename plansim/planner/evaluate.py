@@ -19,7 +19,7 @@ from plansim.sim.engine import simulate
 from plansim.sim.result import SimResult
 from plansim.sim.steady_state import extrapolate, plan_steady_state
 from plansim.specs.hardware import HardwareProfile
-from plansim.specs.layer_split import check_plan_divides_model, stage_layer_counts
+from plansim.specs.layer_split import model_split_reason, stage_layer_counts
 from plansim.specs.model import ModelSpec, require_simulated
 from plansim.specs.plan import ParallelPlan
 from plansim.specs.work import PipelineWork
@@ -117,13 +117,7 @@ def _layout_rejection(
     """(category, reason) when the layout cannot run before memory is looked at: it does not
     divide the model, a TP group would straddle nodes, TP overlap spans nodes, or the
     profile has no GEMM data for the precision; else None."""
-    reason = check_plan_divides_model(
-        plan,
-        num_layers=model.num_layers,
-        num_attention_heads=model.num_attention_heads,
-        num_query_groups=model.num_query_groups,
-        seq_length=model.seq_length,
-    )
+    reason = model_split_reason(plan, model)
     if reason:
         return "layout does not divide the model", reason
     if model.ffn_hidden_size % plan.tp:

@@ -4,6 +4,7 @@ uneven splits), heads over tp, the sequence over cp (pure)."""
 from __future__ import annotations
 
 from plansim.errors import SpecError, require_positive_int
+from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan
 
 __all__ = [
@@ -53,6 +54,26 @@ def check_plan_divides_model(
             f"context parallelism splits each sequence into 2 * cp load-balanced chunks"
         )
     return None
+
+
+def model_split_reason(plan: ParallelPlan, model: ModelSpec) -> str | None:
+    """:func:`check_plan_divides_model` with ``model``'s layers, heads, query groups and
+    sequence length: why ``plan`` cannot split ``model``, or None."""
+    return check_plan_divides_model(
+        plan,
+        num_layers=model.num_layers,
+        num_attention_heads=model.num_attention_heads,
+        num_query_groups=model.num_query_groups,
+        seq_length=model.seq_length,
+    )
+
+
+def require_plan_divides_model(plan: ParallelPlan, model: ModelSpec) -> None:
+    """Raise SpecError naming the model when ``plan`` cannot split it
+    (:func:`model_split_reason`): a usage error before any simulation."""
+    reason = model_split_reason(plan, model)
+    if reason is not None:
+        raise SpecError(f"{model.name}: {reason}")
 
 
 def pipeline_layer_counts(num_layers: int, plan: ParallelPlan) -> tuple[int, ...]:
