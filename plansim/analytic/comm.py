@@ -56,7 +56,7 @@ from __future__ import annotations
 import math
 
 from plansim.analytic.ranks import GroupSpan
-from plansim.errors import SpecError, choice_error
+from plansim.errors import SpecError
 from plansim.specs.choice_enum import ChoiceEnum
 from plansim.specs.curves import bus_factor
 from plansim.specs.hardware import HardwareProfile
@@ -71,21 +71,6 @@ class Collective(ChoiceEnum):
     ALL_GATHER = "all_gather"
     REDUCE_SCATTER = "reduce_scatter"
     SENDRECV = "sendrecv"
-
-    @classmethod
-    def parse(cls, value: object, *, field: str = "collective") -> Collective:
-        """``value`` as a Collective: a member as it is, a member's value (``"all_reduce"``,
-        as files and users write it) as that member.
-
-        Raises:
-            SpecError: anything else, naming ``field`` and the allowed values.
-        """
-        if isinstance(value, cls):
-            return value
-        for member in cls:
-            if member.value == value:
-                return member
-        raise choice_error(field, value, [m.value for m in cls])
 
 
 #: Collectives NCCL runs only as rings across nodes (no tree): all-gather, reduce-scatter.
@@ -103,7 +88,7 @@ def collective_time_s(
     Raises:
         SpecError: ``collective`` is neither a :class:`Collective` nor one's value.
     """
-    collective = Collective.parse(collective)
+    collective = Collective.parse(collective, field="collective")
     if span.size <= 1 or message_bytes <= 0:
         return 0.0
     curve = profile.intra_node[collective.value]
@@ -155,7 +140,7 @@ def collective_latency_s(
     Raises:
         SpecError: ``collective`` is neither a :class:`Collective` nor one's value.
     """
-    collective = Collective.parse(collective)
+    collective = Collective.parse(collective, field="collective")
     curve = profile.intra_node[collective.value]
     if span.num_nodes == 1:
         return curve.latency_s
@@ -206,7 +191,10 @@ def ring_collective_time_s(
     Raises:
         SpecError: ``collective`` is neither a :class:`Collective` nor one's value.
     """
-    volume = bus_factor(Collective.parse(collective).value, span.size) * message_bytes
+    volume = (
+        bus_factor(Collective.parse(collective, field="collective").value, span.size)
+        * message_bytes
+    )
     return min(
         ring_latency_s(name, num_ranks=span.size, num_nodes=span.num_nodes)
         + volume / min(busbw_bytes_per_s * fraction, cap)

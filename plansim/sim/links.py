@@ -47,7 +47,6 @@ from functools import partial
 
 import simpy
 
-from plansim.errors import choice_error
 from plansim.specs.choice_enum import ChoiceEnum
 from plansim.specs.work import PipelineWork
 
@@ -62,21 +61,6 @@ class LinkKind(ChoiceEnum):
     NVLINK = "nvlink"
     NIC = "nic"
     PCIE = "pcie"  # with the node's host memory behind it
-
-    @classmethod
-    def parse(cls, value: object, *, field: str = "link") -> LinkKind:
-        """``value`` as a LinkKind: a member as it is, a member's value (as a
-        ``plansim.specs.work.Segment`` or ``P2P`` names its link) as that member.
-
-        Raises:
-            SpecError: anything else, naming ``field`` and the allowed values.
-        """
-        if isinstance(value, cls):
-            return value
-        for member in cls:
-            if member.value == value:
-                return member
-        raise choice_error(field, value, [m.value for m in cls])
 
 
 #: Per-GPU tiers (one link each per GPU) and the per-node one.
@@ -175,7 +159,7 @@ class Network:
         key = (rank, tier)
         links = self._collective.get(key)
         if links is None:
-            kind = LinkKind.parse(tier)
+            kind = LinkKind.parse(tier, field="link")
             links = (self.link(kind.value, rank, SEND), self.link(kind.value, rank, RECV))
             if kind is LinkKind.PCIE:
                 links += (self.link(HOST_MEMORY, self._rank_nodes[rank]),)
@@ -192,7 +176,7 @@ class Network:
         key = (src, dst, tier)
         links = self._p2p.get(key)
         if links is None:
-            kind = LinkKind.parse(tier)
+            kind = LinkKind.parse(tier, field="link")
             if kind is LinkKind.PCIE:
                 both = self.collective_links(src, kind) + self.collective_links(dst, kind)
                 links = tuple(dict.fromkeys(both))  # one host memory when on one node

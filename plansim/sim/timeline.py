@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from plansim.errors import PlansimError, choice_error
+from plansim.errors import PlansimError
 from plansim.specs.choice_enum import ChoiceEnum
 
 
@@ -54,20 +54,6 @@ class Stream(ChoiceEnum):
     PP_SEND = "pp_send"
     PP_RECV = "pp_recv"
     DP = "dp"
-
-    @classmethod
-    def parse(cls, value: object, *, field: str = "stream") -> Stream:
-        """``value`` as a Stream: a member as it is, a member's value as that member.
-
-        Raises:
-            SpecError: anything else, naming ``field`` and the allowed values.
-        """
-        if isinstance(value, cls):
-            return value
-        for member in cls:
-            if member.value == value:
-                return member
-        raise choice_error(field, value, [m.value for m in cls])
 
 
 class TimelineKind(ChoiceEnum):
@@ -105,20 +91,6 @@ class TimelineKind(ChoiceEnum):
     PS_UPDATE = "ps_update"
     PS_PULL = "ps_pull"
     PIPELINE_ACTION = "pipeline_action"
-
-    @classmethod
-    def parse(cls, value: object, *, field: str = "kind") -> TimelineKind:
-        """``value`` as a TimelineKind: a member as it is, a member's value as that member.
-
-        Raises:
-            SpecError: anything else, naming ``field`` and the allowed values.
-        """
-        if isinstance(value, cls):
-            return value
-        for member in cls:
-            if member.value == value:
-                return member
-        raise choice_error(field, value, [m.value for m in cls])
 
 
 #: The values of :class:`Stream` and :class:`TimelineKind`, in definition order.

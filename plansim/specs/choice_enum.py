@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from typing import TypeVar
 
 from plansim.errors import choice_error
 
@@ -18,6 +19,24 @@ class ChoiceEnum(enum.Enum):
     """
 
     __hash__ = object.__hash__
+
+    @classmethod
+    def parse(cls: type[_E], value: object, *, field: str) -> _E:
+        """``value`` as a member: a member as it is, a member's value (as files and users
+        write it) as that member.
+
+        Raises:
+            SpecError: anything else, naming ``field`` and the allowed values.
+        """
+        if isinstance(value, cls):
+            return value
+        for member in cls:
+            if member.value == value:
+                return member
+        raise choice_error(field, value, [m.value for m in cls])
+
+
+_E = TypeVar("_E", bound=ChoiceEnum)
 
 
 def parse_enum(enum_cls: type[enum.Enum], field: str, value: object) -> enum.Enum:
