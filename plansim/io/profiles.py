@@ -42,6 +42,7 @@ from plansim.io.profile_schema import (
     SCHEMA_VERSION,
     TOP_LEVEL_KEYS,
 )
+from plansim.io.strict_yaml import strict_load
 from plansim.specs.hardware import HardwareProfile
 from plansim.units import (
     bytes_per_s_to_gb_per_s,
@@ -127,7 +128,7 @@ def _load_file(path: Path, *, source: str) -> HardwareProfile:
     except (OSError, UnicodeDecodeError) as exc:
         raise InputFileError(f"{source}: cannot read: {exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = strict_load(text)
     except yaml.YAMLError as exc:
         raise InputFileError(f"{source}: malformed YAML: {_yaml_problem(exc)}") from None
     return profile_from_dict(data, source=source)
