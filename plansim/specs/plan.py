@@ -103,19 +103,13 @@ _REQUIRED = ("dp", "tp", "pp", "micro_batch_size", "global_batch_size")
 _GROUP_TYPES = tuple(cls for _, cls in GROUPS)
 
 
-@dataclass(frozen=True, slots=True)
-class _Defaults:
-    """The option groups a plan takes when not given (one shared frozen instance each)."""
-
-    sharding: ShardingOptions = ShardingOptions()  # noqa: RUF009 (frozen: safe to share)
-    recomputation: RecomputeOptions = RecomputeOptions()  # noqa: RUF009
-    pipeline: PipelineOptions = PipelineOptions()  # noqa: RUF009
-    overlap: OverlapOptions = OverlapOptions()  # noqa: RUF009
-    mixed_precision: MixedPrecisionOptions = MixedPrecisionOptions()  # noqa: RUF009
-    execution: ExecutionSpec = ExecutionSpec()  # noqa: RUF009
-
-
-_DEFAULTS = _Defaults()
+# The option groups a plan takes when not given: one shared frozen instance each.
+_NO_SHARDING = ShardingOptions()
+_NO_RECOMPUTE = RecomputeOptions()
+_ONE_F_ONE_B = PipelineOptions()
+_NO_OVERLAP = OverlapOptions()
+_BF16 = MixedPrecisionOptions()
+_MEGATRON_CORE = ExecutionSpec()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -147,12 +141,12 @@ class ParallelPlan:
 
     dims: ParallelDims
     batch: BatchOptions
-    sharding: ShardingOptions = _DEFAULTS.sharding
-    recomputation: RecomputeOptions = _DEFAULTS.recomputation
-    pipeline: PipelineOptions = _DEFAULTS.pipeline
-    overlap: OverlapOptions = _DEFAULTS.overlap
-    mixed_precision: MixedPrecisionOptions = _DEFAULTS.mixed_precision
-    execution: ExecutionSpec = _DEFAULTS.execution
+    sharding: ShardingOptions = _NO_SHARDING
+    recomputation: RecomputeOptions = _NO_RECOMPUTE
+    pipeline: PipelineOptions = _ONE_F_ONE_B
+    overlap: OverlapOptions = _NO_OVERLAP
+    mixed_precision: MixedPrecisionOptions = _BF16
+    execution: ExecutionSpec = _MEGATRON_CORE
 
     def __post_init__(self) -> None:
         groups = (
