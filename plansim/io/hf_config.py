@@ -525,6 +525,24 @@ def _refuse_hybrid_layers(keys: _Keys) -> None:
             )
 
 
+class _DuplicateKeyError(ValueError):
+    """A JSON object repeats a key."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json`` object hook: the object's dict, refusing a repeated key."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKeyError(key)
+        out[key] = value
+    return out
+
+
 def _load_json(path: Path) -> Mapping[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
@@ -533,11 +551,16 @@ def _load_json(path: Path) -> Mapping[str, Any]:
     except UnicodeDecodeError as exc:
         raise InputFileError(f"{path}: not UTF-8 text ({exc.reason})") from exc
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise InputFileError(
             f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
         ) from exc
+    except _DuplicateKeyError as exc:
+        raise InputFileError(
+            f"{path}: duplicate key {exc.key!r} in a JSON object (a key may appear once; "
+            "json would keep the last silently)"
+        ) from None
     if not isinstance(data, dict):
         raise InputFileError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data

@@ -128,13 +128,21 @@ def read_runs(path: str | Path) -> tuple[list[str], list[RunRow]]:
     """Header and rows of a runs CSV.
 
     Raises:
-        InputFileError: unreadable file, not a CSV, or a required column missing.
+        InputFileError: unreadable file, not a CSV, a column named twice in the header, or a
+            required column missing.
     """
     shown = str(path)
     try:
         with open(path, newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
             header = list(reader.fieldnames or [])
+            named = [c for c in header if c]
+            repeated = sorted({c for c in named if named.count(c) > 1})
+            if repeated:
+                raise InputFileError(
+                    f"{shown}: column(s) {', '.join(repeated)} appear more than once in the "
+                    "header (a row would keep only the last one's value)"
+                )
             missing = [c for c in REQUIRED_COLUMNS if c not in header]
             if missing:
                 raise InputFileError(f"{shown}: missing columns: {', '.join(missing)}")

@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 from plansim.errors import InputFileError
+from plansim.io.hf_config import read_hf_config
 from plansim.io.plan_file import PlanFile, plan_file_text, read_plan_file
 from plansim.io.profiles import load_profile
+from plansim.io.runs import read_runs
 from plansim.io.strict_yaml import StrictYamlError, strict_load
 from plansim.specs.plan import plan_from_fields
 
@@ -69,3 +71,24 @@ def test_a_plan_file_with_a_repeated_key_is_refused(tmp_path: Path) -> None:
     path.write_text(text.replace("  batch:\n", "  batch:\n    micro_batch_size: 2\n", 1))
     with pytest.raises(InputFileError, match="duplicate key 'micro_batch_size'"):
         read_plan_file(path)
+
+
+def test_a_hugging_face_config_with_a_repeated_key_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(
+        '{"model_type": "llama", "hidden_size": 4096, "hidden_size": 8192, '
+        '"num_hidden_layers": 32, "num_attention_heads": 32, "intermediate_size": 14336, '
+        '"vocab_size": 128256, "max_position_embeddings": 8192}'
+    )
+    with pytest.raises(InputFileError, match="duplicate key 'hidden_size' in a JSON object"):
+        read_hf_config(path)
+
+
+def test_a_runs_csv_naming_a_column_twice_is_refused(tmp_path: Path) -> None:
+    lines = (REPO.parent / "shared" / "reference" / "published_runs.csv").read_text().splitlines()
+    path = tmp_path / "runs.csv"
+    path.write_text("\n".join([lines[0] + ",tp", *lines[1:3]]) + "\n")
+    with pytest.raises(InputFileError, match="column\\(s\\) tp appear more than once"):
+        read_runs(path)
+    header, rows = read_runs(REPO.parent / "shared" / "reference" / "published_runs.csv")
+    assert len(rows) == 39 and header.count("tp") == 1
