@@ -61,6 +61,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from plansim.analytic.flops import FWD_BWD_MULTIPLIER
 from plansim.analytic.params import (
     NORMS_PER_LAYER,
     attention_params_per_layer,
@@ -69,9 +70,6 @@ from plansim.analytic.params import (
 from plansim.errors import SpecError
 from plansim.specs.choice_enum import ChoiceEnum
 from plansim.specs.model import ModelSpec, PositionEmbedding
-
-#: Forward + backward = 3 forward passes (backward = 2x forward), Korthikanti 2022 App. A.
-FWD_BWD_MULTIPLIER = 3
 
 
 class AttentionCore(ChoiceEnum):

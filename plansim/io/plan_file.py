@@ -140,9 +140,7 @@ def plan_from_flat_dict(data: dict[str, Any], *, ignore: tuple[str, ...] = ()) -
             continue
         if name not in FIELD_GROUP:
             raise SpecError(f"{name!r} is not a plan field; choose from: {', '.join(PLAN_FIELDS)}")
-        hint = _FIELD_TYPES[name]
-        is_enum = isinstance(hint, type) and issubclass(hint, enum.Enum)
-        values[name] = parse_enum(hint, f"plan.{name}", value) if is_enum else value
+        values[name] = _typed(_FIELD_TYPES[name], f"plan.{name}", value)
     return plan_from_fields(**values)
 
 
@@ -158,10 +156,16 @@ def _group(attr: str, cls: type, data: object) -> Any:
         )
     values = {}
     for name, value in data.items():
-        hint = hints[name]
-        is_enum = isinstance(hint, type) and issubclass(hint, enum.Enum)
-        values[name] = parse_enum(hint, f"plan.{attr}.{name}", value) if is_enum else value
+        values[name] = _typed(hints[name], f"plan.{attr}.{name}", value)
     return cls(**values)
+
+
+def _typed(hint: Any, field: str, value: object) -> object:
+    """``value`` as its field's enum when the field's type ``hint`` is one (a file holds the
+    enum's value), else as it is (the group checks it)."""
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return parse_enum(hint, field, value)
+    return value
 
 
 def _plain(value: object) -> object:

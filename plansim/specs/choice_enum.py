@@ -28,12 +28,7 @@ class ChoiceEnum(enum.Enum):
         Raises:
             SpecError: anything else, naming ``field`` and the allowed values.
         """
-        if isinstance(value, cls):
-            return value
-        for member in cls:
-            if member.value == value:
-                return member
-        raise choice_error(field, value, [m.value for m in cls])
+        return parse_enum(cls, field, value)  # type: ignore[return-value]
 
 
 _E = TypeVar("_E", bound=ChoiceEnum)
