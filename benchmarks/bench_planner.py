@@ -4,9 +4,12 @@ One run prints, for the full search space (TP, PP, VPP, DP, mbs, ZeRO 0-3, recom
 every schedule) at global batch 1536: candidates, feasible plans, plans simulated and wall
 time of the branch-and-bound search (``plansim.planner.search``, target <= 10 s on a
 2-core machine), then the same for the exhaustive search (every feasible plan simulated),
-and whether both return the same top 10 (plans and step times). Run:
+and whether both return the same top 10 (plans and step times). With ``--moe``, instead the
+wall time of ``plansim plan`` for two models with experts (every ep dividing the experts,
+etp 1, ZeRO 0-1; target <= 30 s each on a 2-core machine): DeepSeek-V3 on 2048 H800 (gbs
+15360) and Qwen3-235B-A22B on 256 GB200 (gbs 8192). Run:
     .venv/bin/python benchmarks/bench_planner.py [--jobs N] [--top K] [--skip-exhaustive]
-        [--repeats R]   (R pruned searches; the target is judged on their median)
+        [--repeats R] [--moe]   (R pruned searches; the target is judged on their median)
 """
 
 from __future__ import annotations
@@ -69,6 +72,36 @@ def top(result: SearchResult, k: int) -> list[tuple[str, float]]:
     return [(ev.plan.label(), ev.step_time_s) for ev in result.ranked[:k]]
 
 
+#: ``plansim plan`` arguments of the MoE planning targets.
+MOE_PLANS = (
+    ("deepseek-v3", "h800-sxm5-80gb", "2048", "15360"),
+    ("qwen3-235b-a22b", "gb200-nvl72", "256", "8192"),
+)
+
+
+def time_moe_plans(jobs: int) -> None:
+    """Wall time of ``plansim plan`` for each of MOE_PLANS, with its summary line."""
+    import contextlib
+    import io
+
+    from plansim.cli import main as cli
+
+    for model, gpu, gpus, gbs in MOE_PLANS:
+        out = io.StringIO()
+        start = time.perf_counter()
+        with contextlib.redirect_stdout(out):
+            flags = ["--model", model, "--gpu", gpu, "--gpus", gpus, "--gbs", gbs]
+            code = cli(["plan", *flags, "--jobs", str(jobs), "--top", "3"])
+        wall = time.perf_counter() - start
+        lines = out.getvalue().splitlines()
+        summary = next((x for x in lines if "candidates" in x), lines[-1] if lines else "")
+        verdict = "met" if wall <= 30 else "NOT met"
+        print(
+            f"{model} on {gpus} x {gpu}, gbs {gbs}: exit {code}, {wall:.1f} s (<= 30 s: {verdict})"
+        )
+        print(f"  {summary}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=default_jobs())
@@ -81,7 +114,11 @@ def main() -> None:
         help="pruned searches to time; the target is judged on their median wall time "
         "(a shared 2-core VM varies about 30%% between runs)",
     )
+    parser.add_argument("--moe", action="store_true", help="time the MoE planning targets")
     args = parser.parse_args()
+    if args.moe:
+        time_moe_plans(args.jobs)
+        return
     if args.repeats < 1:
         parser.error(f"--repeats must be a positive integer, got {args.repeats}")
     print(f"gpt3-175b on 1024 x a100-sxm4-80gb, gbs 1536, full space, jobs {args.jobs}")

@@ -562,7 +562,7 @@ def grok_1() -> ModelSpec:
     )
 
 
-#: Preset name -> factory, for models with routed experts (described, not yet simulated).
+#: Preset name -> factory, for models with routed experts.
 MOE_PRESETS: dict[str, Callable[[], ModelSpec]] = {
     "deepseek-v3": deepseek_v3,
     "deepseek-v2": deepseek_v2,
@@ -598,10 +598,7 @@ class UnknownModelError(UnknownNameError):
     def __init__(self, name: str) -> None:
         super().__init__("model", name, preset_names())
         self.described = sorted(MOE_PRESETS)
-        self.args = (
-            f"{self.args[0]}; described only (experts: parameters and FLOPs, not yet "
-            f"simulated): {', '.join(self.described)}",
-        )
+        self.args = (f"{self.args[0]}; with experts: {', '.join(self.described)}",)
 
 
 def _looks_like_path(name: str) -> bool:

@@ -223,3 +223,39 @@ def p2p_time_s(profile: HardwareProfile, *, message_bytes: float, inter_node: bo
     if inter_node:
         return profile.nic_latency_s + message_bytes / profile.nic_bytes_per_s
     return profile.intra_node[Collective.SENDRECV.value].time_s(message_bytes, 2)
+
+
+#: Profile key of the measured all-to-all curve (optional; nccl-tests ``alltoall_perf``).
+ALL_TO_ALL = "all_to_all"
+
+
+def all_to_all_time_s(profile: HardwareProfile, *, message_bytes: float, span: GroupSpan) -> float:
+    """Seconds of one all-to-all over a group with ``span``, ``message_bytes`` the whole send
+    buffer of one rank (nccl-tests ``alltoall_perf`` "size"); 1/n of it stays on the rank.
+
+    Each rank sends (n - 1)/n of its buffer (the nccl-tests busbw factor of alltoall,
+    ``doc/PERFORMANCE.md``). Inside one node the bytes move at the profile's measured
+    all-to-all bus bandwidth (``intra_node.all_to_all``), or, where the profile has no such
+    curve, at its all-gather curve's: NCCL runs both as peer-to-peer copies over the same
+    NVLink/NVSwitch ports with the same per-rank volume, so this is the estimate a datasheet
+    profile allows (stated limit: NCCL's all-to-all launches n - 1 sends per rank and is
+    slower at small messages than the all-gather ring measured there). Across nodes each
+    rank's share for the ranks outside its node, S x (n - m)/n with m members per node,
+    leaves through its own NIC rail (NCCL's PXN routes a peer on another rail through the
+    NVLink of that rail's GPU), at ``nic_bytes_per_s`` x the multi-node message fraction;
+    the node-local share moves over NVLink meanwhile, so the slower of the two sets the
+    time (DeepSeek-V3 report arXiv:2412.19437 §3.2.2: IB 50 GB/s against NVLink 160 GB/s
+    per H800, which is why it limits each token to 4 nodes). alpha: the curve's latency,
+    plus ``nic_latency_s`` across nodes.
+    """
+    if span.size <= 1 or message_bytes <= 0:
+        return 0.0
+    curve = profile.intra_node.get(ALL_TO_ALL) or profile.intra_node[Collective.ALL_GATHER.value]
+    n, m = span.size, span.members_per_node
+    local_volume = message_bytes * (m - 1) / n
+    intra_s = local_volume / curve.busbw_bytes_per_s(message_bytes) if m > 1 else 0.0
+    if span.num_nodes == 1:
+        return curve.latency_s + intra_s
+    remote_volume = message_bytes * (n - m) / n
+    nic = profile.nic_bytes_per_s * profile.message_busbw_fraction(message_bytes)
+    return curve.latency_s + profile.nic_latency_s + max(intra_s, remote_volume / nic)

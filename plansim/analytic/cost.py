@@ -58,7 +58,7 @@ from plansim.analytic.pipeline_send import pipeline_send
 from plansim.analytic.rank_work import ParamGatherCover, gather_cover, rank_work, segments
 from plansim.analytic.ranks import LayoutGroups
 from plansim.analytic.stage_compute import PassInputs, pass_inputs
-from plansim.analytic.stage_seconds import StageSeconds, stage_seconds
+from plansim.analytic.stage_seconds import StageSeconds
 from plansim.analytic.stored_activations import stage_activation_bytes
 from plansim.analytic.zero3 import (
     Zero3Traffic,
@@ -98,11 +98,14 @@ def _stage_work(
     cp_bwd = ("cp_comm", "tp", n * layer.cp_backward_s, n * layer.cp_backward_bytes)
     r = sec.recomputed_layers
     cp_rec = ("cp_comm", "tp", r * layer.cp_recompute_s, r * layer.cp_forward_bytes)
+    ep_fwd = ("ep_comm", "tp", sec.ep_forward_s, sec.ep_forward_bytes)
+    ep_bwd = ("ep_comm", "tp", sec.ep_backward_s, sec.ep_backward_bytes)
     recompute = (
         z3["gather_b"],
         ("recompute", "compute", sec.recompute_s, 0.0),
         cp_rec,
         ("tp_comm", "tp", sec.tp_recompute_s, 0.0),
+        ("ep_comm", "tp", sec.ep_recompute_s, sec.ep_forward_bytes if sec.ep_recompute_s else 0.0),
     )
     return StageWork(
         forward=segments(
@@ -110,12 +113,14 @@ def _stage_work(
             ("forward", "compute", sec.forward_s, 0.0),
             cp_fwd,
             ("tp_comm", "tp", sec.tp_forward_s, 0.0),
+            ep_fwd,
         ),
         backward=segments(
             *recompute,
             ("backward", "compute", bwd_in + bwd_w, 0.0),
             cp_bwd,
             ("tp_comm", "tp", tp_bwd, 0.0),
+            ep_bwd,
             z3["scatter_b"],
         ),
         backward_input=segments(
@@ -123,6 +128,7 @@ def _stage_work(
             ("backward_input", "compute", bwd_in, 0.0),
             cp_bwd,
             ("tp_comm", "tp", tp_bwd, 0.0),
+            ep_bwd,
         ),
         backward_weight=segments(
             ("backward_weight", "compute", bwd_w, 0.0),
@@ -226,19 +232,16 @@ def _stages(
     (embedding activations), its layer count (uneven splits) and its bf16 edge layers. Each
     kind is costed once: O(1) costings per plan instead of O(pp * vpp), with bit-identical
     results."""
-    groups, layer, layer16, edges = inputs.groups, inputs.layer, inputs.layer16, inputs.edges
-    bf16_ends = inputs.bf16_ends
+    groups, layer, bf16_ends = inputs.groups, inputs.layer, inputs.bf16_ends
     bucket_key = _bucket_key(plan)
     p2p = pipeline_send(model, plan, profile, groups)
-    stage_kinds: dict[tuple[bool, bool, bool, int, tuple[int, int]], StageWork] = {}
+    stage_kinds: dict[tuple[object, ...], StageWork] = {}
     stages = []
     for s, layers in enumerate(stage_layer_counts(model.num_layers, plan)):
-        key = (s == 0, s == plan.num_stages - 1, s % plan.pp == 0, layers, bf16_ends[s])
+        key: tuple[object, ...] = (s == 0, s == plan.num_stages - 1, s % plan.pp == 0, layers)
+        key += (bf16_ends[s], *inputs.stage_key(s))
         if key not in stage_kinds:
-            sec = stage_seconds(
-                layers, first=key[0], last=key[1], plan=plan, layer=layer, layer16=layer16,
-                bf16_ends=bf16_ends[s], edges=edges,
-            )  # fmt: skip
+            sec = inputs.stage_seconds(s, num_layers=layers, plan=plan)
             stage_kinds[key] = _stage_work(
                 s,
                 num_layers=layers,
@@ -246,7 +249,13 @@ def _stages(
                 layer=layer,
                 sec=sec,
                 zero3=sharded_traffic(
-                    model, plan, profile, groups, first=key[0], last=key[1], memo=memo
+                    model,
+                    plan,
+                    profile,
+                    groups,
+                    first=s == 0,
+                    last=s == plan.num_stages - 1,
+                    memo=memo,
                 ),
                 p2p=p2p,
                 overlap_slowdown=profile.overlap_compute_slowdown_fraction,

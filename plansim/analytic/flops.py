@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plansim.errors import SpecError, require_positive_int
-from plansim.specs.model import Activation, ModelSpec, require_simulated
+from plansim.specs.model import Activation, ModelSpec, require_dense
 from plansim.specs.plan import Recompute
 
 #: Forward + backward = 3 forward passes (backward = 2x forward), Korthikanti 2022 App. A.
@@ -246,7 +246,7 @@ def attention_core_forward_flops(model: ModelSpec, *, micro_batch_size: int, tp:
 
 
 def _model_flops_exact(model: ModelSpec, global_batch_size: int) -> int:
-    require_simulated(model)  # experts, MLA, MTP: plansim.analytic.moe_counts
+    require_dense(model)  # experts, MLA, MTP: plansim.analytic.moe_counts
     layers = model.num_layers * layer_forward_flops(model, micro_batch_size=global_batch_size)
     logits = logits_forward_gemm(model, micro_batch_size=global_batch_size, tp=1).flops
     return FWD_BWD_MULTIPLIER * (layers + logits)

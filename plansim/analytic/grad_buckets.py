@@ -14,11 +14,13 @@ from dataclasses import dataclass
 
 from plansim.analytic.comm import Collective, collective_time_s, sharded_reduce_time_s
 from plansim.analytic.memory import plan_state_bytes
+from plansim.analytic.moe_counts import count_moe_parameters
+from plansim.analytic.moe_layer import is_dense, rank_parameter_split
 from plansim.analytic.param_server import PUSH_KIND, ps_transfer, uses_parameter_server
-from plansim.analytic.params import count_parameters
+from plansim.analytic.params import EdgeCounts, count_parameters, edge_parameters
 from plansim.analytic.ranks import LayoutGroups, dp_cp_size
 from plansim.specs.hardware import HardwareProfile
-from plansim.specs.layer_split import stage_num_layers
+from plansim.specs.layer_split import pipeline_layer_counts, stage_num_layers
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan
 from plansim.specs.work import GradBucket, Segment
@@ -55,22 +57,43 @@ class StageParams:
 
 def stage_parameters(model: ModelSpec, plan: ParallelPlan, *, stage: int) -> StageParams:
     """Parameters of ``stage`` on one TP rank; over a rank's stages they sum to
-    ``plansim.analytic.memory.rank_parameters`` (same sharding rules)."""
+    ``plansim.analytic.memory.rank_parameters`` (same sharding rules). A model with experts
+    or MLA: its dense part only (``moe_layer.RankParameters.dense``: the routed experts'
+    gradients are reduced over edp apart, ``rank_work.expert_grad_reduce_s``), the rank's
+    layers taken alike."""
+    if not is_dense(model):
+        return _moe_stage_parameters(model, plan, stage=stage)
     counts = count_parameters(model)
-    last = stage == plan.num_stages - 1
-    head = tail = 0.0
-    if stage == 0:
-        tail = counts.embedding / plan.tp + counts.position_embedding
-    if last:
-        head = float(counts.final_norm)
-        if counts.output_layer:
-            head += counts.output_layer / plan.tp
-        elif plan.pp > 1:
-            head += counts.embedding / plan.tp
+    head, tail = _edges(counts, plan, stage=stage)
     per_layer = (counts.attention_per_layer + counts.mlp_per_layer) / plan.tp
     return StageParams(
         head=head,
         per_layer=per_layer + counts.norms_per_layer,
+        num_layers=stage_num_layers(model.num_layers, plan, stage),
+        tail=tail,
+    )
+
+
+def _edges(counts: EdgeCounts, plan: ParallelPlan, *, stage: int) -> tuple[float, float]:
+    """(head, tail) of ``stage`` on one TP rank: its final norm and output layer, produced
+    first in backward, and its embedding, produced last (``params.edge_parameters``)."""
+    last = edge_parameters(counts, plan, first=False, last=stage == plan.num_stages - 1)
+    first = edge_parameters(counts, plan, first=stage == 0, last=False)
+    return last.sharded / plan.tp + last.replicated, first.sharded / plan.tp + first.replicated
+
+
+def _moe_stage_parameters(model: ModelSpec, plan: ParallelPlan, *, stage: int) -> StageParams:
+    """:func:`stage_parameters` of a model with experts or MLA (dense part)."""
+    counts = count_moe_parameters(model)
+    rank = stage % plan.pp
+    split = rank_parameter_split(model, plan, rank=rank)
+    head, tail = _edges(counts, plan, stage=stage)
+    rank_layers = pipeline_layer_counts(model.num_layers, plan)[rank]
+    edges_on_rank = (tail if rank == 0 else 0.0) + (head if rank == plan.pp - 1 else 0.0)
+    per_layer = max(0.0, split.dense - edges_on_rank) / max(1, rank_layers)
+    return StageParams(
+        head=head,
+        per_layer=per_layer,
         num_layers=stage_num_layers(model.num_layers, plan, stage),
         tail=tail,
     )

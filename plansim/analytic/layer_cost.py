@@ -29,6 +29,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from plansim.analytic import flops as fl
+from plansim.analytic.comm import Collective, all_to_all_time_s, collective_time_s
 from plansim.analytic.eager_elementwise import eager_extra_traffic
 from plansim.analytic.elementwise import (
     QUANTIZED_ELEMENT_BYTES,
@@ -38,13 +39,20 @@ from plansim.analytic.elementwise import (
     quantize_traffic,
 )
 from plansim.analytic.memory import plan_state_bytes
+from plansim.analytic.moe_layer import (
+    ROUTING_KERNELS,
+    dense_proxy,
+    expert_traffic,
+    is_dense,
+    layer_kind_gemms,
+)
 from plansim.analytic.op_overheads import (
     attention_core_times,
     layer_ops,
     with_host_s,
 )
 from plansim.analytic.params import count_parameters
-from plansim.analytic.ranks import LayoutGroups
+from plansim.analytic.ranks import LayoutGroups, group_span
 from plansim.analytic.ring_attention import ring_attention_times
 from plansim.analytic.tp_comm import tp_pass_times
 from plansim.specs.hardware import HardwareProfile
@@ -59,6 +67,11 @@ class PassTimes:
     ``cp_*_s``: exposed (not hidden behind attention compute) ring-attention transfers of the
     forward, backward and full-recompute passes; ``cp_*_bytes``: bytes each rank sends in
     that pass (``ring_attention.ring_attention_times``). Zero with cp == 1.
+
+    ``ep_*_s``: a MoE layer's token dispatch and combine all-to-alls (and with etp > 1 the
+    expert-TP gathers) in forward, backward and full recompute, blocking as Megatron-Core's
+    ``alltoall`` dispatcher runs them; ``ep_*_bytes``: bytes each rank sends in that pass
+    (``plansim.analytic.moe_layer``). Zero in a dense layer.
     """
 
     forward_s: float
@@ -73,6 +86,11 @@ class PassTimes:
     cp_recompute_s: float = 0.0
     cp_forward_bytes: float = 0.0
     cp_backward_bytes: float = 0.0
+    ep_forward_s: float = 0.0
+    ep_backward_s: float = 0.0
+    ep_recompute_s: float = 0.0
+    ep_forward_bytes: float = 0.0
+    ep_backward_bytes: float = 0.0
 
 
 def cp_local_model(model: ModelSpec, cp: int) -> ModelSpec:
@@ -88,7 +106,9 @@ def cp_local_model(model: ModelSpec, cp: int) -> ModelSpec:
     return dataclasses.replace(model, seq_length=model.seq_length // cp)
 
 
-def layer_gemms(model: ModelSpec, plan: ParallelPlan) -> tuple[fl.Gemm, ...]:
+def layer_gemms(
+    model: ModelSpec, plan: ParallelPlan, *, moe_layer: bool = False
+) -> tuple[fl.Gemm, ...]:
     """Per-GPU forward GEMMs of one layer on one TP rank of one of ``plan.cp`` CP ranks.
 
     Linear layers: :func:`plansim.analytic.flops.layer_forward_gemms` with m = b*s/cp.
@@ -99,9 +119,15 @@ def layer_gemms(model: ModelSpec, plan: ParallelPlan) -> tuple[fl.Gemm, ...]:
     the efficiency lookup as at cp = 1 (each step's FlashAttention kernel covers every head
     and sequence of the micro-batch, so pricing (s/cp)^2 blocks as separate small GEMMs
     would understate its efficiency).
+
+    A model with experts or MLA: ``moe_layer.layer_kind_gemms`` (its dense layers, or with
+    ``moe_layer`` its MoE layers), with the same key-length change.
     """
     local = cp_local_model(model, plan.cp)
-    gemms = fl.layer_forward_gemms(local, micro_batch_size=plan.micro_batch_size, tp=plan.tp)
+    if is_dense(model):
+        gemms = fl.layer_forward_gemms(local, micro_batch_size=plan.micro_batch_size, tp=plan.tp)
+    else:
+        gemms = layer_kind_gemms(model, plan, local=local, moe_layer=moe_layer)
     if plan.cp == 1:
         return gemms
     keys = model.seq_length
@@ -243,7 +269,12 @@ def _layer_elementwise(
 
 
 def layer_pass_times(
-    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, groups: LayoutGroups
+    model: ModelSpec,
+    plan: ParallelPlan,
+    profile: HardwareProfile,
+    groups: LayoutGroups,
+    *,
+    moe_layer: bool = False,
 ) -> PassTimes:
     """Forward, backward (input/weight), recompute and TP-collective seconds of one layer.
 
@@ -256,11 +287,34 @@ def layer_pass_times(
     casts of the GEMM operands, ``elementwise.quantize_traffic``), then the host cost of the
     pass's eager ops (``op_overheads.with_host_s``; nothing when the
     profile has no ``host_overhead``). The backward's host cost is in ``backward_input_s``.
+
+    A model with experts, MLA or MTP modules: its GEMMs from ``moe_layer.layer_kind_gemms``
+    (a MoE layer's with ``moe_layer``), its memory-bound kernels, TP messages and recompute
+    from ``moe_layer.dense_proxy``, and in a MoE layer the routing kernels and the dispatch
+    and combine all-to-alls (:func:`moe_pass_extras`).
     """
+    gemms = layer_gemms(model, plan, moe_layer=moe_layer)
+    if not is_dense(model):
+        proxy = dense_proxy(model, moe_layer=moe_layer)
+        times = _pass_times(proxy, plan, profile, groups, gemms=gemms, proxy=True)
+        return moe_pass_extras(model, plan, profile, groups, times) if moe_layer else times
+    return _pass_times(model, plan, profile, groups, gemms=gemms)
+
+
+def _pass_times(
+    model: ModelSpec,
+    plan: ParallelPlan,
+    profile: HardwareProfile,
+    groups: LayoutGroups,
+    *,
+    gemms: tuple[fl.Gemm, ...],
+    proxy: bool = False,
+) -> PassTimes:
+    """:func:`layer_pass_times` of a dense ``model`` (or, ``proxy``, the dense proxy of a
+    model with experts or MLA) with its ``gemms``."""
     local = cp_local_model(model, plan.cp)
     dtype = matmul_dtype(plan)
     core_dtype = unquantized_dtype(plan)  # 16-bit beside fp8 / fp4 GEMMs
-    gemms = layer_gemms(model, plan)
     g = _gemm_seconds(gemms, plan, profile, dtype=dtype, core_dtype=core_dtype)
     core = attention_core_times(gemms, plan, profile, dtype=core_dtype, gemm_forward_s=g.core_s)
     # Input-grad GEMMs: one forward each; the attention core's backward from ``core``.
@@ -270,7 +324,7 @@ def layer_pass_times(
     forward_s = with_host_s(
         g.forward_s + (core.forward_s - g.core_s) + ew_fwd, ops, profile, backward=False
     )
-    wgrad = g.weight_s + _grad_accumulation_s(model, plan, profile)
+    wgrad = g.weight_s + _grad_accumulation_s(model, plan, profile, gemms=gemms if proxy else None)
     device_bwd = dgrad + ew_bwd + wgrad
     host_bwd = with_host_s(device_bwd, ops, profile, backward=True) - device_bwd
     tp_pass, tp_backward = tp_pass_times(
@@ -329,7 +383,11 @@ def _recompute_times(
     if plan.recompute is Recompute.FULL:
         if plan.recompute_early_stop and not model.dropout:
             recompute_s, tp_recompute = early_stop_recompute(
-                forward_s, tp_pass_s, down_projection_s=g.by_name["mlp_down"], plan=plan
+                forward_s,
+                tp_pass_s,
+                down_projection_s=g.by_name.get("mlp_down", 0.0)
+                + g.by_name.get("expert_down", 0.0),
+                plan=plan,
             )
             return recompute_s, tp_recompute, ring_forward_s
         return forward_s, tp_pass_s, ring_forward_s
@@ -379,15 +437,75 @@ def early_stop_recompute(
     return forward_s - down_projection_s, tp_forward_s * (1.0 - share)
 
 
-def _grad_accumulation_s(model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile) -> float:
+def _grad_accumulation_s(
+    model: ModelSpec,
+    plan: ParallelPlan,
+    profile: HardwareProfile,
+    *,
+    gemms: tuple[fl.Gemm, ...] | None,
+) -> float:
     """Unfused gradient accumulation of one layer for one micro-batch: read the fresh weight
     gradient (in the working precision: 2 B, fp32 4 B), read and write the accumulation buffer
     (fp32 main grad for bf16, as Megatron-LM; 16-bit for fp16; fp32 for fp32): param bytes +
     2 x grad bytes per local parameter. Zero with ``gradient_accumulation_fusion`` (the
-    weight-gradient GEMM accumulates in its epilogue)."""
+    weight-gradient GEMM accumulates in its epilogue). With ``gemms`` (a model with experts
+    or MLA) the local weights are those of the layer's weight GEMMs."""
     if plan.gradient_accumulation_fusion:
         return 0.0
-    counts = count_parameters(model)
-    local = (counts.attention_per_layer + counts.mlp_per_layer) / plan.tp + counts.norms_per_layer
+    if gemms is not None:
+        local = float(sum(g.k * g.n * g.count for g in gemms if g.has_weight))
+    else:
+        counts = count_parameters(model)
+        local = (
+            counts.attention_per_layer + counts.mlp_per_layer
+        ) / plan.tp + counts.norms_per_layer
     per_param = plan_state_bytes(plan)
     return local * (per_param.param + 2.0 * per_param.grad) / profile.streaming_bytes_per_s()
+
+
+def moe_pass_extras(
+    model: ModelSpec,
+    plan: ParallelPlan,
+    profile: HardwareProfile,
+    groups: LayoutGroups,
+    times: PassTimes,
+) -> PassTimes:
+    """``times`` of a MoE layer with its routing kernels and expert-parallel traffic added
+    (``plansim.analytic.moe_layer``, module docstring).
+
+    Routing: the router's probabilities, permute, unpermute and gate scaling,
+    ``ExpertTraffic.routing_bytes`` at the profile's elementwise rate and
+    ``ROUTING_KERNELS`` launches, in forward and again in backward. Dispatch and combine:
+    two all-to-alls of ``dispatch_bytes`` over the EP group (``comm.all_to_all_time_s``) in
+    forward and two in backward; with etp > 1 an all-gather and a reduce-scatter of the
+    received rows over the etp ranks (consecutive ranks, stride 1) beside each pair. Full
+    recompute repeats the forward ones.
+    """
+    traffic = expert_traffic(model, plan)
+    launches = ROUTING_KERNELS * profile.kernel_launch_s
+    route_fwd = traffic.routing_bytes / profile.elementwise_bytes_per_s(backward=False)
+    route_bwd = traffic.routing_bytes / profile.elementwise_bytes_per_s(backward=True)
+    a2a = all_to_all_time_s(profile, message_bytes=traffic.dispatch_bytes, span=groups.ep)
+    etp = plan.dims.expert_tensor_parallel_size
+    etp_s = 0.0
+    if etp > 1:
+        span = group_span(size=etp, stride=1, gpus_per_node=profile.gpus_per_node)
+        for kind in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER):
+            etp_s += collective_time_s(
+                profile, collective=kind, message_bytes=traffic.etp_gather_bytes, span=span
+            )
+    ep_pass = 2.0 * a2a + etp_s
+    sent = 2.0 * traffic.dispatch_bytes * (plan.ep - 1) / plan.ep
+    sent += 2.0 * traffic.etp_gather_bytes * (etp - 1) / etp
+    full = plan.recompute is Recompute.FULL
+    return dataclasses.replace(
+        times,
+        forward_s=times.forward_s + route_fwd + launches,
+        backward_input_s=times.backward_input_s + route_bwd + launches,
+        recompute_s=times.recompute_s + (route_fwd + launches if full else 0.0),
+        ep_forward_s=ep_pass,
+        ep_backward_s=ep_pass,
+        ep_recompute_s=ep_pass if full else 0.0,
+        ep_forward_bytes=sent,
+        ep_backward_bytes=sent,
+    )

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from plansim.analytic.comm import Collective
 from plansim.analytic.memo import Memo
 from plansim.analytic.ranks import GroupSpan, LayoutGroups
+from plansim.specs.curves import COLLECTIVES
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.plan import ParallelPlan
 from plansim.specs.work import P2P, GradBucket, PipelineWork, RankWork, Segment, StageWork
@@ -32,7 +33,9 @@ def _alpha_s(profile: HardwareProfile, span: GroupSpan) -> float:
     it: the intra-node latency (the smallest of the collective curves', a lower bound where
     they differ), plus nic_latency_s per tree level when the group spans nodes."""
     alpha = min(
-        c.latency_s for name, c in profile.intra_node.items() if name != Collective.SENDRECV.value
+        c.latency_s
+        for name, c in profile.intra_node.items()
+        if name in COLLECTIVES and name != Collective.SENDRECV.value
     )
     if span.num_nodes > 1:
         alpha += profile.nic_latency_s * math.ceil(math.log2(span.num_nodes))
@@ -130,6 +133,7 @@ def _link_tags(profile: HardwareProfile, groups: LayoutGroups) -> _LinkTags:
         by_kind={
             "tp_comm": (_tier(groups.tp), 0.0),
             "cp_comm": (_tier(groups.cp), 0.0),
+            "ep_comm": (_tier(groups.ep), 0.0),
             "dp_comm": (_tier(groups.dp_cp), _alpha_s(profile, groups.dp_cp)),
             "embedding_grad_comm": (_tier(pair), _alpha_s(profile, pair)),
         },
@@ -151,7 +155,7 @@ def with_links(
     if memo is None:
         tags = _link_tags(profile, groups)
     else:
-        key = ("tags", plan.tp, plan.cp, plan.dp, plan.pp)
+        key = ("tags", plan.tp, plan.cp, plan.dp, plan.pp, plan.ep, plan.etp)
         found = memo.get(key)
         if found is None:
             found = memo[key] = _link_tags(profile, groups)

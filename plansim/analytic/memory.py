@@ -30,8 +30,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from plansim.analytic.activations import layer_activations, ring_kv_chunk_bytes
-from plansim.analytic.memo import Memo, memoised
-from plansim.analytic.params import rank_parameters as rank_parameters
+from plansim.analytic.memo import Memo, fields_getter, memoised
+from plansim.analytic.moe_layer import dense_proxy, is_dense, rank_parameter_split
+from plansim.analytic.params import rank_parameters as dense_rank_parameters
 from plansim.analytic.ranks import dp_cp_size, zero_shard_size
 from plansim.analytic.stored_activations import (
     activation_key,
@@ -178,6 +179,61 @@ class MemoryBreakdown:
         return f"stage {self.rank} needs {need:.{digits}f} GiB, {have:.1f} GiB available: {parts}"
 
 
+def rank_parameters(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float:
+    """Parameters held by pipeline rank ``rank`` on one GPU: ``params.rank_parameters`` for
+    a dense model; with experts, MLA or MTP modules ``moe_layer.rank_parameter_split`` (the
+    routed experts split over ep x etp, MTP modules on the last rank)."""
+    if is_dense(model):
+        return dense_rank_parameters(model, plan, rank=rank)
+    return rank_parameter_split(model, plan, rank=rank).total
+
+
+#: Plan fields a rank's parameter split depends on (``moe_layer.rank_parameter_split``).
+_SPLIT_FIELDS = fields_getter(
+    (
+        "tp", "pp", "vpp", "ep", "etp", "decoder_first_pipeline_num_layers",
+        "decoder_last_pipeline_num_layers", "account_for_embedding_in_pipeline_split",
+        "account_for_loss_in_pipeline_split",
+    )
+)  # fmt: skip
+
+
+def rank_model_states(
+    model: ModelSpec, plan: ParallelPlan, *, rank: int, memo: Memo | None = None
+) -> ModelStates:
+    """Weights, gradients and optimizer states of pipeline rank ``rank`` on one GPU
+    (:func:`model_state_bytes` of :func:`rank_parameters` sharded over the ZeRO shard group;
+    with experts, their part sharded over edp instead: Megatron-Core's distributed
+    optimizer shards expert states over the expert data-parallel group, arXiv:2504.14960
+    §3). ``memo``: a search's cache (one model) for the parameter split."""
+    fsdp = plan.use_torch_fsdp2  # PyTorch FSDP keeps fp32 training's states (plan docstring)
+    per_param = state_bytes_per_param(Precision.FP32) if fsdp else plan_state_bytes(plan)
+
+    def states(params: float, dp: int) -> ModelStates:
+        return model_state_bytes(
+            params,
+            dp=dp,
+            zero_stage=plan.zero_stage,
+            per_param=per_param,
+            offload_optimizer=plan.offload_optimizer,
+            offload_param=plan.offload_param,
+        )
+
+    if is_dense(model):
+        return states(dense_rank_parameters(model, plan, rank=rank), zero_shard_size(plan))
+    split = memoised(
+        memo,
+        ("rank_parameter_split", rank, *_SPLIT_FIELDS(plan)),
+        lambda: rank_parameter_split(model, plan, rank=rank),
+    )
+    dense, expert = states(split.dense, zero_shard_size(plan)), states(split.expert, plan.dims.edp)
+    return ModelStates(
+        weights_bytes=dense.weights_bytes + expert.weights_bytes,
+        gradients_bytes=dense.gradients_bytes + expert.gradients_bytes,
+        optimizer_bytes=dense.optimizer_bytes + expert.optimizer_bytes,
+    )
+
+
 def rank_memory(
     model: ModelSpec,
     plan: ParallelPlan,
@@ -189,16 +245,7 @@ def rank_memory(
     """Peak memory of pipeline rank ``rank`` (one GPU) under ``plan``; ZeRO shards over
     dp * cp ranks (with hybrid sharding, ``plan.dp_shard``, over dp_shard * cp). ``memo``:
     a search's cache (one model) for the activation pricing; same result without."""
-    params = rank_parameters(model, plan, rank=rank)
-    fsdp = plan.use_torch_fsdp2  # PyTorch FSDP keeps fp32 training's states (plan docstring)
-    states = model_state_bytes(
-        params,
-        dp=zero_shard_size(plan),
-        zero_stage=plan.zero_stage,
-        per_param=state_bytes_per_param(Precision.FP32) if fsdp else plan_state_bytes(plan),
-        offload_optimizer=plan.offload_optimizer,
-        offload_param=plan.offload_param,
-    )
+    states = rank_model_states(model, plan, rank=rank, memo=memo)
     if plan.dp_sync is DpSync.PARAMETER_SERVER:  # the servers hold the optimizer states:
         # 1/(dp * cp) of them on a colocated worker (as ZeRO-1), none with dedicated servers
         share = 0.0 if plan.ps_servers else states.optimizer_bytes / dp_cp_size(plan)
@@ -244,7 +291,9 @@ def transient_bytes(
 
 
 def _working_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float:
-    """:func:`transient_bytes` without the ZeRO-3 gathered parameters."""
+    """:func:`transient_bytes` without the ZeRO-3 gathered parameters (a model with experts
+    or MLA: its dense proxy's, ``moe_layer.dense_proxy``)."""
+    model = dense_proxy(model, moe_layer=model.moe is not None)
     s, b, h = model.seq_length / plan.cp, plan.micro_batch_size, model.hidden_size
     ends = stage_bf16_layers(model.num_layers, plan)[rank :: plan.pp]
     bf16_here = any(head or tail for head, tail in ends)  # its working set is the larger

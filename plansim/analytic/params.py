@@ -20,9 +20,10 @@ biases (Qwen2 has biases on Q, K and V but not on the output or MLP), no embeddi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from plansim.specs.layer_split import pipeline_layer_counts
-from plansim.specs.model import ModelSpec, PositionEmbedding, require_simulated
+from plansim.specs.model import ModelSpec, PositionEmbedding, require_dense
 from plansim.specs.plan import ParallelPlan
 
 #: Norm layers per transformer layer (pre-attention and pre-MLP; Narayanan SC21 Eq. 2's 13h
@@ -140,7 +141,7 @@ def count_parameters(model: ModelSpec) -> ParamCounts:
             width than h (``plansim.specs.model.require_simulated``; count those with
             ``plansim.analytic.moe_counts.count_moe_parameters``).
     """
-    require_simulated(model)
+    require_dense(model)
     h, vocab = model.hidden_size, model.vocab_size
     norm = model.normalization.params_per_hidden * h
     learned = model.position_embedding is PositionEmbedding.LEARNED
@@ -168,13 +169,47 @@ def rank_parameters(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float
     layers = pipeline_layer_counts(model.num_layers, plan)[rank]
     sharded = layers * (counts.attention_per_layer + counts.mlp_per_layer)
     replicated = layers * counts.norms_per_layer
-    if rank == 0:
+    edges = edge_parameters(counts, plan, first=rank == 0, last=rank == plan.pp - 1)
+    return (sharded + edges.sharded) / plan.tp + (replicated + edges.replicated)
+
+
+class EdgeCounts(Protocol):
+    """The counts :func:`edge_parameters` reads (``ParamCounts``, ``MoEParamCounts``)."""
+
+    @property
+    def embedding(self) -> int: ...
+    @property
+    def position_embedding(self) -> int: ...
+    @property
+    def final_norm(self) -> int: ...
+    @property
+    def output_layer(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EdgeParameters:
+    """Parameters of the pipeline's ends on one stage: ``sharded`` over tp (word embedding,
+    output layer), ``replicated`` (learned positions, final norm)."""
+
+    sharded: float
+    replicated: float
+
+
+def edge_parameters(
+    counts: EdgeCounts, plan: ParallelPlan, *, first: bool, last: bool
+) -> EdgeParameters:
+    """The embedding (``first``) and final norm + output layer (``last``) a stage or rank
+    holds: the word embedding and learned positions on the first, the final norm and the
+    output layer on the last (a copy of the word embedding when tied and pp > 1, as Megatron
+    keeps one for the tied gradient)."""
+    sharded = replicated = 0.0
+    if first:
         sharded += counts.embedding
         replicated += counts.position_embedding
-    if rank == plan.pp - 1:
+    if last:
         replicated += counts.final_norm
         if counts.output_layer:
             sharded += counts.output_layer
         elif plan.pp > 1:
             sharded += counts.embedding
-    return sharded / plan.tp + replicated
+    return EdgeParameters(sharded=sharded, replicated=replicated)

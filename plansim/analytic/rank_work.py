@@ -43,6 +43,8 @@ from plansim.analytic.memory import (
     rank_memory,
     rank_parameters,
 )
+from plansim.analytic.moe_counts import count_moe_parameters
+from plansim.analytic.moe_layer import RankParameters, is_dense, rank_parameter_split
 from plansim.analytic.offload import with_offload
 from plansim.analytic.param_server import ps_rank_work, uses_parameter_server
 from plansim.analytic.params import count_parameters
@@ -53,6 +55,35 @@ from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan
 from plansim.specs.work import RankWork, Segment, StageWork
+
+
+def _split_parameters(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> RankParameters:
+    """The rank's parameters by sharding group: all of a dense model's are reduced over
+    dp x cp (``RankParameters.dense``); a MoE model's routed experts over edp."""
+    if is_dense(model):
+        return RankParameters(dense=rank_parameters(model, plan, rank=rank), expert=0.0)
+    return rank_parameter_split(model, plan, rank=rank)
+
+
+def _output_and_embedding(model: ModelSpec) -> tuple[int, int]:
+    """(output layer, word embedding) parameters: the output layer 0 when tied."""
+    if is_dense(model):
+        counts = count_parameters(model)
+        return counts.output_layer, counts.embedding
+    moe_counts = count_moe_parameters(model)
+    return moe_counts.output_layer, moe_counts.embedding
+
+
+def expert_grad_reduce_s(
+    plan: ParallelPlan, *, profile: HardwareProfile, groups: LayoutGroups, message_bytes: float
+) -> float:
+    """Seconds of one reduction of the routed experts' gradients over the expert
+    data-parallel group (edp ranks, stride etp x ep): an all-reduce with ZeRO-0, else a
+    reduce-scatter to the shard owners (Megatron-Core's distributed optimizer over the
+    expert data-parallel group). Kept after the backward even with overlapped dense
+    buckets (a modelling limit: Megatron-Core buckets them too)."""
+    kind = Collective.ALL_REDUCE if plan.zero_stage == 0 else Collective.REDUCE_SCATTER
+    return collective_time_s(profile, collective=kind, message_bytes=message_bytes, span=groups.edp)
 
 
 def segments(*parts: tuple[str, str, float, float]) -> tuple[Segment, ...]:
@@ -115,7 +146,8 @@ def rank_work(
         SpecError: overlap_param_gather without ``cover``.
     """
     per_param = plan_state_bytes(plan)
-    params = rank_parameters(model, plan, rank=rank)
+    split = _split_parameters(model, plan, rank=rank)
+    params = split.dense
     grad_bytes = params * per_param.grad
     dp_cp = dp_cp_size(plan)
     sync: list[tuple[str, str, float, float]] = []
@@ -123,17 +155,25 @@ def rank_work(
     if plan.zero_stage in (0, 1) and not plan.overlap_grad_reduce and not ps:
         t = dp_grad_reduce_s(plan, profile=profile, groups=groups, message_bytes=grad_bytes)
         sync.append(("dp_comm", "dp", t, grad_bytes))
-    counts = count_parameters(model)
-    if plan.pp > 1 and counts.output_layer == 0 and rank in (0, plan.pp - 1):
-        emb_bytes = counts.embedding / plan.tp * per_param.grad
+    expert_grad_bytes = split.expert * per_param.grad
+    if expert_grad_bytes:  # reduced over edp, after the dense buckets (expert_grad_reduce_s)
+        t = expert_grad_reduce_s(
+            plan, profile=profile, groups=groups, message_bytes=expert_grad_bytes
+        )
+        sync.append(("dp_comm", "dp", t, expert_grad_bytes))
+    output_layer, embedding = _output_and_embedding(model)
+    if plan.pp > 1 and output_layer == 0 and rank in (0, plan.pp - 1):
+        emb_bytes = embedding / plan.tp * per_param.grad
         pair = type(groups.pp)(size=2, members_per_node=1, num_nodes=min(2, groups.pp.num_nodes))
         t = collective_time_s(
             profile, collective=Collective.ALL_REDUCE, message_bytes=emb_bytes, span=pair
         )
         sync.append(("embedding_grad_comm", "dp", t, emb_bytes))
     local = params / zero_shard_size(plan) if plan.zero_stage >= 1 else params
+    local += split.expert / plan.dims.edp if plan.zero_stage >= 1 else split.expert
+    all_grads = grad_bytes + expert_grad_bytes
     step_bytes = adam_step_bytes(local, precision=plan.precision) + grad_average_bytes(
-        plan, grad_buffer_bytes=grad_bytes
+        plan, grad_buffer_bytes=all_grads
     )
     adam_s = step_bytes / profile.streaming_bytes_per_s()
     opt: list[tuple[str, str, float, float]] = [("optimizer", "compute", adam_s, 0.0)]
@@ -142,12 +182,16 @@ def rank_work(
         t = collective_time_s(
             profile, collective=Collective.ALL_GATHER, message_bytes=weight_bytes, span=groups.shard
         )
+        expert_bytes = split.expert * per_param.param
+        t += collective_time_s(
+            profile, collective=Collective.ALL_GATHER, message_bytes=expert_bytes, span=groups.edp
+        )
         if plan.overlap_param_gather:
             if cover is None:
                 raise SpecError("overlap_param_gather needs the rank's cover (gather_cover)")
             slowdown = profile.overlap_compute_slowdown_fraction
             t = param_gather_exposed_s(t, cover=cover, slowdown=slowdown)
-        opt.append(("dp_comm", "dp", t, weight_bytes))
+        opt.append(("dp_comm", "dp", t, weight_bytes + expert_bytes))
     grad_sync, optimizer = segments(*sync), segments(*opt)
     if ps:  # push after the tied-embedding all-reduce, so both copies push the same sum
         ps_work = ps_rank_work(model, plan, profile, groups, rank=rank)

@@ -93,6 +93,12 @@ class LayoutGroups:
             sharding its first dp_shard * cp members.
         replicate: the HSDP replicas of one shard (``zero_replicate_size`` ranks, stride
             tp * cp * dp_shard); one rank without hybrid sharding.
+        ep: expert-parallel group of the expert layers (ep ranks, stride etp: Megatron-Core's
+            expert rank order etp -> ep -> edp folded over the tp * cp * dp ranks of a stage,
+            ``plansim.specs.parallel_dims.EXPERT_RANK_ORDER``); the token dispatch and
+            combine all-to-alls run over it. One rank for a dense plan.
+        edp: expert data-parallel group (edp ranks, stride etp * ep): the expert weights'
+            gradient reduction and optimizer-state sharding run over it.
     """
 
     tp: GroupSpan
@@ -102,6 +108,8 @@ class LayoutGroups:
     pp: GroupSpan
     shard: GroupSpan
     replicate: GroupSpan
+    ep: GroupSpan = GroupSpan(size=1, members_per_node=1, num_nodes=1)
+    edp: GroupSpan = GroupSpan(size=1, members_per_node=1, num_nodes=1)
 
     @property
     def pp_hop_tier(self) -> LinkTier:
@@ -116,6 +124,7 @@ def layout_groups(plan: ParallelPlan, *, gpus_per_node: int) -> LayoutGroups:
     The cp ring stays inside a node when tp * cp <= gpus_per_node; the DP x CP group is
     contiguous in (cp, dp), so its stride is tp.
     """
+    etp = plan.dims.expert_tensor_parallel_size
     return LayoutGroups(
         tp=group_span(size=plan.tp, stride=1, gpus_per_node=gpus_per_node),
         cp=group_span(size=plan.cp, stride=plan.tp, gpus_per_node=gpus_per_node),
@@ -130,4 +139,6 @@ def layout_groups(plan: ParallelPlan, *, gpus_per_node: int) -> LayoutGroups:
             stride=plan.tp * zero_shard_size(plan),
             gpus_per_node=gpus_per_node,
         ),
+        ep=group_span(size=plan.ep, stride=etp, gpus_per_node=gpus_per_node),
+        edp=group_span(size=plan.dims.edp, stride=etp * plan.ep, gpus_per_node=gpus_per_node),
     )

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from plansim.analytic.edge_cost import EdgeTimes, edge_times
 from plansim.analytic.layer_cost import PassTimes, layer_pass_times
 from plansim.analytic.memo import Memo, fields_getter, memoised
+from plansim.analytic.moe_layer import is_dense, stage_moe_layer_counts
 from plansim.analytic.ranks import LayoutGroups, layout_groups
-from plansim.analytic.stage_seconds import stage_seconds
+from plansim.analytic.stage_seconds import StageSeconds, stage_seconds
 from plansim.analytic.sustained import job_compute_profile
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import stage_bf16_layers, stage_layer_counts
@@ -55,6 +56,27 @@ class PassInputs:
     layer16: PassTimes  # the layer with bf16 GEMMs (``layer`` when no layer is kept in bf16)
     edges: EdgeTimes
     bf16_ends: tuple[tuple[int, int], ...]  # per stage (stage_bf16_layers)
+    moe: PassTimes | None = None  # a MoE layer's times (models with experts)
+    moe_counts: tuple[int, ...] = ()  # MoE layers per stage, MTP modules' on the last
+    mtp: int = 0  # MTP modules (on the last stage)
+
+    def stage_seconds(self, stage: int, *, num_layers: int, plan: ParallelPlan) -> StageSeconds:
+        """``stage_seconds.stage_seconds`` of pipeline stage ``stage`` (``num_layers``
+        layers): its edge work, bf16 layers, MoE layers and MTP modules."""
+        last = stage == plan.num_stages - 1
+        return stage_seconds(
+            num_layers, first=stage == 0, last=last, plan=plan, layer=self.layer,
+            layer16=self.layer16, bf16_ends=self.bf16_ends[stage], edges=self.edges,
+            moe=self.moe, moe_layers=self.moe_counts[stage] if self.moe_counts else 0,
+            mtp_layers=self.mtp if last else 0,
+        )  # fmt: skip
+
+    def stage_key(self, stage: int) -> tuple[int, int]:
+        """What besides first/last, layers and bf16 ends tells stages' seconds apart: the
+        MoE layers and MTP modules they hold."""
+        if not self.moe_counts:
+            return (0, 0)
+        return (self.moe_counts[stage], self.mtp if stage == len(self.moe_counts) - 1 else 0)
 
 
 def pass_inputs(
@@ -75,7 +97,21 @@ def pass_inputs(
         layer16 = memoised(
             memo, ("layer", *key16), lambda: layer_pass_times(model, plan16, job, groups)
         )
-    return PassInputs(groups, layer, layer16, edges, bf16_ends)
+    if is_dense(model):
+        return PassInputs(groups, layer, layer16, edges, bf16_ends)
+    moe = None
+    if model.moe is not None:
+        moe_key = ("moe_layer", *pass_key, plan.ep, plan.etp, plan.expert_load_imbalance)
+        moe = memoised(
+            memo, moe_key, lambda: layer_pass_times(model, plan, job, groups, moe_layer=True)
+        )
+    counts = list(stage_moe_layer_counts(model, plan))
+    mtp = model.mtp_num_layers or 0
+    if mtp and model.moe is not None and model.moe.is_moe_layer(model.num_layers - 1):
+        counts[-1] += mtp  # each MTP module's layer is like the last one (moe_layer)
+    return PassInputs(
+        groups, layer, layer16, edges, bf16_ends, moe=moe, moe_counts=tuple(counts), mtp=mtp
+    )
 
 
 def stage_compute_s(
@@ -101,15 +137,13 @@ def _stage_compute_s(
     inputs = pass_inputs(model, plan, profile, memo)
     counts = stage_layer_counts(model.num_layers, plan)
     last_stage = plan.num_stages - 1
-    kinds: dict[tuple[bool, bool, int, tuple[int, int]], tuple[float, float]] = {}
+    kinds: dict[tuple[bool, bool, int, tuple[int, int], tuple[int, int]], tuple[float, float]]
+    kinds = {}
     out = []
     for s, layers in enumerate(counts):
-        key = (s == 0, s == last_stage, layers, inputs.bf16_ends[s])
+        key = (s == 0, s == last_stage, layers, inputs.bf16_ends[s], inputs.stage_key(s))
         if key not in kinds:
-            sec = stage_seconds(
-                layers, first=key[0], last=key[1], plan=plan, layer=inputs.layer,
-                layer16=inputs.layer16, bf16_ends=key[3], edges=inputs.edges,
-            )  # fmt: skip
+            sec = inputs.stage_seconds(s, num_layers=layers, plan=plan)
             kinds[key] = (sec.forward_total_s, sec.backward_total_s)
         out.append(kinds[key])
     return tuple(out)

@@ -7,7 +7,12 @@ first stage and the logits and loss on the last (``EdgeTimes``). Full recompute 
 forward of the layers :meth:`ParallelPlan.recomputed_layers` names (the block method: the
 chunk's first ones); selective recompute is inside the per-layer times.
 
-These are the parts that hold a rank's compute stream: kernels and the blocking TP
+A model with experts: the chunk's MoE layers (``moe_layer.stage_moe_layer_counts``) run at
+the MoE layer's times instead of the dense layer's, and add their dispatch and combine
+all-to-alls (``ep_*``); its MTP modules run on the last stage, each a layer like the model's
+last plus a second final norm, logits and loss (``plansim.analytic.moe_layer``).
+
+These are the parts that hold a rank's compute stream: kernels and the blocking TP and EP
 collectives. ZeRO-3, context-parallel and pipeline transfers come on top
 (``plansim.analytic.cost``).
 """
@@ -34,6 +39,9 @@ class StageSeconds:
         recomputed_layers: the chunk's layers whose recompute runs (all of them, or the
             block method's first ones with full recompute; all with selective, whose
             per-layer recompute times hold only the recomputed part).
+        ep_forward_s, ep_backward_s, ep_recompute_s: the MoE layers' dispatch and combine
+            all-to-alls in forward, backward and full recompute (blocking).
+        ep_forward_bytes, ep_backward_bytes: bytes a rank sends in them.
     """
 
     forward_s: float
@@ -44,11 +52,17 @@ class StageSeconds:
     recompute_s: float
     tp_recompute_s: float
     recomputed_layers: int
+    ep_forward_s: float = 0.0
+    ep_backward_s: float = 0.0
+    ep_recompute_s: float = 0.0
+    ep_forward_bytes: float = 0.0
+    ep_backward_bytes: float = 0.0
 
     @property
     def forward_total_s(self) -> float:
-        """What a forward action holds the compute stream for: kernels + TP collectives."""
-        return self.forward_s + self.tp_forward_s
+        """What a forward action holds the compute stream for: kernels + TP and EP
+        collectives."""
+        return self.forward_s + self.tp_forward_s + self.ep_forward_s
 
     @property
     def backward_total_s(self) -> float:
@@ -57,9 +71,11 @@ class StageSeconds:
         return (
             self.recompute_s
             + self.tp_recompute_s
+            + self.ep_recompute_s
             + self.backward_input_s
             + self.backward_weight_s
             + self.tp_backward_s
+            + self.ep_backward_s
         )
 
 
@@ -73,10 +89,91 @@ def stage_seconds(
     layer16: PassTimes,
     bf16_ends: tuple[int, int],
     edges: EdgeTimes,
+    moe: PassTimes | None = None,
+    moe_layers: int = 0,
+    mtp_layers: int = 0,
 ) -> StageSeconds:
     """Seconds of a chunk of ``num_layers`` layers whose first and last ``bf16_ends`` layers
     run at ``layer16``'s times (``plansim.specs.layer_split.stage_bf16_layers``), the rest at
-    ``layer``'s; ``first`` / ``last``: it is the model's first / last stage (``edges``)."""
+    ``layer``'s; ``first`` / ``last``: it is the model's first / last stage (``edges``).
+    ``moe_layers`` of them are MoE layers at ``moe``'s times (taken among the quantized
+    ones); ``mtp_layers`` MTP modules run on the last stage (module docstring)."""
+    if moe is None or (moe_layers == 0 and mtp_layers == 0):
+        return _dense_stage_seconds(
+            num_layers, first=first, last=last, plan=plan, layer=layer, layer16=layer16,
+            bf16_ends=bf16_ends, edges=edges,
+        )  # fmt: skip
+    return _moe_stage_seconds(
+        num_layers, first=first, last=last, plan=plan, layer=layer, layer16=layer16,
+        bf16_ends=bf16_ends, edges=edges, moe=moe, moe_layers=moe_layers, mtp_layers=mtp_layers,
+    )  # fmt: skip
+
+
+def _moe_stage_seconds(
+    num_layers: int,
+    *,
+    first: bool,
+    last: bool,
+    plan: ParallelPlan,
+    layer: PassTimes,
+    layer16: PassTimes,
+    bf16_ends: tuple[int, int],
+    edges: EdgeTimes,
+    moe: PassTimes,
+    moe_layers: int,
+    mtp_layers: int,
+) -> StageSeconds:
+    """:func:`stage_seconds` of a chunk with MoE layers or MTP modules: the dense chunk's
+    seconds, each MoE layer's difference to a dense one, and on the last stage each MTP
+    module as one more layer (of ``moe``'s kind when ``moe_layers`` says the model's last
+    layer has experts: the caller passes MTP modules as MoE layers then) and a second final
+    norm, logits and loss."""
+    n = num_layers + mtp_layers
+    base = _dense_stage_seconds(
+        n, first=first, last=last, plan=plan, layer=layer, layer16=layer16,
+        bf16_ends=bf16_ends, edges=edges,
+    )  # fmt: skip
+    k = moe_layers
+    r = base.recomputed_layers
+    k_r = k * r / n if n else 0.0  # MoE layers among the recomputed ones, pro rata
+
+    def more(attr: str, count: float) -> float:
+        return count * (float(getattr(moe, attr)) - float(getattr(layer, attr)))
+
+    extra = float(mtp_layers if last else 0)
+    return StageSeconds(
+        forward_s=base.forward_s + more("forward_s", k) + extra * edges.last_forward_s,
+        tp_forward_s=base.tp_forward_s + more("tp_forward_s", k) + extra * edges.last_tp_s,
+        backward_input_s=base.backward_input_s
+        + more("backward_input_s", k)
+        + extra * edges.last_backward_input_s,
+        backward_weight_s=base.backward_weight_s
+        + more("backward_weight_s", k)
+        + extra * edges.last_backward_weight_s,
+        tp_backward_s=base.tp_backward_s + more("tp_backward_s", k) + extra * edges.last_tp_s,
+        recompute_s=base.recompute_s + more("recompute_s", k_r),
+        tp_recompute_s=base.tp_recompute_s + more("tp_recompute_s", k_r),
+        recomputed_layers=r,
+        ep_forward_s=k * moe.ep_forward_s,
+        ep_backward_s=k * moe.ep_backward_s,
+        ep_recompute_s=k_r * moe.ep_recompute_s,
+        ep_forward_bytes=k * moe.ep_forward_bytes,
+        ep_backward_bytes=k * moe.ep_backward_bytes,
+    )
+
+
+def _dense_stage_seconds(
+    num_layers: int,
+    *,
+    first: bool,
+    last: bool,
+    plan: ParallelPlan,
+    layer: PassTimes,
+    layer16: PassTimes,
+    bf16_ends: tuple[int, int],
+    edges: EdgeTimes,
+) -> StageSeconds:
+    """:func:`stage_seconds` of a chunk of dense layers."""
     n = num_layers
     head, tail = bf16_ends
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from plansim.analytic.activations import layer_activations
 from plansim.analytic.elementwise import QUANTIZED_ELEMENT_BYTES
 from plansim.analytic.memo import Memo, fields_getter, memoised
+from plansim.analytic.moe_layer import dense_proxy, expert_traffic, is_dense
 from plansim.schedule.builders import interleaved_chunk, interleaved_warmup
 from plansim.specs.layer_split import stage_bf16_layers, stage_layer_counts
 from plansim.specs.model import ModelSpec
@@ -55,17 +56,31 @@ def saved_gemm_input_bytes(plan: ParallelPlan) -> float:
 
 
 def _layer_stored_bytes(model: ModelSpec, plan: ParallelPlan, recompute: Recompute) -> float:
-    """16-bit bytes one layer stores for one micro-batch under ``recompute``."""
-    return layer_activations(
-        model,
-        micro_batch_size=plan.micro_batch_size,
-        tp=plan.tp,
-        sequence_parallel=plan.sequence_parallel,
-        recompute=recompute,
-        flash=plan.attention.fused,
-        gemm_input_bytes=saved_gemm_input_bytes(plan),
-        cp=plan.cp,
-    ).stored_bytes
+    """16-bit bytes one layer stores for one micro-batch under ``recompute``. A model with
+    experts or MLA: its MoE layer's (every layer priced as one, an upper bound for the
+    narrower dense layers), the dense proxy's bytes (``moe_layer.dense_proxy``) plus, unless
+    the layer is fully recomputed, the received token rows and router state
+    (``moe_layer.expert_traffic``)."""
+    extra = 0.0
+    if not is_dense(model):
+        if model.moe is not None and recompute is not Recompute.FULL:
+            traffic = expert_traffic(model, plan)
+            rows = traffic.stored_rows_bytes * saved_gemm_input_bytes(plan) / 2.0
+            extra = rows + traffic.router_state_bytes
+        model = dense_proxy(model, moe_layer=model.moe is not None)
+    return (
+        extra
+        + layer_activations(
+            model,
+            micro_batch_size=plan.micro_batch_size,
+            tp=plan.tp,
+            sequence_parallel=plan.sequence_parallel,
+            recompute=recompute,
+            flash=plan.attention.fused,
+            gemm_input_bytes=saved_gemm_input_bytes(plan),
+            cp=plan.cp,
+        ).stored_bytes
+    )
 
 
 def _chunk_layer_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> list[float]:
@@ -165,7 +180,10 @@ def stored_activation_bytes(
     warmup = interleaved_warmup(rank, num_ranks=p, num_microbatches=m, vpp=v)
     live = sum(stored[interleaved_chunk(k, num_ranks=p, vpp=v)] for k in range(warmup))
     peak = live
-    for k in range(m * v - warmup):  # steady state: forward warmup + k, then backward k
+    # steady state: forward warmup + k, then backward k. Both chunks repeat with period p v
+    # in k, and over one period the forwards store what the backwards free, so the live
+    # bytes (and their peak) repeat too: one period holds the peak.
+    for k in range(min(m * v - warmup, p * v)):
         live += stored[interleaved_chunk(warmup + k, num_ranks=p, vpp=v)]
         peak = max(peak, live)
         live -= stored[interleaved_chunk(k, num_ranks=p, vpp=v, backward=True)]

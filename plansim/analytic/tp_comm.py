@@ -119,12 +119,19 @@ class LinearGemms:
     fc2: float
 
 
+#: Column-parallel GEMMs that take the attention's input all-gather: the fused QKV, or MLA's
+#: up-projections and its query projection without a latent (``plansim.analytic.moe_layer``).
+_QKV_GEMMS = ("qkv", "q", "q_up", "kv_up")
+
+
 def _linears(by_name: dict[str, float]) -> LinearGemms:
+    """The TP-sharded linears by role; a MoE layer without shared experts has no ``mlp_*``
+    GEMMs (its experts are split over etp, not tp: ``plansim.analytic.moe_layer``)."""
     return LinearGemms(
-        qkv=by_name["qkv"],
+        qkv=sum(by_name.get(name, 0.0) for name in _QKV_GEMMS),
         proj=by_name["attn_out"],
-        fc1=by_name["mlp_up"] + by_name.get("mlp_gate", 0.0),
-        fc2=by_name["mlp_down"],
+        fc1=by_name.get("mlp_up", 0.0) + by_name.get("mlp_gate", 0.0),
+        fc2=by_name.get("mlp_down", 0.0),
     )
 
 

@@ -16,6 +16,7 @@ from dataclasses import replace
 from plansim.analytic.layer_cost import PassTimes
 from plansim.analytic.memo import Memo, fields_getter, memoised
 from plansim.analytic.memory import plan_state_bytes
+from plansim.analytic.moe_layer import is_dense
 from plansim.analytic.rank_work import segments
 from plansim.analytic.ranks import LayoutGroups, dp_cp_size
 from plansim.analytic.stage_compute import COMPUTE_FIELDS, pass_inputs
@@ -125,6 +126,8 @@ def sharded_traffic(
     reduce_dtype=fp32)`` casts the unsharded gradients to fp32 for the reduce-scatter
     (torchtitan's default ``mixed_precision_reduce = "float32"``; ``reduce_dtype=bf16`` is
     ``grad_reduce_in_bf16``)."""
+    if plan.zero_stage < 2 and not is_dense(model):  # none; ZeRO-2/3 are refused for
+        return NO_TRAFFIC, NO_TRAFFIC  # such models (moe_layer.moe_option_reason)
     per_param = plan_state_bytes(plan)
     per_step = plan.zero3_param_fetch is Zero3ParamFetch.PER_STEP and plan.zero_stage == 3
     grad_bytes = per_param.grad if per_step or plan.use_torch_fsdp2 else per_param.param

@@ -16,7 +16,8 @@ memory_reserve_gib      memory held after start-up (GPU: device memory in use; C
                         + the host memory already in use / ranks) + 5% of capacity for the
                         allocator (assumption, as the GPU profiles)
 gpus_per_node           ranks launched (CPU: cores used, one thread each)
-intra_node.<c>          collective fit at the largest group (:func:`.fit.fit_collective`)
+intra_node.<c>          collective fit at the largest group (:func:`.fit.fit_collective`);
+                        ``all_to_all`` too where the raw rows have it (older runs: absent)
 nic_gb_per_s, _latency  CPU: the send/recv fit (same host: loopback, not a NIC); GPU: kept
                         from the base profile, else an assumption equal to send/recv
 pcie_gb_per_s           GPU: pinned host-to-device copy; CPU: a host memory copy
@@ -62,7 +63,7 @@ from plansim.calibrate.plan import CPU_SHARE_OK
 from plansim.calibrate.run_info import RunInfo
 from plansim.io.profiles import ProfileUpdate
 from plansim.specs.compute_terms import AttentionEfficiency, HostOverhead
-from plansim.specs.curves import COLLECTIVES, CollectiveCurve, Curve
+from plansim.specs.curves import KNOWN_COLLECTIVES, CollectiveCurve, Curve
 from plansim.specs.hardware import HardwareProfile
 
 #: Allocator fragmentation share of capacity added to the reserve (README "Memory reserve").
@@ -337,7 +338,7 @@ def _collectives(
     source = info.source()
     fits: dict[str, CollectiveFit] = {}
     comm = table[table["kind"] == "collective"]
-    for name in COLLECTIVES:
+    for name in KNOWN_COLLECTIVES:  # all_to_all only where the run measured it
         rows = comm[comm["op"] == name]
         if rows.empty:
             continue

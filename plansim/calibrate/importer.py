@@ -1,12 +1,14 @@
 """nccl-tests logs -> a profile update (``plansim profiles import-nccl-tests``). Pure.
 
 Intra-node tier: every collective found becomes ``intra_node.<collective>`` (latency and busbw
-curve from :func:`plansim.calibrate.fit.fit_collective`). When a collective appears in several
-runs, the run with the most sizes is used and the others are reported.
+curve from :func:`plansim.calibrate.fit.fit_collective`), ``alltoall_perf`` the optional
+``intra_node.all_to_all``. When a collective appears in several runs, the run with the most
+sizes is used and the others are reported.
 
 Inter-node tier: the profile has one NIC figure, so one multi-node run is used (all_reduce,
 else reduce_scatter, all_gather, sendrecv; of those, one over the fewest nodes) and the
-inter-node model of ``plansim.analytic.comm`` is inverted: a group spanning nodes has busbw
+inter-node model of ``plansim.analytic.comm`` is inverted (an all_to_all run across nodes is
+noted and not used): a group spanning nodes has busbw
 ``min(intra busbw, ranks_per_node * nic)`` and alpha ``intra latency + nic_latency *
 ceil(log2(nodes))``, so ``nic = busbw / ranks_per_node`` (bandwidth term at the largest size;
 send/recv: ``nic = busbw``) and ``nic_latency = (alpha - intra latency) / ceil(log2(nodes))``.
@@ -156,10 +158,22 @@ def _inter_node(
 ) -> Imported:
     multi = {c: [s for s in sources if (s.run.num_nodes or 0) >= 2] for c, sources in found.items()}
     order = [c for c in _INTER_NODE_PREFERENCE if multi.get(c)]
+    unused = sorted(c for c, sources in multi.items() if sources and c not in order)
+    notes += [
+        f"{c}: a run across nodes, not used (the NIC figures come from "
+        f"{', '.join(_INTER_NODE_PREFERENCE)})"
+        for c in unused
+    ]
     if not order:
         raise InputFileError(
             "--tier inter-node needs a run over at least 2 nodes (nodes are counted from the "
             "host names in the '#  Rank' lines); none found"
+            + (
+                f" of {', '.join(_INTER_NODE_PREFERENCE)} ({', '.join(unused)} runs across "
+                "nodes are not used for it)"
+                if unused
+                else ""
+            )
         )
     collective = order[0]
     # the NIC figure from the fewest nodes: longer rings lose bandwidth (``_ring_scaling``)

@@ -1,5 +1,5 @@
 """The only reader of nccl-tests logs (``all_reduce_perf``, ``all_gather_perf``,
-``reduce_scatter_perf``, ``sendrecv_perf``). Pure: no torch.
+``reduce_scatter_perf``, ``sendrecv_perf``, ``alltoall_perf``). Pure: no torch.
 
 nccl-tests prints, per run, a preamble (version, ``# Collective test starting: X_perf``,
 ``# nThread ...``, one ``#  Rank  r Group g Pid p on HOST device d [bus] NAME`` line per rank),
@@ -15,7 +15,11 @@ The first 4 columns after the leading ones are out-of-place, the next 4 in-place
 ``src/util.cu``: ``%12li  %12li  %8s  %6s  %6s`` then ``  %7s  %6s  %6s  %6g`` twice; older
 versions have no ``root`` column, older ``all_gather`` no ``redop``). The column layout is read
 from each run's header, so any of these versions parse. Times are microseconds, bandwidths GB/s
-(1e9 bytes/s); this module returns seconds and bytes/s.
+(1e9 bytes/s); this module returns seconds and bytes/s. ``alltoall_perf`` prints the same
+columns (``redop`` ``none``, ``root`` -1); its size is the whole per-rank send buffer (1/n of it
+to each rank, the rank itself included), its busbw = algbw * (n-1)/n (nccl-tests
+``src/alltoall.cu``, ``doc/PERFORMANCE.md``), and its count column is the elements sent to
+each peer.
 
 Also handled: ``srun --label`` (`` 0: ``) and OpenMPI ``--tag-output`` (``[1,0]<stdout>:``)
 prefixes, interleaved ``NCCL INFO``/``WARN`` lines, zero-byte rows (all_gather with sizes
@@ -47,12 +51,14 @@ __all__ = [
     "read_nccl_tests_log",
 ]
 
-#: nccl-tests binary -> plansim collective name (``plansim.specs.curves.COLLECTIVES``).
+#: nccl-tests binary -> plansim collective name (``plansim.specs.curves.KNOWN_COLLECTIVES``:
+#: the four required ones and the optional ``all_to_all``).
 BINARIES = {
     "all_reduce_perf": "all_reduce",
     "all_gather_perf": "all_gather",
     "reduce_scatter_perf": "reduce_scatter",
     "sendrecv_perf": "sendrecv",
+    "alltoall_perf": "all_to_all",
 }
 
 _BINARY_OF = {collective: binary for binary, collective in BINARIES.items()}
@@ -424,7 +430,8 @@ def _binary_from_name(source: str) -> str | None:
 
 
 def _ranks_from_bandwidth(collective: str, rows: list[NcclTestsRow]) -> int | None:
-    """Invert the bus factor busbw/algbw of the largest row (2(n-1)/n or (n-1)/n)."""
+    """Invert the bus factor busbw/algbw of the largest row (all_reduce 2(n-1)/n; all_gather,
+    reduce_scatter and all_to_all (n-1)/n)."""
     if collective == "sendrecv":
         return None
     timing = rows[-1].out_of_place or rows[-1].in_place

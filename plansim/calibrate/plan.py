@@ -22,8 +22,9 @@ CPU core with one thread), so the rates include the contention a data-parallel j
 * Streaming kernels (STREAM copy/scale/add/triad) on tensors larger than a CPU's last-level
   cache, per-op overhead (a 1-element add), a host Adam step (``torch.optim.Adam``), and on a
   GPU pinned host<->device copies.
-* Collectives: all_reduce, all_gather, reduce_scatter and send/recv over message sizes and
-  group sizes (ranks 0..g-1).
+* Collectives: all_reduce, all_gather, reduce_scatter, send/recv and all_to_all (the
+  profile's optional ``intra_node.all_to_all``: ``torch.distributed.all_to_all_single``) over
+  message sizes and group sizes (ranks 0..g-1).
 * Overlap slowdown: one GEMM (``gemm_beside_all_reduce``; :data:`OVERLAP_SHAPES`, fp32 on a
   CPU, bf16 on a GPU) looped for ~tens of ms on every rank, timed alone and while a chain of
   asynchronous all_reduces over all ranks is in flight (``plansim.calibrate.bench_overlap``);
@@ -32,7 +33,8 @@ CPU core with one thread), so the rates include the contention a data-parallel j
   limit, on every rank at once (``plansim.calibrate.bench_sustained``).
 
 Message sizes are nccl-tests' size (``plansim.specs.hardware``): the all-reduce buffer, the
-gathered output, the reduce-scatter input, the bytes each rank sends.
+gathered output, the reduce-scatter input, the bytes each rank sends (send/recv), the whole
+per-rank send buffer (all_to_all: 1/g of it to each member, its own share included).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from dataclasses import dataclass
 
 from plansim.analytic.elementwise import gelu_layer_bytes
 from plansim.calibrate.timing import FULL, QUICK, Timing
-from plansim.specs.curves import COLLECTIVES
+from plansim.specs.curves import KNOWN_COLLECTIVES
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -357,7 +359,7 @@ def sustained_item(device: str, *, nproc: int, soak_s: float) -> Item:
 
 def message_size(nominal: int, group_size: int) -> int:
     """``nominal`` rounded up to a multiple of 4 * group_size bytes (whole fp32 elements on
-    every rank for all_gather / reduce_scatter)."""
+    every rank for all_gather / reduce_scatter, to every peer for all_to_all)."""
     unit = 4 * group_size
     return max(unit, -(-nominal // unit) * unit)
 
@@ -365,7 +367,7 @@ def message_size(nominal: int, group_size: int) -> int:
 def _collective_items(group_sizes: tuple[int, ...], sizes: tuple[int, ...]) -> list[Item]:
     items: list[Item] = []
     for group in group_sizes:
-        for collective in COLLECTIVES:
+        for collective in KNOWN_COLLECTIVES:
             for nominal in sizes:
                 size = message_size(nominal, group)
                 items.append(

@@ -26,7 +26,7 @@ from plansim.analytic.moe_counts import (
 from plansim.analytic.params import count_parameters
 from plansim.catalog import moe_preset_names, preset_names, resolve_model
 from plansim.errors import SpecError
-from plansim.specs.model import ModelSpec, not_simulated_reason
+from plansim.specs.model import ModelSpec, dense_only_reason
 
 HEADER = (
     "name",
@@ -153,16 +153,13 @@ def _detail(model: ModelSpec) -> str:
 
 
 def _moe_detail(model: ModelSpec) -> str:
-    """Row, parameter breakdown by layer kind, forward FLOPs per token, and what plansim
-    does not yet model."""
+    """Row, parameter breakdown by layer kind and forward FLOPs per token."""
     rows = [(path, f"{value:,d}") for path, value in count_moe_parameters(model).as_dict().items()]
     forward = forward_flops_per_token(model)
     rows += [(path, f"{value:.4g}") for path, value in forward.as_dict().items()]
     rows.append(("model_flops_per_token", f"{FWD_BWD_MULTIPLIER * forward.total:.4g}"))
-    reason = not_simulated_reason(model)
-    note = f"\n\nnote: {reason}" if reason else ""
     table = format_table(("component", "value"), rows)
-    return f"{format_table(MOE_HEADER, [moe_model_row(model)])}\n\n{table}{note}"
+    return f"{format_table(MOE_HEADER, [moe_model_row(model)])}\n\n{table}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -185,5 +182,5 @@ def run(args: argparse.Namespace) -> int:
         print(format_table(HEADER, [model_row(m) for m in models]))
         return 0
     model = resolve_model(args.model, seq_length=args.seq_length)
-    print(_detail(model) if not_simulated_reason(model) is None else _moe_detail(model))
+    print(_detail(model) if dense_only_reason(model) is None else _moe_detail(model))
     return 0

@@ -5,6 +5,7 @@ flags that restrict them (``--tp``, ``--pp``, ``--dp``, ``--vpp``, ``--mbs``, ``
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -24,6 +25,7 @@ from plansim.specs.plan import (
     DdpImpl,
     DpSync,
     ExecutionSpec,
+    OffloadDevice,
     Precision,
     Recompute,
     Schedule,
@@ -48,6 +50,26 @@ def add_constraint_args(p: argparse.ArgumentParser) -> None:
             f"--{flag}", metavar="LIST", help=f"only these {what}, comma-separated (default: all)"
         )
     p.add_argument("--zero", metavar="LIST", help="only these ZeRO stages (0-3), comma-separated")
+    p.add_argument(
+        "--ep",
+        metavar="LIST",
+        help="models with experts: only these expert-parallel sizes, comma-separated "
+        "(default: every divisor of the routed experts)",
+    )
+    p.add_argument(
+        "--etp",
+        metavar="LIST",
+        help="models with experts: expert tensor-parallel sizes, comma-separated, 'tp' for "
+        "etp = tp (default: 1, as Megatron-Bridge's MoE recipes set it)",
+    )
+    p.add_argument(
+        "--expert-load-imbalance",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="models with experts: routed rows on the busiest EP rank over the mean (>= 1; "
+        "default 1.0 = balanced, as forced-balance benchmarks route)",
+    )
     p.add_argument(
         "--recompute",
         metavar="LIST",
@@ -131,6 +153,7 @@ def search_spaces(
         hsdp_shard_gpus=profile.gpus_per_node if args.hsdp else None,
         bf16_layers=bf16_layers_from_args(args),
     )
+    base = expert_space(base, model, args)
     space = constrained_space(base, args)
     _check_flags(args, model, space)
     every_cp = None if args.attention == AttentionKernel.FLASH.value else (1,)
@@ -138,6 +161,50 @@ def search_spaces(
         base, cp=base.cp if args.cp == "1" else every_cp, dp_syncs=(DpSync.RING,)
     )
     return unconstrained, space
+
+
+def expert_space(space: SearchSpace, model: ModelSpec, args: argparse.Namespace) -> SearchSpace:
+    """``space`` with the expert degrees of ``--ep`` / ``--etp`` / ``--expert-load-imbalance``
+    for a model with experts (default: every ep dividing the routed experts, etp 1, ZeRO
+    0-1, the stages plansim models with experts); a dense model's space unchanged.
+
+    Raises:
+        SpecError: an expert flag is given for a dense model, or a value is not allowed.
+    """
+    given = args.ep is not None or args.etp is not None or args.expert_load_imbalance != 1.0
+    if model.moe is None:
+        if given:
+            raise SpecError(
+                f"--ep / --etp / --expert-load-imbalance need a model with experts; "
+                f"{model.name} is dense"
+            )
+        return space
+    imbalance = args.expert_load_imbalance
+    if not math.isfinite(imbalance) or imbalance < 1.0:
+        raise SpecError(f"--expert-load-imbalance must be a finite number >= 1, got {imbalance}")
+    experts = model.moe.num_experts
+    eps = (
+        int_list_arg("--ep", args.ep)
+        if args.ep is not None
+        else tuple(d for d in range(1, experts + 1) if experts % d == 0)
+    )
+    etps: tuple[int | None, ...] = (1,)
+    if args.etp is not None:
+        etps = tuple(
+            None if item.strip() == "tp" else int_list_arg("--etp", item)[0]
+            for item in args.etp.split(",")
+        )
+    zero = tuple(z for z in space.zero_stages if z <= 1)
+    return replace(
+        space,
+        ep=eps,
+        etp=etps,
+        expert_load_imbalance=args.expert_load_imbalance,
+        zero_stages=zero,
+        offloads=((OffloadDevice.NONE, OffloadDevice.NONE),),
+        sequence_parallel=(True,),  # Megatron-Core needs it with tp > 1 and experts
+        pipeline_layouts=True,
+    )
 
 
 def _check_flags(args: argparse.Namespace, model: ModelSpec, space: SearchSpace) -> None:

@@ -73,9 +73,9 @@ def add_parser(subparsers: Any) -> None:
         help="fit nccl-tests logs (alpha-beta per collective) into a profile",
         description=(
             "Parse nccl-tests output (all_reduce_perf, all_gather_perf, reduce_scatter_perf, "
-            "sendrecv_perf), fit latency + busbw per collective and merge the result into "
-            "PROFILE, replacing only those entries. Unparseable lines are reported with their "
-            "line number; complete rows of a truncated log are still used."
+            "sendrecv_perf, alltoall_perf), fit latency + busbw per collective and merge the "
+            "result into PROFILE, replacing only those entries. Unparseable lines are reported "
+            "with their line number; complete rows of a truncated log are still used."
         ),
     )
     import_parser.add_argument("logs", nargs="+", metavar="LOG", help="nccl-tests output file")

@@ -89,6 +89,7 @@ _UNEVEN_FIELDS = (
     "decoder_last_pipeline_num_layers",
     "account_for_embedding_in_pipeline_split",
     "account_for_loss_in_pipeline_split",
+    "pipeline_model_parallel_layout",
 )
 
 JsonValue = bool | int | str | dict[str, "JsonValue"]

@@ -280,6 +280,12 @@ def _parallel_args(plan: ParallelPlan) -> list[Arg]:
         args.append(("--account-for-embedding-in-pipeline-split",))
     if plan.account_for_loss_in_pipeline_split:
         args.append(("--account-for-loss-in-pipeline-split",))
+    if plan.pipeline_model_parallel_layout is not None:
+        args.append(("--pipeline-model-parallel-layout", plan.pipeline_model_parallel_layout))
+    if plan.ep > 1:
+        args.append(("--expert-model-parallel-size", str(plan.ep)))
+    if plan.etp is not None:
+        args.append(("--expert-tensor-parallel-size", str(plan.etp)))
     return args
 
 

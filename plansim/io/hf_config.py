@@ -450,7 +450,7 @@ def _llama4(keys: _Keys) -> ModelSpec:
     return ModelSpec(**fields, moe=moe, kv_channels=_head_dim(keys, fields, missing=128))
 
 
-#: model_type -> reader, for models with routed experts (described, not yet simulated).
+#: model_type -> reader, for models with routed experts.
 MOE_READERS: dict[str, Callable[[_Keys], ModelSpec]] = {
     "deepseek_v2": _deepseek,
     "deepseek_v3": _deepseek,
@@ -595,8 +595,7 @@ def read_hf_config(path: str | Path) -> ModelSpec:
         found = "is missing" if model_type is None else f"is {model_type!r}"
         raise keys.error(
             "model_type",
-            f"{found}; supported: {', '.join(supported_model_types())}; described only "
-            f"(experts: parameters and FLOPs, not yet simulated): "
+            f"{found}; supported: {', '.join(supported_model_types())}; with experts: "
             f"{', '.join(described_model_types())}",
         )
     try:

@@ -30,7 +30,8 @@ class ProfileUpdate:
     Attributes:
         name, description: replace the profile's when given.
         peak_flops_per_s, matmul_efficiency, intra_node: entries replaced per key (dtype or
-            collective); the profile's other keys stay.
+            collective); the profile's other keys stay. ``intra_node`` may hold the optional
+            ``all_to_all`` (``curves.OPTIONAL_COLLECTIVES``): added to a profile without one.
         scalars: HardwareProfile scalar fields (``hbm_bytes_per_s``, ``nic_latency_s``, ...;
             see :data:`SCALAR_KEYS`) and optional ones (:data:`OPTIONAL_SCALAR_KEYS`:
             ``overlap_compute_slowdown_fraction``) -> SI value.
@@ -143,10 +144,11 @@ def _check_update(base: HardwareProfile | None, update: ProfileUpdate) -> None:
     if base is None:
         absent = sorted(set(SCALAR_KEYS) - set(update.scalars))
         absent += [k for k in ("name", "gpus_per_node") if getattr(update, k) is None]
-        if absent or not update.peak_flops_per_s or len(update.intra_node) < len(COLLECTIVES):
+        absent += [f"intra_node.{c}" for c in COLLECTIVES if c not in update.intra_node]
+        if absent or not update.peak_flops_per_s:
             raise InputFileError(
                 "cannot create a profile from these measurements alone: missing "
-                f"{', '.join(absent) or 'peaks or collectives'}; merge into an existing profile"
+                f"{', '.join(absent) or 'peaks'}; merge into an existing profile"
             )
 
 

@@ -40,7 +40,13 @@ from plansim.io.profile_schema import (
     TOP_LEVEL_KEYS,
 )
 from plansim.specs.compute_terms import AttentionEfficiency, HostOverhead
-from plansim.specs.curves import COLLECTIVES, CollectiveCurve, Curve
+from plansim.specs.curves import (
+    COLLECTIVES,
+    KNOWN_COLLECTIVES,
+    OPTIONAL_COLLECTIVES,
+    CollectiveCurve,
+    Curve,
+)
 from plansim.specs.hardware import HardwareProfile, HostSpec
 from plansim.units import gb_per_s_to_bytes_per_s, tflops_to_flops_per_s, us_to_s
 
@@ -229,11 +235,13 @@ def _read_matmul(
 def _read_intra_node(
     ctx: _Ctx, top: Mapping[str, object], provenance: Mapping[str, str]
 ) -> dict[str, CollectiveCurve]:
-    """``intra_node.<collective>: {latency_us, message_bytes, busbw_gb_per_s}`` -> SI curves."""
+    """``intra_node.<collective>: {latency_us, message_bytes, busbw_gb_per_s}`` -> SI curves,
+    in :data:`KNOWN_COLLECTIVES` order: the four of ``COLLECTIVES`` (required) and
+    ``all_to_all`` when the file has it (``OPTIONAL_COLLECTIVES``)."""
     section = _mapping(ctx, top["intra_node"], "intra_node")
-    _require(ctx, section, "intra_node", COLLECTIVES)
+    _require(ctx, section, "intra_node", KNOWN_COLLECTIVES, OPTIONAL_COLLECTIVES)
     curves: dict[str, CollectiveCurve] = {}
-    for name in COLLECTIVES:
+    for name in (c for c in KNOWN_COLLECTIVES if c in section):
         path = f"intra_node.{name}"
         entry = _mapping(ctx, section[name], path)
         _require(ctx, entry, path, COLLECTIVE_KEYS)
@@ -361,7 +369,9 @@ def _number_keys(top: Mapping[str, object]) -> set[str]:
         keys |= {f"peak_tflops.{d}" for d in peaks}
     if isinstance(matmul, Mapping):
         keys |= {f"matmul_efficiency.{d}" for d in matmul}
-    for name in COLLECTIVES:
+    intra = top["intra_node"]
+    optional = [c for c in OPTIONAL_COLLECTIVES if isinstance(intra, Mapping) and c in intra]
+    for name in (*COLLECTIVES, *optional):
         keys |= {f"intra_node.{name}", f"intra_node.{name}.latency_us"}
     host = top.get("host")
     if isinstance(host, Mapping):

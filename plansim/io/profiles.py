@@ -43,6 +43,7 @@ from plansim.io.profile_schema import (
     TOP_LEVEL_KEYS,
 )
 from plansim.io.strict_yaml import strict_load
+from plansim.specs.curves import KNOWN_COLLECTIVES
 from plansim.specs.hardware import HardwareProfile
 from plansim.units import (
     bytes_per_s_to_gb_per_s,
@@ -169,7 +170,9 @@ def profile_to_dict(profile: HardwareProfile) -> dict[str, Any]:
         if curve.source:
             provenance.setdefault(f"matmul_efficiency.{dtype}", curve.source)
     intra: dict[str, Any] = {}
-    for name, coll in profile.intra_node.items():
+    # required collectives first, then the optional ones present (all_to_all): file order
+    for name in sorted(profile.intra_node, key=KNOWN_COLLECTIVES.index):
+        coll = profile.intra_node[name]
         intra[name] = {
             "latency_us": _tidy(s_to_us(coll.latency_s)),
             "message_bytes": [_tidy(x) for x in coll.busbw_bytes_per_s.x],

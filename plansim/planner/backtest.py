@@ -21,6 +21,7 @@ memory, on the predicted worst-rank peak.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -32,6 +33,7 @@ from plansim.io.profiles import list_datasheet_profiles, list_profiles, load_pro
 from plansim.io.runs import RunRow
 from plansim.planner.evaluate import OUT_OF_MEMORY, Evaluation, Rejected
 from plansim.planner.lookups import out_of_range_lookups
+from plansim.planner.moe_backtest import is_moe_row, predict_moe_row
 from plansim.planner.run_checks import (
     PER_LAYER,
     LayerCheck,
@@ -146,6 +148,9 @@ def predict_row(row: RunRow, *, simulate_top: int = 8, sensitivity: bool = False
     a blank precision is predicted for each 16-bit format, keeping the fastest
     (``plansim.planner.run_derive``).
     """
+    if is_moe_row(row):  # the MoE schema: predicted at its stated layout
+        outcome = predict_moe_row(row)
+        return Prediction(**{f.name: getattr(outcome, f.name) for f in dataclasses.fields(outcome)})
     notes: list[str] = []
     try:
         row = with_derived_cells(row, notes)

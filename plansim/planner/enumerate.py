@@ -112,7 +112,11 @@ def vpp_values(pp: int, *, num_layers: int | None, space: SearchSpace) -> tuple[
         if not space.uneven_pipeline:
             return (1,)
         fits = range(2, space.max_vpp + 1)
-        return (1, *(v for v in fits if uneven_split_fields(num_layers, pp=pp, vpp=v)))
+        layouts = space.pipeline_layouts
+        return (
+            1,
+            *(v for v in fits if uneven_split_fields(num_layers, pp=pp, vpp=v, layouts=layouts)),
+        )
     per_rank = num_layers // pp
     return (1, *(v for v in divisors(per_rank) if 1 < v <= space.max_vpp))
 
@@ -159,7 +163,9 @@ def enumerate_plan_groups(
             )
             for vpp in vpps:
                 split = (
-                    uneven_split_fields(num_layers, pp=layout.pp, vpp=vpp)
+                    uneven_split_fields(
+                        num_layers, pp=layout.pp, vpp=vpp, layouts=space.pipeline_layouts
+                    )
                     if num_layers is not None and space.uneven_pipeline
                     else None
                 )
@@ -317,7 +323,8 @@ def _recompute_groups(
             groups.get(ShardingOptions, dp_shard=shard, reshard_after_forward=r, **_fields(mode))
             for r in reshards
         ]
-        for sp, tp_overlap in _sp_modes(space, tp=layout.tp):
+        sp_modes = _sp_modes(space, tp=layout.tp)
+        for (sp, tp_overlap), (ep, etp) in product(sp_modes, _expert_modes(space, layout)):
             dims = groups.get(
                 ParallelDims,
                 dp=layout.dp,
@@ -326,6 +333,7 @@ def _recompute_groups(
                 cp=layout.cp,
                 vpp=vpp,
                 sequence_parallel=sp,
+                **_expert_fields(space, ep, etp),
             )
             for (pipeline, flags), mixed, sharding in product(comm, bf16_modes, shardings):
                 yield tuple(
@@ -347,6 +355,26 @@ def _recompute_groups(
                     )
                     for overlap, grad, param in flags
                 )
+
+
+def _expert_modes(space: SearchSpace, layout: Layout) -> list[tuple[int, int | None]]:
+    """(ep, etp) pairs of ``space`` that fold into ``layout``: ep x etp (etp None = tp)
+    divides tp x cp x dp (MoE parallel folding, arXiv 2504.14960)."""
+    folded = layout.tp * layout.cp * layout.dp
+    return [
+        (ep, etp)
+        for ep in space.ep
+        for etp in space.etp
+        if folded % (ep * (layout.tp if etp is None else etp)) == 0
+    ]
+
+
+def _expert_fields(space: SearchSpace, ep: int, etp: int | None) -> dict[str, object]:
+    """The ParallelDims expert fields of one (ep, etp) pair; none for a dense space, so its
+    dims stay the same objects as without experts."""
+    if ep == 1 and etp is None and space.expert_load_imbalance == 1.0:
+        return {}
+    return {"ep": ep, "etp": etp, "expert_load_imbalance": space.expert_load_imbalance}
 
 
 def _fields(mode: _Zero) -> dict[str, object]:

@@ -9,9 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from plansim.analytic.cost import build_pipeline_work
-from plansim.analytic.flops import hardware_flops_per_step, model_flops_per_step
+from plansim.analytic.flops import FWD_BWD_MULTIPLIER, hardware_flops_per_step, model_flops_per_step
 from plansim.analytic.memo import Memo
 from plansim.analytic.memory import MemoryBreakdown, rank_memory, worst_rank_memory
+from plansim.analytic.moe_counts import forward_flops_per_token
+from plansim.analytic.moe_layer import is_dense, moe_option_reason, moe_split_reason
 from plansim.analytic.offload import host_memory_rejection, offloads, require_host
 from plansim.schedule.actions import PerRankActions
 from plansim.schedule.builders import build_actions
@@ -21,7 +23,7 @@ from plansim.sim.steady_state import extrapolate, plan_steady_state
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import model_split_reason, stage_layer_counts
 from plansim.specs.model import ModelSpec, require_simulated
-from plansim.specs.plan import ParallelPlan
+from plansim.specs.plan import ParallelPlan, Recompute
 from plansim.specs.work import PipelineWork
 
 #: The rejection category of a plan whose worst rank needs more than the GPU's memory.
@@ -120,6 +122,12 @@ def _layout_rejection(
     reason = model_split_reason(plan, model)
     if reason:
         return "layout does not divide the model", reason
+    reason = moe_split_reason(model, plan)
+    if reason:
+        return "layout does not divide the experts", reason
+    reason = moe_option_reason(model, plan)
+    if reason:
+        return "not modelled with experts", reason
     if model.ffn_hidden_size % plan.tp:
         return (
             "layout does not divide the model",
@@ -231,6 +239,29 @@ def _actions(plan: ParallelPlan, memo: Memo | None) -> PerRankActions:
     return found  # type: ignore[return-value]
 
 
+def step_flops(model: ModelSpec, plan: ParallelPlan) -> tuple[float, float]:
+    """(model, hardware) FLOPs of one step of ``plan`` (``flops.model_flops_per_step`` and
+    ``hardware_flops_per_step``). A model with experts, MLA or MTP modules: 3 x its forward
+    GEMM FLOPs per token (``moe_counts.model_flops_per_token``, attention over all keys as
+    for dense models, MTP modules included as they are trained) x the step's tokens; full
+    recompute adds one forward (the per-layer recompute of selective modes is left out of
+    its HFU)."""
+    if not is_dense(model):
+        tokens = plan.global_batch_size * model.seq_length
+        forward = forward_flops_per_token(model).total_with_mtp * tokens
+        model_flops = float(FWD_BWD_MULTIPLIER * forward)
+        full = plan.recompute is Recompute.FULL
+        return model_flops, model_flops + (float(forward) if full else 0.0)
+    counts = stage_layer_counts(model.num_layers, plan)
+    hw_flops = hardware_flops_per_step(
+        model,
+        global_batch_size=plan.global_batch_size,
+        recompute=plan.recompute,
+        recomputed_layers=sum(plan.recomputed_layers(c) for c in counts),
+    )
+    return model_flops_per_step(model, global_batch_size=plan.global_batch_size), hw_flops
+
+
 def _metrics(
     model: ModelSpec,
     plan: ParallelPlan,
@@ -241,14 +272,7 @@ def _metrics(
 ) -> Evaluation:
     step = result.step_time_s
     peak_flops = profile.peak_flops_per_s[plan.precision.value] * plan.num_gpus
-    model_flops = model_flops_per_step(model, global_batch_size=plan.global_batch_size)
-    counts = stage_layer_counts(model.num_layers, plan)
-    hw_flops = hardware_flops_per_step(
-        model,
-        global_batch_size=plan.global_batch_size,
-        recompute=plan.recompute,
-        recomputed_layers=sum(plan.recomputed_layers(c) for c in counts),
-    )
+    model_flops, hw_flops = step_flops(model, plan)
     return Evaluation(
         plan=plan,
         step_time_s=step,

@@ -85,6 +85,12 @@ class SearchSpace:
             each pair with every ZeRO stage that allows it. ``plansim plan`` passes
             ``plansim.analytic.offload.offload_choices(profile)``: offload only on a profile
             with a host section.
+        ep, etp: expert-parallel and expert tensor-parallel sizes tried (``ParallelDims``;
+            etp None = tp); pairs whose ep x etp does not divide tp x cp x dp are not
+            generated (parallel folding). Dense models: ep 1 and etp None only.
+        expert_load_imbalance: ``ParallelDims.expert_load_imbalance`` of every plan.
+        pipeline_layouts: where no other uneven split fits, offer a balanced Megatron-Core
+            layout string (``layer_split.uneven_split_fields``); on for models with experts.
     """
 
     tp: tuple[int, ...] | None = None
@@ -124,5 +130,9 @@ class SearchSpace:
     hsdp_shard_gpus: int | None = None
     hsdp_only: bool = False
     bf16_layers: tuple[int, int] = (0, 0)
+    ep: tuple[int, ...] = (1,)
+    etp: tuple[int | None, ...] = (None,)
+    expert_load_imbalance: float = 1.0
+    pipeline_layouts: bool = False
     uneven_pipeline: bool = True
     partial_recompute: bool = True

@@ -50,6 +50,13 @@ def plan_row(ev: Evaluation) -> dict[str, Any]:
         row["zero_shard"] = f"hsdp{p.dp_shard}"
     if p.cp > 1:  # plans without context parallelism keep their columns unchanged
         row["cp"] = p.cp
+    if p.ep > 1 or p.etp is not None:  # dense plans keep their columns unchanged
+        row["ep"] = p.ep
+        row["etp"] = p.dims.expert_tensor_parallel_size
+        row["edp"] = p.dims.edp
+        row["exposed_a2a_pct"] = round(
+            100 * _mean_kind_s(ev, "ep_comm") / ev.step_time_s if ev.step_time_s > 0 else 0.0, 1
+        )
     if not p.reshard_after_forward:  # resharding plans keep their columns unchanged
         row["zero3_reshard"] = "backward"
     if p.zero_stage == 3 and p.zero3_param_fetch is not Zero3ParamFetch.LAYER_PREFETCH:
@@ -70,6 +77,11 @@ def _mean_exposed_s(ev: Evaluation) -> float:
     return sum(ev.exposed_comm_s_by_kind.values()) / len(ev.result.compute_busy_s)
 
 
+def _mean_kind_s(ev: Evaluation, kind: str) -> float:
+    """Exposed seconds of one communication kind on the mean pipeline rank."""
+    return ev.exposed_comm_s_by_kind.get(kind, 0.0) / len(ev.result.compute_busy_s)
+
+
 def _grad_reduce(p: ParallelPlan) -> str:
     """'end', 'overlap', or 'overlap+params' (the parameter all-gather hidden too), with
     ' bf16' when the gradients are reduced in bf16."""
@@ -83,6 +95,8 @@ def pipeline_split_label(p: ParallelPlan) -> str:
     """How an uneven plan splits its layers: 'first7 last7' (decoder first/last layer
     counts), 'embedding+loss' (counted as layers of the split); '' for an even split."""
     parts = []
+    if p.pipeline_model_parallel_layout is not None:
+        parts.append(p.pipeline_model_parallel_layout)
     if p.decoder_first_pipeline_num_layers is not None:
         parts.append(f"first{p.decoder_first_pipeline_num_layers}")
     if p.decoder_last_pipeline_num_layers is not None:
@@ -158,6 +172,7 @@ def _optional_plan_fields(p: ParallelPlan) -> dict[str, Any]:
             "decoder_last_pipeline_num_layers": p.decoder_last_pipeline_num_layers,
             "account_for_embedding_in_pipeline_split": p.account_for_embedding_in_pipeline_split,
             "account_for_loss_in_pipeline_split": p.account_for_loss_in_pipeline_split,
+            "pipeline_model_parallel_layout": p.pipeline_model_parallel_layout,
         }
         if p.uneven_pipeline
         else {},

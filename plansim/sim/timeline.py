@@ -62,7 +62,8 @@ class TimelineKind(ChoiceEnum):
     Pipeline actions (``forward``, ``backward``, ``backward_input``, ``backward_weight``) and
     their ``recompute``; the pipeline transfers (``send_*`` on ``pp_send``, ``recv_*`` on
     ``pp_recv``); the collectives of TP, CP and DP/ZeRO (``tp_comm``, ``cp_comm``,
-    ``dp_comm``) and the tied-embedding gradient all-reduce; the optimizer; ZeRO-Offload /
+    ``dp_comm``), the expert-parallel token dispatch and combine all-to-alls of MoE layers
+    (``ep_comm``) and the tied-embedding gradient all-reduce; the optimizer; ZeRO-Offload /
     ZeRO-Infinity's host copies, NVMe transfers and CPU Adam (``plansim.analytic.offload``);
     a parameter server's push, update and pull (``plansim.analytic.param_server``); and the
     validator's per-action pipeline-schedule cost (``plansim.validate.simulated``).
@@ -80,6 +81,7 @@ class TimelineKind(ChoiceEnum):
     RECV_BACKWARD = "recv_backward"
     TP_COMM = "tp_comm"
     CP_COMM = "cp_comm"
+    EP_COMM = "ep_comm"
     DP_COMM = "dp_comm"
     EMBEDDING_GRAD_COMM = "embedding_grad_comm"
     OFFLOAD_D2H = "offload_d2h"

@@ -12,14 +12,21 @@ from dataclasses import dataclass
 
 from plansim.errors import SpecError, require_positive, require_positive_int
 
+#: Collectives every profile holds (``HardwareProfile.intra_node`` requires each).
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "sendrecv")
+#: Collectives a profile may hold beside :data:`COLLECTIVES` (absent: not measured).
+OPTIONAL_COLLECTIVES = ("all_to_all",)
+#: Every collective a :class:`CollectiveCurve` may be, required ones first (file order).
+KNOWN_COLLECTIVES = COLLECTIVES + OPTIONAL_COLLECTIVES
 
 
 def bus_factor(collective: str, num_ranks: int) -> float:
     """nccl-tests' busbw/algbw factor: bytes each rank moves per byte of message.
 
-    all_reduce 2(n-1)/n; all_gather and reduce_scatter (n-1)/n; sendrecv 1
-    (nccl-tests ``doc/PERFORMANCE.md``; ring algorithm volumes).
+    all_reduce 2(n-1)/n; all_gather and reduce_scatter (n-1)/n; sendrecv 1; all_to_all
+    (n-1)/n (nccl-tests ``doc/PERFORMANCE.md``; ring algorithm volumes; for all_to_all the
+    message is the whole per-rank send buffer, of which the 1/n addressed to the rank itself
+    stays local).
 
     Raises:
         SpecError: unknown collective or num_ranks < 1.
@@ -27,11 +34,11 @@ def bus_factor(collective: str, num_ranks: int) -> float:
     require_positive_int("num_ranks", num_ranks)
     if collective == "all_reduce":
         return 2.0 * (num_ranks - 1) / num_ranks
-    if collective in ("all_gather", "reduce_scatter"):
+    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
         return (num_ranks - 1) / num_ranks
     if collective == "sendrecv":
         return 1.0
-    raise SpecError(f"collective={collective!r} is not allowed; choose one of: {COLLECTIVES}")
+    raise SpecError(f"collective={collective!r} is not allowed; choose one of: {KNOWN_COLLECTIVES}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,7 +96,8 @@ class CollectiveCurve:
     where busbw(S) is the measured bus bandwidth at message size S (nccl-tests definition).
 
     Attributes:
-        collective: one of COLLECTIVES.
+        collective: one of KNOWN_COLLECTIVES (the required COLLECTIVES or the optional
+            ``all_to_all``, whose message is the whole per-rank send buffer).
         latency_s: alpha, seconds per call.
         busbw_bytes_per_s: busbw over message size in bytes.
         source: provenance.
@@ -101,9 +109,9 @@ class CollectiveCurve:
     source: str = ""
 
     def __post_init__(self) -> None:
-        if self.collective not in COLLECTIVES:
+        if self.collective not in KNOWN_COLLECTIVES:
             raise SpecError(
-                f"collective={self.collective!r} is not allowed; choose one of: {COLLECTIVES}"
+                f"collective={self.collective!r} is not allowed; choose one of: {KNOWN_COLLECTIVES}"
             )
         if self.latency_s < 0:
             raise SpecError(f"{self.collective}.latency_s must be >= 0, got {self.latency_s}")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from plansim.errors import SpecError, require_positive, require_positive_int
 from plansim.specs.choice_enum import ChoiceEnum
 from plansim.specs.compute_terms import AttentionEfficiency, HostOverhead
-from plansim.specs.curves import COLLECTIVES, CollectiveCurve, Curve
+from plansim.specs.curves import COLLECTIVES, KNOWN_COLLECTIVES, CollectiveCurve, Curve
 
 
 class LinkTier(ChoiceEnum):
@@ -99,7 +99,10 @@ class HardwareProfile:
         memory_reserve_bytes: memory not available to the model (CUDA context, NCCL buffers,
             allocator fragmentation).
         gpus_per_node: GPUs in one scale-up (NVLink) domain.
-        intra_node: collective curves inside the scale-up domain, keyed by collective.
+        intra_node: collective curves inside the scale-up domain, keyed by collective: each
+            of ``curves.COLLECTIVES`` (required), and ``all_to_all`` where it was measured
+            (``curves.OPTIONAL_COLLECTIVES``; ``intra_node.get("all_to_all")`` is None
+            without it).
         nic_bytes_per_s: inter-node bandwidth per GPU (one NIC rail), unidirectional.
         nic_latency_s: inter-node per-message latency (alpha).
         pcie_bytes_per_s: host<->device bandwidth per GPU, unidirectional.
@@ -213,6 +216,12 @@ class HardwareProfile:
         missing = [c for c in COLLECTIVES if c not in self.intra_node]
         if missing:
             raise SpecError(f"{self.name}.intra_node lacks collectives: {', '.join(missing)}")
+        unknown = [c for c in self.intra_node if c not in KNOWN_COLLECTIVES]
+        if unknown:
+            raise SpecError(
+                f"{self.name}.intra_node has unknown collectives: {', '.join(unknown)}; "
+                f"allowed: {', '.join(KNOWN_COLLECTIVES)}"
+            )
         for dtype in self.matmul_efficiency:
             if dtype not in self.peak_flops_per_s:
                 raise SpecError(f"{self.name}.matmul_efficiency[{dtype}] has no peak_flops_per_s")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from plansim.errors import SpecError, require_positive_int
 from plansim.specs.model import ModelSpec
+from plansim.specs.pipeline_layout import balanced_layout, layout_stage_layers
 from plansim.specs.plan import ParallelPlan
 
 __all__ = [
@@ -24,6 +25,7 @@ def check_plan_divides_model(
     num_attention_heads: int,
     num_query_groups: int,
     seq_length: int | None = None,
+    has_experts: bool = False,
 ) -> str | None:
     """Return why ``plan`` cannot split the model, or None when it can.
 
@@ -32,10 +34,10 @@ def check_plan_divides_model(
     context parallelism gives each cp rank chunks i and 2cp - 1 - i, balancing the causal
     mask; ``get_batch_on_this_cp_rank``). For a vpp that does not divide the layers per rank,
     the reason lists the vpp values that do. ``seq_length`` None skips the cp check. The
-    expert degrees (ep, etp) need routed experts, which the dense models plansim describes
-    do not have.
+    expert degrees (ep, etp) need routed experts (``has_experts``; how they split the
+    experts is ``plansim.analytic.moe_layer.moe_split_reason``).
     """
-    if plan.ep > 1 or plan.etp is not None:
+    if not has_experts and (plan.ep > 1 or plan.etp is not None):
         return (
             f"ep({plan.ep}) / etp({plan.etp}) split routed experts, and this model is dense "
             f"(no expert layers): leave ep 1 and etp unset"
@@ -65,6 +67,7 @@ def model_split_reason(plan: ParallelPlan, model: ModelSpec) -> str | None:
         num_attention_heads=model.num_attention_heads,
         num_query_groups=model.num_query_groups,
         seq_length=model.seq_length,
+        has_experts=model.moe is not None,
     )
 
 
@@ -90,7 +93,11 @@ def pipeline_layer_counts(num_layers: int, plan: ParallelPlan) -> tuple[int, ...
             (the vpp values that divide the layers per rank, or an uneven split).
     """
     require_positive_int("num_layers", num_layers)
-    if plan.account_for_embedding_in_pipeline_split or plan.account_for_loss_in_pipeline_split:
+    if (
+        plan.account_for_embedding_in_pipeline_split
+        or plan.account_for_loss_in_pipeline_split
+        or plan.pipeline_model_parallel_layout is not None
+    ):
         stages = stage_layer_counts(num_layers, plan)
         return tuple(sum(stages[r :: plan.pp]) for r in range(plan.pp))
     first, last = plan.decoder_first_pipeline_num_layers, plan.decoder_last_pipeline_num_layers
@@ -149,10 +156,22 @@ def stage_layer_counts(num_layers: int, plan: ParallelPlan) -> tuple[int, ...]:
     with the embedding or the loss alone). Otherwise each rank's count
     (:func:`pipeline_layer_counts`) over vpp.
 
+    With ``pipeline_model_parallel_layout``: the layers the layout names per stage
+    (``plansim.specs.pipeline_layout``).
+
     Raises:
         SpecError: the layers do not split that way (the message says why).
     """
     require_positive_int("num_layers", num_layers)
+    layout = plan.pipeline_model_parallel_layout
+    if layout is not None:
+        named = layout_stage_layers(layout, num_stages=plan.num_stages)
+        if sum(named) != num_layers:
+            raise SpecError(
+                f"plan.pipeline_model_parallel_layout({layout!r}) holds {sum(named)} layers; "
+                f"the model has num_layers({num_layers})"
+            )
+        return named
     emb = int(plan.account_for_embedding_in_pipeline_split)
     loss = int(plan.account_for_loss_in_pipeline_split)
     if not (emb or loss):  # stage s = chunk k * pp + rank r holds rank r's count / vpp
@@ -239,7 +258,9 @@ def uneven_pipeline_split(num_layers: int, *, pp: int, vpp: int) -> tuple[int, i
     return first, last
 
 
-def uneven_split_fields(num_layers: int, *, pp: int, vpp: int) -> dict[str, object] | None:
+def uneven_split_fields(
+    num_layers: int, *, pp: int, vpp: int, layouts: bool = False
+) -> dict[str, object] | None:
     """The :class:`ParallelPlan` fields of the uneven split the planner offers when the
     layers do not split evenly over pp * vpp stages, or None (even, or nothing fits).
 
@@ -247,7 +268,9 @@ def uneven_split_fields(num_layers: int, *, pp: int, vpp: int) -> dict[str, obje
     (``account_for_embedding/loss_in_pipeline_split``) when L + 2 slots split evenly over the
     stages, as Llama 3 405B does (126 + 2 = 16 x 8: Dubey et al. 2024 §3.3.2); it keeps every
     chunk one size, which lets interleaving use more chunks. Else the lighter first and last
-    ranks of :func:`uneven_pipeline_split`.
+    ranks of :func:`uneven_pipeline_split`. Else, with ``layouts``, a layout string that
+    spreads the layers, the embedding and the loss over the stages
+    (``pipeline_layout.balanced_layout``; Megatron-Core's MoE recipes name their splits so).
     """
     stages = pp * vpp
     if pp < 2 or num_layers % stages == 0:
@@ -259,6 +282,10 @@ def uneven_split_fields(num_layers: int, *, pp: int, vpp: int) -> dict[str, obje
         }
     split = uneven_pipeline_split(num_layers, pp=pp, vpp=vpp)
     if split is None:
+        if layouts and num_layers + 2 >= stages:
+            return {
+                "pipeline_model_parallel_layout": balanced_layout(num_layers, num_stages=stages)
+            }
         return None
     return {
         "decoder_first_pipeline_num_layers": split[0],

@@ -226,7 +226,17 @@ def unsimulated_features(model: ModelSpec) -> tuple[tuple[str, str], ...]:
 
 def not_simulated_reason(model: ModelSpec) -> str | None:
     """Why plansim cannot plan or simulate ``model`` (the message of
-    :func:`require_simulated`), or None for a dense model."""
+    :func:`require_simulated`), or None: every ModelSpec can be planned and simulated now
+    (routed experts, MLA, MTP modules and attention of another width by
+    ``plansim.analytic.moe_layer``)."""
+    return None
+
+
+def dense_only_reason(model: ModelSpec) -> str | None:
+    """Why the dense-only counts (``plansim.analytic.params.count_parameters``, the step
+    FLOPs of ``plansim.analytic.flops``) refuse ``model``, or None for a dense model: it has
+    experts, MLA, MTP modules or attention wider than the hidden size (count those with
+    ``plansim.analytic.moe_counts``)."""
     if (
         model.moe is None
         and model.mla is None
@@ -240,9 +250,16 @@ def not_simulated_reason(model: ModelSpec) -> str | None:
     has = _join([have for have, _ in found], "and")
     missing = _join([what for _, what in found], "or")
     return (
-        f"{model.name} has {has}: plansim describes such models (parameters, FLOPs: plansim "
-        f"models NAME_OR_CONFIG) but does not yet plan or simulate {missing}"
+        f"{model.name} has {has}: the dense counts do not cover {missing} "
+        f"(plansim.analytic.moe_counts counts them)"
     )
+
+
+def require_dense(model: ModelSpec) -> None:
+    """Raise SpecError unless ``model`` is dense (:func:`dense_only_reason`)."""
+    reason = dense_only_reason(model)
+    if reason is not None:
+        raise SpecError(reason)
 
 
 def require_simulated(model: ModelSpec) -> None:

@@ -14,6 +14,7 @@ states sharded) over edp.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from plansim.errors import SpecError, choice_error, require_positive_int
@@ -48,6 +49,13 @@ class ParallelDims:
             over ep ranks. 1 for dense models.
         etp: expert tensor-parallel size (``--expert-tensor-parallel-size``); None (the
             default) = tp, as in Megatron-Core.
+        expert_load_imbalance: routed token rows on the busiest EP rank over the mean
+            (>= 1; 1.0 = balanced, as forced-balance routing and the Megatron-Bridge
+            benchmarks run, "force-balance the token distribution among experts"). The
+            busiest rank sets every MoE layer's expert compute and all-to-all time
+            (``plansim.analytic.moe_layer``); for natural routing take it from a measured
+            run (MegaBlocks, Gale et al. 2023 §3, Fig. 3, shows per-expert loads of
+            dropless training far from even). Only for models with experts.
 
     Derived: :attr:`num_gpus` = dp * tp * pp * cp, :attr:`expert_tensor_parallel_size`,
     :attr:`edp` (expert data-parallel size) = tp * cp * dp / (etp * ep).
@@ -66,6 +74,7 @@ class ParallelDims:
     sequence_parallel: bool = False
     ep: int = 1
     etp: int | None = None
+    expert_load_imbalance: float = 1.0
 
     def __post_init__(self) -> None:
         degrees = (self.dp, self.tp, self.pp, self.cp, self.vpp, self.ep)
@@ -77,6 +86,17 @@ class ParallelDims:
             raise choice_error("plan.sequence_parallel", self.sequence_parallel, [True, False])
         if self.sequence_parallel and self.tp == 1:
             raise SpecError("plan.sequence_parallel needs tp > 1 (got tp=1)")
+        imbalance = self.expert_load_imbalance
+        if imbalance != 1.0 and (
+            isinstance(imbalance, bool)
+            or not isinstance(imbalance, int | float)
+            or not math.isfinite(imbalance)
+            or imbalance < 1.0
+        ):
+            raise SpecError(
+                f"plan.expert_load_imbalance must be a finite number >= 1 (busiest EP rank's "
+                f"routed rows over the mean; 1.0 = balanced), got {imbalance!r}"
+            )
         if self.ep == 1 and self.etp is None:
             return  # a dense layout: the common case, checked fast
         if self.etp is not None:

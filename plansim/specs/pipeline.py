@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plansim.errors import choice_error, require_positive_int
+from plansim.errors import SpecError, choice_error, require_positive_int
 from plansim.specs.choice_enum import ChoiceEnum
+from plansim.specs.pipeline_layout import expand_layout
 
 
 class Schedule(ChoiceEnum):
@@ -57,6 +58,10 @@ class PipelineOptions:
             both, Llama 3 405B's 126 layers fill 16 ranks x 8 chunks of one slot, the first
             chunk holding only the embedding and the last only the output and loss (Dubey et
             al. 2024 §3.3.2). Needs pp > 1; not with decoder_first/last_pipeline_num_layers.
+        pipeline_model_parallel_layout: every stage's layers by name (Megatron-Core
+            ``--pipeline-model-parallel-layout``, e.g. ``Et|(tt|)*30L``;
+            ``plansim.specs.pipeline_layout``); None = the split above. Needs pp > 1 and
+            pp x vpp stages; not with the other split fields.
 
     Raises:
         SpecError: schedule not a :class:`Schedule`, a layer count not None or a positive
@@ -68,6 +73,7 @@ class PipelineOptions:
     decoder_last_pipeline_num_layers: int | None = None
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
+    pipeline_model_parallel_layout: str | None = None
 
     def __post_init__(self) -> None:
         if type(self.schedule) is not Schedule:
@@ -84,6 +90,19 @@ class PipelineOptions:
             value = getattr(self, field)
             if value is not None:
                 require_positive_int(f"plan.{field}", value)
+        layout = self.pipeline_model_parallel_layout
+        if layout is not None:
+            expand_layout(layout)  # a readable layout string (stage count: the plan's check)
+            others = self.account_for_embedding_in_pipeline_split or (
+                self.account_for_loss_in_pipeline_split
+                or self.decoder_first_pipeline_num_layers is not None
+                or self.decoder_last_pipeline_num_layers is not None
+            )
+            if others:
+                raise SpecError(
+                    "plan.pipeline_model_parallel_layout names every stage's layers: leave "
+                    "decoder_first/last_pipeline_num_layers and account_for_* unset"
+                )
 
     @property
     def uneven(self) -> bool:
@@ -94,4 +113,5 @@ class PipelineOptions:
             and self.account_for_loss_in_pipeline_split is False
             and self.decoder_first_pipeline_num_layers is None
             and self.decoder_last_pipeline_num_layers is None
+            and self.pipeline_model_parallel_layout is None
         )

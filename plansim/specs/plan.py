@@ -29,6 +29,7 @@ from plansim.specs.execution import AttentionKernel, DdpImpl, ExecutionSpec, Fra
 from plansim.specs.overlap import OverlapOptions
 from plansim.specs.parallel_dims import ParallelDims
 from plansim.specs.pipeline import PipelineOptions, Schedule
+from plansim.specs.pipeline_layout import layout_stage_layers
 from plansim.specs.precision import MixedPrecisionOptions, Precision
 from plansim.specs.recompute import Recompute, RecomputeOptions
 from plansim.specs.sharding import (
@@ -93,9 +94,10 @@ PLAN_FIELDS: tuple[str, ...] = (
     "offload_optimizer", "offload_param", "zero3_param_fetch", "use_torch_fsdp2",
     "reshard_after_forward", "dp_shard", "decoder_first_pipeline_num_layers",
     "decoder_last_pipeline_num_layers", "account_for_embedding_in_pipeline_split",
-    "account_for_loss_in_pipeline_split", "recompute_num_layers", "recompute_early_stop",
-    "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16", "ep", "etp", "framework",
-    "framework_version",
+    "account_for_loss_in_pipeline_split", "pipeline_model_parallel_layout",
+    "recompute_num_layers", "recompute_early_stop",
+    "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16", "ep", "etp",
+    "expert_load_imbalance", "framework", "framework_version",
 )  # fmt: skip
 #: The dotted path of each flat field (``"tp"`` -> ``"dims.tp"``), for ``operator.attrgetter``.
 FIELD_PATHS: dict[str, str] = {name: f"{FIELD_GROUP[name]}.{name}" for name in PLAN_FIELDS}
@@ -420,6 +422,11 @@ class ParallelPlan:
         return self.pipeline.account_for_loss_in_pipeline_split
 
     @property
+    def pipeline_model_parallel_layout(self) -> str | None:
+        """:attr:`PipelineOptions.pipeline_model_parallel_layout`."""
+        return self.pipeline.pipeline_model_parallel_layout
+
+    @property
     def recompute_num_layers(self) -> int | None:
         """:attr:`RecomputeOptions.recompute_num_layers`."""
         return self.recomputation.recompute_num_layers
@@ -448,6 +455,11 @@ class ParallelPlan:
     def etp(self) -> int | None:
         """:attr:`ParallelDims.etp`."""
         return self.dims.etp
+
+    @property
+    def expert_load_imbalance(self) -> float:
+        """:attr:`ParallelDims.expert_load_imbalance`."""
+        return self.dims.expert_load_imbalance
 
     @property
     def framework(self) -> Framework:
@@ -581,6 +593,11 @@ def _check_uneven_split(plan: ParallelPlan) -> None:
                 f"plan.{field} does not combine with decoder_first/last_pipeline_num_layers "
                 f"(Megatron-LM takes one way of splitting unevenly): choose one"
             )
+    layout = pipeline.pipeline_model_parallel_layout
+    if layout is not None:
+        if plan.pp == 1:
+            raise SpecError(f"plan.pipeline_model_parallel_layout({layout!r}) needs pp > 1")
+        layout_stage_layers(layout, num_stages=plan.num_stages)
     for edge, value in zip(("first", "last"), layer_counts, strict=True):
         if value is not None and plan.pp == 1:
             raise SpecError(
@@ -685,6 +702,8 @@ def _split_parts(plan: ParallelPlan) -> list[str]:
         parts.append("embedding-in-split")
     if plan.account_for_loss_in_pipeline_split:
         parts.append("loss-in-split")
+    if plan.pipeline_model_parallel_layout is not None:
+        parts.append(f"layout-{plan.pipeline_model_parallel_layout}")
     if plan.num_layers_at_start_in_bf16 or plan.num_layers_at_end_in_bf16:
         start, end = plan.num_layers_at_start_in_bf16, plan.num_layers_at_end_in_bf16
         parts.append(f"bf16-layers-{start}-{end}")

@@ -2,10 +2,12 @@
 
 The model follows the ModelSpec field by field: token embedding (+ learned positions or
 RoPE), ``num_layers`` pre-norm blocks (causal self-attention with GQA, MLP with GELU /
-SwiGLU / ReLU / squared ReLU), final norm, output layer (tied to the embedding or not),
-biases on the linear layers when ``add_bias_linear``. Every linear layer is a separate
-``nn.Linear`` so tensor parallelism can shard it: ``q``, ``k``, ``v``, ``up`` and ``gate``
-column-wise, ``o`` and ``down`` row-wise (Megatron-LM's split, Shoeybi et al. 2019 §3).
+SwiGLU / ReLU / squared ReLU, ``plansim.validate.mlp``; where ``moe.is_moe_layer(i)``, a
+Mixture-of-Experts layer, ``plansim.validate.moe_layer``), final norm, output layer (tied
+to the embedding or not), biases on the linear layers when ``add_bias_linear``. Every
+linear layer is a separate ``nn.Linear`` so tensor parallelism can shard it: ``q``, ``k``,
+``v``, ``up`` and ``gate`` column-wise, ``o`` and ``down`` row-wise (Megatron-LM's split,
+Shoeybi et al. 2019 §3).
 Attention reads its local head count from the projected width, so it runs unchanged on a
 TP shard. A pipeline stage (:class:`StageModule`) holds a contiguous range of blocks; the
 first also the embedding, the last the final norm and output layer.
@@ -27,8 +29,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from plansim.specs.layer_split import stage_layer_counts
-from plansim.specs.model import Activation, ModelSpec, Normalization, PositionEmbedding
+from plansim.specs.model import ModelSpec, Normalization, PositionEmbedding
 from plansim.specs.plan import ParallelPlan
+from plansim.validate.mlp import MLP
+from plansim.validate.moe_layer import MoELayer
 from plansim.validate.result import ValidateError
 
 #: Standard deviation of the weight initialisation (GPT-2, Radford et al. 2019).
@@ -100,40 +104,26 @@ class Attention(nn.Module):
         return out
 
 
-class MLP(nn.Module):
-    """Feed-forward: ``down(act(up(x)))``, or ``down(silu(gate(x)) * up(x))`` for SwiGLU."""
-
-    def __init__(self, spec: ModelSpec) -> None:
-        super().__init__()
-        h, f, bias = spec.hidden_size, spec.ffn_hidden_size, spec.add_bias_linear
-        self.activation = spec.activation
-        self.up = nn.Linear(h, f, bias=bias)
-        self.gate = nn.Linear(h, f, bias=bias) if spec.activation is Activation.SWIGLU else None
-        self.down = nn.Linear(f, h, bias=bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        up = self.up(x)
-        if self.gate is not None:
-            act = F.silu(self.gate(x)) * up
-        elif self.activation is Activation.GELU:
-            act = F.gelu(up)
-        elif self.activation is Activation.RELU:
-            act = F.relu(up)
-        else:
-            act = F.relu(up).square()
-        out: torch.Tensor = self.down(act)
-        return out
+def _mlp(spec: ModelSpec, layer: int | None) -> nn.Module:
+    """Layer ``layer``'s MLP: dense, or the MoE layer where ``spec.moe.is_moe_layer`` says so
+    (``plansim.validate.moe_layer``; None: dense)."""
+    if spec.moe is not None and layer is not None and spec.moe.is_moe_layer(layer):
+        return MoELayer(spec)
+    return MLP(spec)
 
 
 class Block(nn.Module):
-    """Pre-norm transformer layer: ``x + attn(norm1(x))``, then ``+ mlp(norm2(x))``."""
+    """Pre-norm transformer layer: ``x + attn(norm1(x))``, then ``+ mlp(norm2(x))``.
 
-    def __init__(self, spec: ModelSpec) -> None:
+    ``layer`` (0 = first) decides, for a MoE spec, whether the MLP has experts.
+    """
+
+    def __init__(self, spec: ModelSpec, *, layer: int | None = None) -> None:
         super().__init__()
         self.attention_norm = _norm(spec)
         self.attention = Attention(spec)
         self.mlp_norm = _norm(spec)
-        self.mlp = MLP(spec)
+        self.mlp = _mlp(spec, layer)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x))
@@ -196,11 +186,12 @@ class StageModule(nn.Module):
 
 
 def _init_weights(module: nn.Module, *, seed: int) -> None:
-    """GPT-2 initialisation, deterministic: parameters in named order from one generator."""
+    """GPT-2 initialisation, deterministic: parameters in named order from one generator;
+    biases (the experts' stacked ``[E, f]`` ones too) zero, norm weights one."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in module.named_parameters():
-            if param.dim() == 1 and ("norm" in name or name.endswith("bias")):
+            if name.endswith("bias") or (param.dim() == 1 and "norm" in name):
                 param.fill_(1.0 if "norm" in name and name.endswith("weight") else 0.0)
             else:
                 param.copy_(torch.randn(param.shape, generator=gen) * INIT_STD)
@@ -212,7 +203,7 @@ def build_model(spec: ModelSpec, *, seed: int) -> StageModule:
     With ``spec.tied_embeddings`` the output layer's weight is the token embedding's.
     """
     embedding = Embedding(spec)
-    blocks = {str(i): Block(spec) for i in range(spec.num_layers)}
+    blocks = {str(i): Block(spec, layer=i) for i in range(spec.num_layers)}
     head = Head(spec)
     model = StageModule(embedding=embedding, blocks=blocks, head=head)
     _init_weights(model, seed=seed)

@@ -40,8 +40,10 @@ from plansim.specs.layer_split import pipeline_layer_counts
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan, Recompute
 from plansim.validate.executed_fsdp import reshard_after_forward
+from plansim.validate.expert_support import check_moe_supported
 from plansim.validate.mixed_precision import fsdp_policy, local
 from plansim.validate.model import Block, StageModule
+from plansim.validate.moe_layer import RoutedExperts
 from plansim.validate.result import ValidateError
 from plansim.validate.run_dtype import uses_fsdp
 
@@ -106,6 +108,7 @@ def check_supported(model: ModelSpec, plan: ParallelPlan) -> None:
             "plan.zero_stage 1 with tp > 1 is not supported: ZeroRedundancyOptimizer does not "
             "handle DTensor parameters; use zero_stage 0 or 2"
         )
+    check_moe_supported(model, plan)
 
 
 def build_mesh(plan: ParallelPlan, *, device: str) -> tuple[DeviceMesh, Coords]:
@@ -195,7 +198,12 @@ def apply_recompute(stage: StageModule, plan: ParallelPlan) -> None:
 
 
 def apply_zero(
-    stage: StageModule, plan: ParallelPlan, *, dp_mesh: DeviceMesh, dtype: str = "fp32"
+    stage: StageModule,
+    plan: ParallelPlan,
+    *,
+    dp_mesh: DeviceMesh,
+    dtype: str = "fp32",
+    expert_mesh: DeviceMesh | None = None,
 ) -> StageModule:
     """FSDP2 ``fully_shard`` over ``dp_mesh`` (:func:`zero_mesh`) for ZeRO-2/3 (dp > 1).
 
@@ -204,6 +212,9 @@ def apply_zero(
     the pipeline stage gathers once per step and reduces after its last backward), keep them
     (``plansim.validate.executed_fsdp.reshard_after_forward``). Each block is a unit, then
     the stage root. ``dtype`` bf16: FSDP2's mixed precision (``mixed_precision.fsdp_policy``).
+    With ``expert_mesh`` (a MoE run: the expert-data-parallel mesh,
+    ``plansim.validate.expert_parallel``) each layer's routed experts are a unit of their own,
+    sharded over it first (torchtitan's ``apply_fsdp`` for MoE).
     """
     if not uses_fsdp(plan):
         return stage
@@ -213,6 +224,9 @@ def apply_zero(
     policy = fsdp_policy(dtype)
     if policy is not None:
         options["mp_policy"] = policy
+    if expert_mesh is not None:
+        for experts in [m for m in stage.modules() if isinstance(m, RoutedExperts)]:
+            fully_shard(experts, mesh=expert_mesh, **options)
     for block in stage.blocks.values():
         fully_shard(block, mesh=dp_mesh, **options)
     fully_shard(stage, mesh=dp_mesh, **options)

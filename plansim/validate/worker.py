@@ -29,6 +29,8 @@ import torch.distributed as dist
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan
 from plansim.validate import parallelize as par
+from plansim.validate.expert_parallel import ExpertLayout, expert_parameter_ids
+from plansim.validate.expert_parallel import build_optimizer as build_expert_optimizer
 from plansim.validate.measure import (
     Interval,
     Recorder,
@@ -121,18 +123,27 @@ class Trainer:
         mesh, self.coords = par.build_mesh(plan, device=device)
         self.dp_group = mesh["dp"].get_group()
         self.recorder = Recorder(device=device)
+        #: the expert groups of a MoE model with ep > 1 (plansim.validate.expert_parallel);
+        #: None otherwise (ep 1: every rank holds every expert, reduced over dp as the rest)
+        moe_ep = model.moe is not None and plan.ep > 1
+        self.experts = ExpertLayout(plan, device=device, recorder=self.recorder) if moe_ep else None
         full = build_model(model, seed=seed)
         self.modules: dict[int, StageModule] = {}
         dp_mesh = par.zero_mesh(plan, mesh)
+        expert_mesh = None if self.experts is None else self.experts.edp_mesh
         # bf16 without FSDP: bf16 weights, fp32 master weights (plansim.validate.mixed_precision)
         cast_model = dtype != "fp32" and not uses_fsdp(plan)
         for stage in range(self.coords.pp, plan.num_stages, plan.pp):
             part = split_stage(full, model, plan, stage).to(self.device)
             if cast_model:
                 part = part.to(TORCH_DTYPES[dtype])
+            if self.experts is not None:
+                self.experts.apply(part)
             par.apply_tp(part, plan, mesh=mesh)
             par.apply_recompute(part, plan)
-            self.modules[stage] = par.apply_zero(part, plan, dp_mesh=dp_mesh, dtype=dtype)
+            self.modules[stage] = par.apply_zero(
+                part, plan, dp_mesh=dp_mesh, dtype=dtype, expert_mesh=expert_mesh
+            )
         del full
         self.params = [p for m in self.modules.values() for p in m.parameters()]
         # pipelining scales .grad by 1/m after the step; the loop of pp 1 scales the loss
@@ -140,11 +151,33 @@ class Trainer:
         self.master = MasterWeights(self.params, grad_scale=scale) if cast_model else None
         #: what the optimizer and the DP all-reduce work on: the fp32 masters in bf16
         self.grad_params = self.master.masters if self.master is not None else self.params
-        self.optimizer = par.build_optimizer(
-            self.grad_params, plan, dp_group=self.dp_group, name=optimizer
-        )
+        self._split_expert_params()
+        self.optimizer = self._build_optimizer(optimizer)
         self.tied_group = self._tied_group()
         self.executor = self._executor(mesh)
+
+    def _split_expert_params(self) -> None:
+        """The gradient parameters reduced over dp (:attr:`dense_grad_params`: all of a dense
+        model's) and over edp (:attr:`expert_grad_params`: the routed experts')."""
+        ids = expert_parameter_ids(self.modules.values())
+        self.is_expert = [id(p) in ids for p in self.params]
+        pairs = list(zip(self.grad_params, self.is_expert, strict=True))
+        self.dense_grad_params = [p for p, e in pairs if not e]
+        self.expert_grad_params = [p for p, e in pairs if e]
+
+    def _build_optimizer(self, name: str) -> Any:
+        if self.experts is None:
+            return par.build_optimizer(
+                self.grad_params, self.plan, dp_group=self.dp_group, name=name
+            )
+        return build_expert_optimizer(
+            self.grad_params,
+            is_expert=self.is_expert,
+            plan=self.plan,
+            dp_group=self.dp_group,
+            layout=self.experts,
+            name=name,
+        )
 
     def _executor(self, mesh: Any) -> LoopExecutor | PipelineExecutor:
         plan = self.plan
@@ -205,7 +238,9 @@ class Trainer:
                 dist.all_reduce(grad, group=self.tied_group)
         if self.plan.dp > 1 and self.plan.zero_stage < 2:
             start = rec.mark()
-            nbytes = par.all_reduce_grads(self.grad_params, group=self.dp_group)
+            nbytes = par.all_reduce_grads(self.dense_grad_params, group=self.dp_group)
+            if self.experts is not None:
+                nbytes += self.experts.all_reduce_grads(self.expert_grad_params)
             rec.add(
                 stream="dp",
                 kind="dp_comm",

@@ -204,16 +204,63 @@ HEADER = (
 def test_unsupported_and_unnamed_collectives() -> None:
     header = HEADER
     row = "  1024  256  float  sum  -1  10.0  0.10  0.10  0  10.0  0.10  0.10  0\n"
-    alltoall = "# Collective test starting: alltoall_perf\n" + header + row
+    broadcast = "# Collective test starting: broadcast_perf\n" + header + row
     reduce = "# Collective test starting: all_reduce_perf\n" + header + row
-    log = parse_nccl_tests(alltoall + reduce, source="both.log")
+    log = parse_nccl_tests(broadcast + reduce, source="both.log")
     assert [r.collective for r in log.runs] == ["all_reduce"]
     (problem,) = log.problems
-    assert problem.line == 3 and "alltoall_perf results are not used" in problem.reason
+    assert problem.line == 3 and "broadcast_perf results are not used" in problem.reason
+    assert "all_to_all" in problem.reason  # the message lists what is modelled
     with pytest.raises(InputFileError, match="cannot tell which collective"):
         parse_nccl_tests(header + row, source="unnamed.log")
     forced = parse_nccl_tests(header + row, source="unnamed.log", collective="sendrecv")
     assert forced.runs[0].collective == "sendrecv"
+
+
+#: synthetic alltoall fixture: alpha us, busbw GB/s (bandwidth term), ranks
+ALLTOALL = (25.0, 340.0, 8)
+
+
+def test_alltoall_log_is_all_to_all_over_the_whole_send_buffer() -> None:
+    log = _read("alltoall_perf_h200_synthetic.log")
+    assert log.problems == ()
+    (run,) = log.runs
+    assert (run.collective, run.binary, run.num_ranks, run.num_nodes) == (
+        "all_to_all",
+        "alltoall_perf",
+        8,
+        1,
+    )
+    assert run.complete and run.devices == ("NVIDIA H200",) and run.nccl_version == "2.19.3"
+    # 8 and 16 B are below one element per peer: 0-byte rows, skipped
+    assert [r.size_bytes for r in run.rows] == [2**e for e in range(5, 31)]
+    last = run.rows[-1]
+    assert last.count == last.size_bytes // 4 // 8  # nccl-tests' count: elements per peer
+    assert last.redop == "none" and last.in_place is not None  # in-place #wrong is N/A
+    assert last.out_of_place is not None
+    oop = last.out_of_place
+    assert (oop.time_s, oop.algbw_bytes_per_s, oop.busbw_bytes_per_s) == pytest.approx(
+        (2788.31e-6, 385.09e9, 336.95e9)
+    )
+    assert oop.busbw_bytes_per_s / oop.algbw_bytes_per_s == pytest.approx(7 / 8, rel=1e-4)
+    alpha_us, busbw, ranks = ALLTOALL
+    fit = fit_alpha_beta([r.size_bytes for r in run.rows], [r.time_s for r in run.rows])
+    assert fit.alpha_s * 1e6 == pytest.approx(alpha_us, rel=0.01)
+    assert fit.busbw_bytes_per_s(bus_factor("all_to_all", ranks)) / 1e9 == pytest.approx(
+        busbw, rel=0.01
+    )
+
+
+def test_alltoall_ranks_from_the_bus_factor_and_forced_collective() -> None:
+    # alltoall over 16 ranks: busbw = algbw * 15/16
+    row = "  33554432  524288  float  none  -1  181.2  185.21  173.63  0"
+    row += "  180.9  185.48  173.89  N/A\n"
+    (run,) = parse_nccl_tests(HEADER + row, source="logs/alltoall_perf.log").runs
+    assert (run.collective, run.binary, run.num_ranks) == ("all_to_all", "alltoall_perf", 16)
+    forced = parse_nccl_tests(HEADER + row, source="unnamed.log", collective="all_to_all")
+    assert forced.runs[0].collective == "all_to_all" and forced.runs[0].num_ranks == 16
+    with pytest.raises(InputFileError, match=r"collective 'alltoall' is not supported.*all_to_all"):
+        parse_nccl_tests(HEADER + row, source="unnamed.log", collective="alltoall")
 
 
 def test_rank_count_is_inferred_from_the_bus_factor_without_rank_lines() -> None:

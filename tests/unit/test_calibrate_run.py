@@ -17,7 +17,7 @@ from plansim.calibrate.progress import Progress
 from plansim.calibrate.raw import raw_path, read_raw
 from plansim.cli import main
 from plansim.io.profiles import load_profile
-from plansim.specs.curves import COLLECTIVES
+from plansim.specs.curves import KNOWN_COLLECTIVES
 
 
 def _fail_on_rank_one(rank: int, world: int, queue: Any) -> None:
@@ -100,14 +100,14 @@ def test_calibrate_quick_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixtur
     profile = load_profile(str(out))
     assert profile.name == "cpu-e2e" and profile.gpus_per_node == 2
     assert {"fp32", "bf16", "fp16"} <= set(profile.matmul_efficiency)
-    assert set(profile.intra_node) == set(COLLECTIVES)
+    assert set(profile.intra_node) == set(KNOWN_COLLECTIVES)
     assert all(source.startswith("measured: ") for source in profile.provenance.values())
     text = out.read_text(encoding="utf-8")
     assert str(tmp_path) not in text and str(Path.cwd()) not in text
     raw = read_raw(raw_path(out))
     assert raw["run_id"].nunique() == 1
     comm = raw[(raw["kind"] == "collective") & (raw["status"] == "ok")]
-    assert set(comm["rank"]) == {0, 1} and set(comm["op"]) == set(COLLECTIVES)
+    assert set(comm["rank"]) == {0, 1} and set(comm["op"]) == set(KNOWN_COLLECTIVES)
     assert (comm["median_s"] > 0).all()
     assert 16 * 2**20 in set(comm["work"])
     # the measured compute terms of this run: cold-cache GEMMs, the layer's elementwise rate,

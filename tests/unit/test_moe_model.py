@@ -35,6 +35,7 @@ from plansim.specs.model import (
     ModelSpec,
     Normalization,
     PositionEmbedding,
+    require_dense,
     require_simulated,
     unsimulated_features,
 )
@@ -463,51 +464,42 @@ def test_forward_flops_are_two_per_active_matmul_weight_plus_attention() -> None
 
 
 @pytest.mark.parametrize("name", moe_preset_names())
-def test_every_moe_preset_is_refused_by_one_message(name: str) -> None:
+def test_every_moe_preset_is_planned_and_the_dense_counts_refuse_it(name: str) -> None:
     model = resolve_model(name)
     assert MOE_PRESETS[name].__doc__, f"{name} factory has no docstring citing its source"
     assert model.name == name
-    with pytest.raises(SpecError, match=rf"^{name} has .*routed experts.*: plansim describes"):
-        require_simulated(model)
+    require_simulated(model)  # planned and simulated now (plansim.analytic.moe_layer)
     plan = plan_from_fields(dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=1)
-    with pytest.raises(SpecError, match="does not yet plan or simulate expert layers"):
-        check_plan(model, plan, round_profile())
-    # the dense counts refuse too, rather than count the experts as one dense MLP
+    check_plan(model, plan, round_profile())  # a result (rejected or not), not an error
+    # the dense counts refuse, rather than count the experts as one dense MLP
     with pytest.raises(SpecError, match="routed experts"):
         count_parameters(model)
     with pytest.raises(SpecError, match="routed experts"):
         model_flops_per_step(model, global_batch_size=1)
 
 
-def test_refusal_message_names_every_missing_feature() -> None:
+def test_dense_count_refusal_names_every_feature() -> None:
     with pytest.raises(SpecError) as info:
-        require_simulated(resolve_model("deepseek-v3"))
+        require_dense(resolve_model("deepseek-v3"))
     assert str(info.value) == (
         "deepseek-v3 has 256 routed experts, Multi-head Latent Attention and 1 MTP module: "
-        "plansim describes such models (parameters, FLOPs: plansim models NAME_OR_CONFIG) "
-        "but does not yet plan or simulate expert layers, MLA or MTP modules"
+        "the dense counts do not cover expert layers, MLA or MTP modules "
+        "(plansim.analytic.moe_counts counts them)"
     )
     with pytest.raises(SpecError, match=r"attention num_attention_heads\(64\) x kv_channels"):
-        require_simulated(resolve_model("gpt-oss-120b"))
+        require_dense(resolve_model("gpt-oss-120b"))
     # a head width equal to h / a is no feature
     dense = dataclasses.replace(resolve_model("llama3-8b"), kv_channels=128)
-    require_simulated(dense)
+    require_dense(dense)
 
 
-def test_cli_refuses_plan_and_simulate_with_one_error(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    plan = ["plan", "--model", "mixtral-8x7b", "--gpu", "h100-sxm5-80gb"]
-    assert main([*plan, "--gpus", "64", "--gbs", "64", "--jobs", "1"]) == 2
-    err = capsys.readouterr().err
-    assert err == (
-        "plansim: error: mixtral-8x7b has 8 routed experts: plansim describes such models "
-        "(parameters, FLOPs: plansim models NAME_OR_CONFIG) but does not yet plan or simulate "
-        "expert layers\n"
-    )
-    simulate = ["simulate", "--model", "deepseek-v3", "--gpu", "h100-sxm5-80gb", "--gpus", "8"]
-    assert main([*simulate, "--tp", "1", "--pp", "1", "--mbs", "1", "--gbs", "8"]) == 2
-    assert "deepseek-v3 has 256 routed experts" in capsys.readouterr().err
+def test_cli_plans_a_model_with_experts(capsys: pytest.CaptureFixture[str]) -> None:
+    plan = ["plan", "--model", "qwen3-30b-a3b", "--gpu", "h100-sxm5-80gb", "--gpus", "8"]
+    assert main([*plan, "--gbs", "64", "--jobs", "1", "--pp", "1", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.strip().startswith("rank"))
+    assert {"ep", "etp", "edp", "exposed_a2a_pct"} <= set(header.split())
+    assert "layout does not divide the experts" in out or "rejected" in out
 
 
 # ----------------------------------------------------------------------------- catalog and CLI
@@ -519,7 +511,7 @@ def test_unknown_model_names_the_moe_presets_too() -> None:
     assert isinstance(info.value, UnknownModelError)
     assert info.value.known == sorted(preset_names())
     assert info.value.described == sorted(moe_preset_names())
-    assert "described only (experts: parameters and FLOPs, not yet simulated): " in str(info.value)
+    assert "with experts: " in str(info.value)
     assert "deepseek-v3" in str(info.value) and "llama3-8b" in str(info.value)
 
 
@@ -537,7 +529,7 @@ def test_cli_models_deepseek_v3_shows_total_and_active(
     assert rows["moe_layer/routed_experts"] == f"{256 * 44_040_192:,d}"
     assert rows["mtp/modules"] == "1"
     assert "forward/routed_experts" in rows and "model_flops_per_token" in rows
-    assert lines[-1].startswith("note: deepseek-v3 has 256 routed experts")
+    assert not lines[-1].startswith("note:")
 
 
 def test_cli_models_moe_lists_the_moe_presets(capsys: pytest.CaptureFixture[str]) -> None:

@@ -56,7 +56,7 @@ def test_a_plan_file_reads_back_to_the_same_file(tmp_path: Path) -> None:
     assert doc["plan"]["pipeline"]["schedule"] == "interleaved-1f1b"  # enums as their values
     assert doc["plan"]["dims"] == {
         "dp": 32, "tp": 4, "pp": 8, "cp": 1, "vpp": 6, "sequence_parallel": True, "ep": 1,
-        "etp": None,
+        "etp": None, "expert_load_imbalance": 1.0,
     }  # fmt: skip
 
 

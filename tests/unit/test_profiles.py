@@ -36,10 +36,12 @@ SHIPPED = (
     "a100-sxm4-40gb",
     "a100-sxm4-80gb",
     "b200-sxm-180gb",
+    "dgx-b300",
     "gb200-nvl72",
     "gb300-nvl72",
     "h100-sxm5-80gb",
     "h200-sxm-141gb",
+    "h800-sxm5-80gb",
     "mi300x-192gb",
 )
 #: Profiles measured by ``plansim calibrate`` on a machine of CI's kind (raw CSV beside them).
@@ -57,6 +59,8 @@ MAMF_TFLOPS = {
     "h200-sxm-141gb": {"bf16": 794.5, "fp8": 1453.4},
     "b200-sxm-180gb": {"bf16": 1745.0, "fp8": 3432.5, "fp4": 5500.0},
     "gb200-nvl72": {"bf16": 1822.0, "fp8": 3615.6, "fp4": 5500.0 / 9000 * 10000},
+    "h800-sxm5-80gb": {"bf16": 794.5, "fp8": 1402.6},
+    "dgx-b300": {"bf16": 1769.0, "fp8": 3353.3, "fp4": 5500.0 / 9000 * 12600},
     # GB200's: no GB300 MAMF (HP12 note 24); fp4 15000 peak (HP12)
     "gb300-nvl72": {"bf16": 1822.0, "fp8": 3615.6, "fp4": 5500.0 / 9000 * 15000},
     "mi300x-192gb": {"bf16": 668.4, "fp8": 668.4 / 1307.4 * 2610},  # fp8: bf16's fraction

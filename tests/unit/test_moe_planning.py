@@ -1,0 +1,184 @@
+"""Planning and simulating models with routed experts: dispatch volumes, expert shards,
+all-to-all pricing, the ep/etp enumeration, rejections, the timeline and the MoE back-test."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from plansim.analytic.comm import all_to_all_time_s
+from plansim.analytic.moe_counts import count_moe_parameters
+from plansim.analytic.moe_layer import (
+    dispatch_message_bytes,
+    expert_traffic,
+    rank_parameter_split,
+    tokens_per_local_expert,
+)
+from plansim.analytic.ranks import GroupSpan
+from plansim.catalog import MOE_PRESETS
+from plansim.errors import SpecError
+from plansim.io.profiles import load_profile
+from plansim.io.runs import read_runs
+from plansim.planner.backtest import predict_row
+from plansim.planner.enumerate import enumerate_plans
+from plansim.planner.evaluate import Evaluation, Rejected, check_plan, evaluate
+from plansim.planner.space import SearchSpace
+from plansim.specs.model import Activation, ModelSpec, Normalization, PositionEmbedding
+from plansim.specs.moe import MoESpec, RouterScore, RouterSpec
+from plansim.specs.plan import plan_from_fields
+
+MOE_RUNS = Path(__file__).resolve().parents[2] / ".." / "shared" / "reference" / "moe_runs.csv"
+
+
+def _tiny_moe(**changes: object) -> ModelSpec:
+    """4 layers (the first dense), h 1024, 8 experts of 512, top-2, 1 shared expert."""
+    fields: dict[str, object] = {
+        "name": "tiny-moe",
+        "num_layers": 4,
+        "hidden_size": 1024,
+        "num_attention_heads": 8,
+        "num_query_groups": 8,
+        "ffn_hidden_size": 2048,
+        "activation": Activation.SWIGLU,
+        "seq_length": 512,
+        "vocab_size": 4096,
+        "tied_embeddings": False,
+        "normalization": Normalization.RMSNORM,
+        "position_embedding": PositionEmbedding.ROPE,
+        "add_bias_linear": False,
+        "dropout": False,
+        "moe": MoESpec(
+            num_experts=8,
+            expert_ffn_hidden_size=512,
+            router=RouterSpec(score=RouterScore.SOFTMAX, top_k=2),
+            num_shared_experts=1,
+            first_k_dense_layers=1,
+        ),
+    }
+    fields.update(changes)
+    return ModelSpec(**fields)  # type: ignore[arg-type]
+
+
+def _plan(**fields: object):
+    base: dict[str, object] = {
+        "dp": 8, "tp": 1, "pp": 1, "ep": 4, "etp": 1, "micro_batch_size": 2,
+        "global_batch_size": 32, "zero_stage": 1,
+    }  # fmt: skip
+    base.update(fields)
+    return plan_from_fields(**base)
+
+
+def test_dispatch_volume_hand_worked() -> None:
+    # b = 2 sequences of s = 512 tokens, tp = cp = 1: T = 1024 tokens routed by a rank, each
+    # to top_k = 2 experts: 2048 rows of h = 1024 16-bit values = 4 MiB per all-to-all.
+    model, plan = _tiny_moe(), _plan()
+    assert dispatch_message_bytes(model, plan) == 2 * 1024 * 2 * 1024
+    # the EP group of 4 ranks holds 8 experts, 2 each; it routes 4 x 2048 rows: 1024 per expert
+    assert tokens_per_local_expert(model, plan) == 1024
+    traffic = expert_traffic(model, plan)
+    assert traffic.etp_gather_bytes == 0.0
+    assert traffic.stored_rows_bytes == 2 * 1024 * 2 * 1024
+    # a 1.5x busier rank gets 1.5x the rows and bytes
+    busy = _plan(expert_load_imbalance=1.5)
+    assert tokens_per_local_expert(model, busy) == 1536
+    assert dispatch_message_bytes(model, busy) == 1.5 * 2 * 1024 * 2 * 1024
+
+
+def test_all_to_all_inside_and_across_nodes() -> None:
+    profile = load_profile("h100-sxm5-80gb")
+    message = 64 * 2**20
+    curve = profile.intra_node.get("all_to_all") or profile.intra_node["all_gather"]
+    inside = all_to_all_time_s(
+        profile, message_bytes=message, span=GroupSpan(size=8, members_per_node=8, num_nodes=1)
+    )
+    assert inside == pytest.approx(
+        curve.latency_s + message * 7 / 8 / curve.busbw_bytes_per_s(message)
+    )
+    across = all_to_all_time_s(
+        profile, message_bytes=message, span=GroupSpan(size=64, members_per_node=8, num_nodes=8)
+    )
+    nic = profile.nic_bytes_per_s * profile.message_busbw_fraction(message)
+    # 56/64 of the buffer leaves the node through the rank's own NIC rail
+    assert across >= message * 56 / 64 / nic
+    assert across > inside
+    assert (
+        all_to_all_time_s(
+            profile, message_bytes=message, span=GroupSpan(size=1, members_per_node=1, num_nodes=1)
+        )
+        == 0.0
+    )
+
+
+def test_expert_shards_add_up_to_the_model() -> None:
+    model = MOE_PRESETS["deepseek-v3"]()
+    plan = plan_from_fields(
+        dp=128, tp=1, pp=16, ep=64, micro_batch_size=1, global_batch_size=15360,
+        zero_stage=1, decoder_first_pipeline_num_layers=3, decoder_last_pipeline_num_layers=2,
+    )  # fmt: skip
+    counts = count_moe_parameters(model)
+    splits = [rank_parameter_split(model, plan, rank=r) for r in range(plan.pp)]
+    whole = sum(s.dense for s in splits) + sum(s.expert for s in splits) * plan.ep
+    assert whole == pytest.approx(counts.total_with_mtp, rel=1e-12)
+    # 58 MoE layers' 256 experts of 3 x 7168 x 2048 over ep 64: 4 experts a layer per rank
+    moe_layers = sum(model.moe.is_moe_layer(i) for i in range(model.num_layers))  # type: ignore[union-attr]
+    assert moe_layers == 58
+    assert splits[1].expert == 4 * 4 * 3 * 7168 * 2048
+
+
+def test_plan_with_experts_shows_dispatch_on_the_timeline() -> None:
+    model, profile = _tiny_moe(), load_profile("h100-sxm5-80gb")
+    ev = evaluate(model, _plan(), profile)
+    assert isinstance(ev, Evaluation)
+    kinds = set(ev.result.timeline["kind"])
+    assert "ep_comm" in kinds
+    assert ev.exposed_comm_s_by_kind["ep_comm"] > 0
+    # no expert parallelism: no all-to-all, and each rank holds all 8 experts
+    alone = evaluate(model, _plan(ep=1), profile)
+    assert isinstance(alone, Evaluation)
+    assert alone.exposed_comm_s_by_kind.get("ep_comm", 0.0) == 0.0
+    assert alone.memory.weights_bytes > ev.memory.weights_bytes
+
+
+def test_rejections_name_the_expert_rule() -> None:
+    model, profile = _tiny_moe(), load_profile("h100-sxm5-80gb")
+    bad = check_plan(model, _plan(dp=6, ep=6, global_batch_size=24), profile)
+    assert isinstance(bad, Rejected)
+    assert bad.category == "layout does not divide the experts"
+    assert "num_experts(8) is not divisible by ep(6)" in bad.reason
+    zero3 = check_plan(model, _plan(zero_stage=3), profile)
+    assert isinstance(zero3, Rejected) and zero3.category == "not modelled with experts"
+    dense = check_plan(dataclasses.replace(model, moe=None), _plan(), profile)
+    assert isinstance(dense, Rejected) and "this model is dense" in dense.reason
+
+
+def test_enumeration_folds_ep_into_tp_cp_dp() -> None:
+    space = SearchSpace(
+        tp=(2,), pp=(1,), micro_batch_size=(1,), ep=(1, 2, 4, 8), etp=(1, None),
+        zero_stages=(1,), recomputes=(), sequence_parallel=(True,),
+    )  # fmt: skip
+    space = dataclasses.replace(space, recomputes=space.recomputes or SearchSpace().recomputes[:1])
+    plans = list(enumerate_plans(num_gpus=8, global_batch_size=8, space=space, num_layers=4))
+    pairs = {(p.ep, p.dims.expert_tensor_parallel_size) for p in plans}
+    # tp x dp = 8 ranks: ep x etp must divide 8 (etp None = tp = 2)
+    assert pairs == {(1, 1), (2, 1), (4, 1), (8, 1), (1, 2), (2, 2), (4, 2)}
+    assert all(p.dims.edp * p.ep * p.dims.expert_tensor_parallel_size == 8 for p in plans)
+
+
+def test_bad_imbalance_is_one_clear_error() -> None:
+    with pytest.raises(SpecError, match="expert_load_imbalance must be a finite number >= 1"):
+        _plan(expert_load_imbalance=0.5)
+
+
+@pytest.mark.skipif(not MOE_RUNS.exists(), reason="shared reference data not present")
+def test_moe_backtest_rows() -> None:
+    _, rows = read_runs(MOE_RUNS)
+    by_id = {r.row_id: r for r in rows}
+    hybrid = predict_row(by_id["M0011"])
+    assert hybrid.status == "skipped" and "hybrid" in hybrid.note
+    qwen = predict_row(by_id["M0008"])  # Qwen3-30B-A3B, 8 GB200, EP8, MBS 4, MXFP8
+    assert qwen.status == "ok" and qwen.step_time_error_pct is not None
+    assert abs(qwen.step_time_error_pct) < 40
+    assert qwen.exposed_comm_s_by_kind["ep_comm"] > 0
+    assert qwen.plan is not None and qwen.plan.ep == 8
