@@ -60,6 +60,7 @@ there).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -103,6 +104,7 @@ def routed_ffn_width(model: ModelSpec) -> int:
     )
 
 
+@functools.lru_cache(maxsize=64)  # pure; a search prices the same model's proxy per plan
 def dense_proxy(model: ModelSpec, *, moe_layer: bool) -> ModelSpec:
     """The dense ModelSpec the elementwise, activation and TP-message models price in place
     of a layer of ``model`` (module docstring): MLA as MHA of head width qk_nope + qk_rope,

@@ -123,7 +123,7 @@ NOT_IN_ACTIVATIONS = (
     "overlap_grad_reduce", "overlap_param_gather", "gradient_accumulation_fusion",
     "grad_reduce_in_bf16", "scatter_gather_p2p", "dp_sync", "ps_servers",
     "offload_optimizer", "offload_param", "zero3_param_fetch", "use_torch_fsdp2", "dp_shard",
-    "reshard_after_forward", "fused_elementwise", "persist_layer_norm",
+    "reshard_after_forward", "fused_elementwise", "persist_layer_norm", "ep",
 )  # fmt: skip
 #: The memo key fields of a rank's activation pricing (every plan field outside
 #: NOT_IN_ACTIVATIONS), for this module and ``memory.transient_bytes``.
@@ -176,6 +176,13 @@ def stored_activation_bytes(
     per_mb, stored = _rank_activations(model, plan, rank=rank, memo=memo)
     if len(set(stored)) == 1:
         return per_mb * microbatches_in_flight(plan, rank=rank)
+    key = ("stored_peak", rank, plan.num_microbatches, *activation_key(plan))
+    return memoised(memo, key, lambda: _replayed_peak(plan, stored, rank=rank))
+
+
+def _replayed_peak(plan: ParallelPlan, stored: tuple[float, ...], *, rank: int) -> float:
+    """Peak stored bytes of ``rank`` replaying its interleaved 1F1B order, ``stored`` the
+    bytes of each of its chunks (:func:`stored_activation_bytes`)."""
     p, v, m = plan.pp, plan.vpp, plan.num_microbatches
     warmup = interleaved_warmup(rank, num_ranks=p, num_microbatches=m, vpp=v)
     live = sum(stored[interleaved_chunk(k, num_ranks=p, vpp=v)] for k in range(warmup))

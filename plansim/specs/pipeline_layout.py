@@ -14,6 +14,7 @@ so a layout must put ``E`` only in the first stage and ``L`` / ``m`` only in the
 
 from __future__ import annotations
 
+import functools
 import re
 
 from plansim.errors import SpecError
@@ -24,6 +25,7 @@ _GROUP = re.compile(r"\(([^()]*)\)\*(\d+)")
 _SYMBOL_REPEAT = re.compile(r"([EtmL])\*(\d+)")
 
 
+@functools.lru_cache(maxsize=256)  # pure: a search checks the same few strings per plan
 def expand_layout(text: str) -> tuple[str, ...]:
     """The stages of a layout string, each a string of symbols (repetitions expanded).
 
@@ -59,6 +61,7 @@ def _count(field: str, text: str, digits: str) -> int:
     return count
 
 
+@functools.lru_cache(maxsize=256)
 def layout_stage_layers(text: str, *, num_stages: int) -> tuple[int, ...]:
     """Transformer layers of each of ``num_stages`` stages under the layout ``text``.
 
