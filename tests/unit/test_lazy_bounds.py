@@ -131,6 +131,8 @@ PAIRS: dict[str, tuple[dict[str, object], dict[str, object]]] = {
     "use_torch_fsdp2": (ZERO3, {"use_torch_fsdp2": True}),
     "reshard_after_forward": (ZERO3, {"reshard_after_forward": False}),
     "dp_shard": ({}, {"dp_shard": 2}),
+    # dense here; tests/unit/test_moe_planning.py checks a model with experts
+    "ep": ({"etp": 1}, {"ep": 2}),
 }
 
 

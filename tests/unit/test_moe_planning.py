@@ -17,6 +17,7 @@ from plansim.analytic.moe_layer import (
     tokens_per_local_expert,
 )
 from plansim.analytic.ranks import GroupSpan
+from plansim.analytic.stored_activations import microbatch_activation_bytes
 from plansim.catalog import MOE_PRESETS
 from plansim.errors import SpecError
 from plansim.io.profiles import load_profile
@@ -182,3 +183,18 @@ def test_moe_backtest_rows() -> None:
     assert abs(qwen.step_time_error_pct) < 40
     assert qwen.exposed_comm_s_by_kind["ep_comm"] > 0
     assert qwen.plan is not None and qwen.plan.ep == 8
+
+
+def test_activations_do_not_depend_on_ep() -> None:
+    # what the memo keys rely on (stored_activations.NOT_IN_ACTIVATIONS lists ep): the rows a
+    # rank stores are its T*k*etp received rows whatever ep spreads the experts over
+    model = _tiny_moe()
+    one, four = _plan(ep=1), _plan(ep=4)
+    for rank in range(one.pp):
+        assert microbatch_activation_bytes(model, one, rank=rank) == microbatch_activation_bytes(
+            model, four, rank=rank
+        )
+    # and the check can fail: etp changes them (each etp rank holds the group's rows)
+    assert microbatch_activation_bytes(
+        model, _plan(tp=2, etp=2, sequence_parallel=True), rank=0
+    ) != (microbatch_activation_bytes(model, _plan(tp=2, etp=1, sequence_parallel=True), rank=0))
