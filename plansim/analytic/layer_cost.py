@@ -53,6 +53,8 @@ from plansim.analytic.op_overheads import (
 )
 from plansim.analytic.params import count_parameters
 from plansim.analytic.ranks import LayoutGroups, group_span
+from plansim.analytic.recompute_modules import UP_GEMMS
+from plansim.analytic.recompute_modules import recompute_s as module_recompute_s
 from plansim.analytic.ring_attention import ring_attention_times
 from plansim.analytic.tp_comm import tp_pass_times
 from plansim.specs.hardware import HardwareProfile
@@ -291,14 +293,23 @@ def layer_pass_times(
     A model with experts, MLA or MTP modules: its GEMMs from ``moe_layer.layer_kind_gemms``
     (a MoE layer's with ``moe_layer``), its memory-bound kernels, TP messages and recompute
     from ``moe_layer.dense_proxy``, and in a MoE layer the routing kernels and the dispatch
-    and combine all-to-alls (:func:`moe_pass_extras`).
+    and combine all-to-alls (:func:`moe_pass_extras`). With ``plan.recompute_modules``, the
+    modules' recompute on top (``recompute_modules.recompute_s``).
     """
     gemms = layer_gemms(model, plan, moe_layer=moe_layer)
     if not is_dense(model):
         proxy = dense_proxy(model, moe_layer=moe_layer)
         times = _pass_times(proxy, plan, profile, groups, gemms=gemms, proxy=True)
-        return moe_pass_extras(model, plan, profile, groups, times) if moe_layer else times
-    return _pass_times(model, plan, profile, groups, gemms=gemms)
+        if moe_layer:
+            times = moe_pass_extras(model, plan, profile, groups, times)
+    else:
+        times = _pass_times(model, plan, profile, groups, gemms=gemms)
+    if plan.recompute_modules is None:
+        return times
+    dtype = matmul_dtype(plan)
+    up = {g.name: gemm_time_s(g, profile, dtype=dtype) for g in gemms if g.name in UP_GEMMS}
+    extra = module_recompute_s(model, plan, profile, gemm_forward_s=up, moe_layer=moe_layer)
+    return dataclasses.replace(times, recompute_s=times.recompute_s + extra)
 
 
 def _pass_times(

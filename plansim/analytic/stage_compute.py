@@ -30,7 +30,7 @@ from plansim.specs.plan import PLAN_FIELDS, ParallelPlan
 #: gradient accumulation).
 PASS_FIELDS = (
     "micro_batch_size", "tp", "cp", "attention", "precision", "recompute",
-    "sequence_parallel", "tp_comm_overlap", "gradient_accumulation_fusion",
+    "recompute_modules", "sequence_parallel", "tp_comm_overlap", "gradient_accumulation_fusion",
     "grad_reduce_in_bf16", "fused_elementwise", "persist_layer_norm",
 )  # fmt: skip
 #: Plan fields the compute-stream seconds of the stages (:func:`stage_compute_s`) do not

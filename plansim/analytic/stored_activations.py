@@ -11,6 +11,7 @@ from plansim.analytic.activations import layer_activations
 from plansim.analytic.elementwise import QUANTIZED_ELEMENT_BYTES
 from plansim.analytic.memo import Memo, fields_getter, memoised
 from plansim.analytic.moe_layer import dense_proxy, expert_traffic, is_dense
+from plansim.analytic.recompute_modules import saved_bytes
 from plansim.schedule.builders import interleaved_chunk, interleaved_warmup
 from plansim.specs.layer_split import stage_bf16_layers, stage_layer_counts
 from plansim.specs.model import ModelSpec
@@ -60,14 +61,20 @@ def _layer_stored_bytes(model: ModelSpec, plan: ParallelPlan, recompute: Recompu
     experts or MLA: its MoE layer's (every layer priced as one, an upper bound for the
     narrower dense layers), the dense proxy's bytes (``moe_layer.dense_proxy``) plus, unless
     the layer is fully recomputed, the received token rows and router state
-    (``moe_layer.expert_traffic``)."""
+    (``moe_layer.expert_traffic``); with selective recompute, less what the plan's recompute
+    modules do not keep (``recompute_modules.saved_bytes``)."""
     extra = 0.0
+    priced = model
     if not is_dense(model):
         if model.moe is not None and recompute is not Recompute.FULL:
             traffic = expert_traffic(model, plan)
             rows = traffic.stored_rows_bytes * saved_gemm_input_bytes(plan) / 2.0
             extra = rows + traffic.router_state_bytes
-        model = dense_proxy(model, moe_layer=model.moe is not None)
+        priced = dense_proxy(model, moe_layer=model.moe is not None)
+    if recompute is Recompute.SELECTIVE and plan.recompute_modules is not None:
+        q = saved_gemm_input_bytes(plan)
+        extra -= saved_bytes(model, plan, gemm_input_bytes=q, kv_size=priced.kv_size)
+    model = priced
     return (
         extra
         + layer_activations(

@@ -169,6 +169,34 @@ def _add_framework_args(g: argparse._ArgumentGroup) -> None:
         "without dropout; needs --recompute full)",
     )
     g.add_argument(
+        "--recompute-modules",
+        default=None,
+        metavar="LIST",
+        help="with --recompute selective, what Megatron-Core also recomputes, comma-separated: "
+        "mla_up_proj, layernorm, moe_act (--recompute-modules; DeepSeek-V3 recomputes "
+        "RMSNorm and the MLA up-projections)",
+    )
+    g.add_argument("--ep", type=int, default=1, help="expert-parallel size (models with experts)")
+    g.add_argument(
+        "--etp",
+        type=int,
+        default=None,
+        help="expert tensor-parallel size (default: tp, as Megatron-Core)",
+    )
+    g.add_argument(
+        "--expert-load-imbalance",
+        type=float,
+        default=1.0,
+        help="routed rows on the busiest EP rank over the mean (>= 1; default 1.0, balanced)",
+    )
+    g.add_argument(
+        "--pipeline-model-parallel-layout",
+        default=None,
+        metavar="LAYOUT",
+        help="every pipeline stage's layers, Megatron-Core's syntax (e.g. 'Et|(tt|)*30L': E "
+        "embedding, t layer, L loss, | between stages)",
+    )
+    g.add_argument(
         "--no-scatter-gather-tensors-in-pipeline",
         dest="scatter_gather_p2p",
         action="store_false",
@@ -224,6 +252,11 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
         **shared_plan_fields(args, dp=dp),
         cp=args.cp,
         recompute_early_stop=args.recompute_early_stop,
+        recompute_modules=args.recompute_modules,
+        ep=args.ep,
+        etp=args.etp,
+        expert_load_imbalance=args.expert_load_imbalance,
+        pipeline_model_parallel_layout=args.pipeline_model_parallel_layout,
         precision=Precision(args.precision),
         attention=AttentionKernel(args.attention),
         dp_sync=dp_syncs_from_args(args)[0],

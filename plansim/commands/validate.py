@@ -141,7 +141,8 @@ VALIDATED_FIELDS = (
     "dp", "tp", "pp", "vpp", "micro_batch_size", "global_batch_size", "zero_stage", "dp_shard",
     "recompute", "recompute_num_layers", "sequence_parallel", "schedule", "precision",
     "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
-    "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+    "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split", "ep",
+    "etp",
 )  # fmt: skip
 
 

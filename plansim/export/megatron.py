@@ -74,7 +74,7 @@ MEGATRON_VERSION = "core_v0.16.1"
 _FRAMEWORK = f"Megatron-LM {MEGATRON_VERSION}"
 
 #: One argument: the flag alone, or the flag and its value.
-Arg = tuple[str] | tuple[str, str]
+Arg = tuple[str, ...]
 
 
 def megatron_arguments(plan: ParallelPlan, model: ModelSpec) -> tuple[str, ...]:
@@ -313,7 +313,13 @@ def _data_parallel_args(plan: ParallelPlan) -> list[Arg]:
 
 def _recompute_args(plan: ParallelPlan) -> list[Arg]:
     if plan.recompute is Recompute.SELECTIVE:
-        return [("--recompute-granularity", "selective")]
+        modules = plan.recomputation.modules
+        if not modules:
+            return [("--recompute-granularity", "selective")]
+        return [
+            ("--recompute-granularity", "selective"),
+            ("--recompute-modules", "core_attn", *modules),
+        ]
     if plan.recompute is not Recompute.FULL:
         return []
     block = plan.recompute_num_layers
@@ -393,4 +399,41 @@ def _model_args(model: ModelSpec) -> list[Arg]:
         args.append(("--untie-embeddings-and-output-weights",))
     if not model.dropout:
         args += [("--hidden-dropout", "0.0"), ("--attention-dropout", "0.0")]
+    if model.kv_channels is not None:
+        args.append(("--kv-channels", str(model.kv_channels)))
+    return args + _moe_model_args(model)
+
+
+def _moe_model_args(model: ModelSpec) -> list[Arg]:
+    """Megatron-Core's MoE, MLA and MTP arguments (``--num-experts``, ``--moe-router-topk``,
+    ``--moe-ffn-hidden-size``, ``--moe-layer-freq`` as a per-layer list, ...)."""
+    args: list[Arg] = []
+    moe = model.moe
+    if moe is not None:
+        pattern = "".join("1" if moe.is_moe_layer(i) else "0" for i in range(model.num_layers))
+        freq = "[" + ",".join(pattern) + "]"
+        args += [
+            ("--num-experts", str(moe.num_experts)),
+            ("--moe-router-topk", str(moe.top_k)),
+            ("--moe-ffn-hidden-size", str(moe.expert_ffn_hidden_size)),
+            ("--moe-router-score-function", moe.router.score.value),
+            ("--moe-layer-freq", freq),
+            ("--moe-token-dispatcher-type", "alltoall"),
+            ("--moe-grouped-gemm",),
+        ]
+        if moe.num_shared_experts:
+            width = moe.num_shared_experts * moe.shared_ffn_hidden_size
+            args.append(("--moe-shared-expert-intermediate-size", str(width)))
+    mla = model.mla
+    if mla is not None:
+        args += [("--multi-latent-attention",), ("--kv-lora-rank", str(mla.kv_lora_rank))]
+        if mla.q_lora_rank is not None:
+            args.append(("--q-lora-rank", str(mla.q_lora_rank)))
+        args += [
+            ("--qk-head-dim", str(mla.qk_nope_head_dim)),
+            ("--qk-pos-emb-head-dim", str(mla.qk_rope_head_dim)),
+            ("--v-head-dim", str(mla.v_head_dim)),
+        ]
+    if model.mtp_num_layers is not None:
+        args.append(("--mtp-num-layers", str(model.mtp_num_layers)))
     return args

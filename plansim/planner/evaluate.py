@@ -15,6 +15,7 @@ from plansim.analytic.memory import MemoryBreakdown, rank_memory, worst_rank_mem
 from plansim.analytic.moe_counts import forward_flops_per_token
 from plansim.analytic.moe_layer import is_dense, moe_option_reason, moe_split_reason
 from plansim.analytic.offload import host_memory_rejection, offloads, require_host
+from plansim.analytic.recompute_modules import recompute_modules_reason
 from plansim.schedule.actions import PerRankActions
 from plansim.schedule.builders import build_actions
 from plansim.sim.engine import simulate
@@ -128,6 +129,9 @@ def _layout_rejection(
     reason = moe_option_reason(model, plan)
     if reason:
         return "not modelled with experts", reason
+    reason = recompute_modules_reason(model, plan)
+    if reason:
+        return "recompute module does not apply", reason
     if model.ffn_hidden_size % plan.tp:
         return (
             "layout does not divide the model",

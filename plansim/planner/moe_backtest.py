@@ -194,6 +194,7 @@ def _row_plans(row: RunRow, model: ModelSpec, notes: list[str]) -> list[Parallel
     if mbs_cell is None:
         notes.append(f"micro-batch not stated: fastest of {SEARCHED_MICRO_BATCH_SIZES}")
     recompute = Recompute.SELECTIVE if row.text("recompute") else Recompute.NONE
+    modules = _recompute_modules(row.text("recompute") or "", notes)
     if "dualpipe" in (row.text("notes") or "").lower() or "DualPipe" in (
         row.text("framework") or ""
     ):
@@ -207,6 +208,7 @@ def _row_plans(row: RunRow, model: ModelSpec, notes: list[str]) -> list[Parallel
     fields = dict(
         dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, ep=ep, etp=etp, global_batch_size=gbs,
         zero_stage=1, sequence_parallel=tp > 1, precision=precision, recompute=recompute,
+        recompute_modules=modules,
         schedule=Schedule.INTERLEAVED_1F1B if vpp > 1 else Schedule.ONE_F_ONE_B,
         overlap_grad_reduce=dp > 1, overlap_param_gather=dp > 1, **split,
     )  # fmt: skip
@@ -219,3 +221,21 @@ def _row_plans(row: RunRow, model: ModelSpec, notes: list[str]) -> list[Parallel
         except PlansimError as exc:
             return f"stated layout not valid: {exc}"
     return plans or f"global batch {gbs} does not split over dp({dp}) micro-batches"
+
+
+def _recompute_modules(text: str, notes: list[str]) -> str | None:
+    """Megatron-Core recompute modules a row's recompute cell names: ``layernorm`` for
+    RMSNorm/LayerNorm, ``mla_up_proj`` for the MLA up-projections (unless the cell says that
+    recompute was removed), ``moe_act``; the dense layers' ``mlp`` recompute is not priced
+    (noted)."""
+    lowered = text.lower()
+    modules = []
+    if "rmsnorm" in lowered or "layernorm" in lowered:
+        modules.append("layernorm")
+    if ("up_proj" in lowered or "up-proj" in lowered) and "removed" not in lowered:
+        modules.append("mla_up_proj")
+    if "moe_act" in lowered:
+        modules.append("moe_act")
+    if re.search(r"\bmlp\b", lowered):
+        notes.append("the dense layers' mlp recompute is not priced")
+    return ",".join(modules) or None

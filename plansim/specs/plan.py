@@ -95,7 +95,7 @@ PLAN_FIELDS: tuple[str, ...] = (
     "reshard_after_forward", "dp_shard", "decoder_first_pipeline_num_layers",
     "decoder_last_pipeline_num_layers", "account_for_embedding_in_pipeline_split",
     "account_for_loss_in_pipeline_split", "pipeline_model_parallel_layout",
-    "recompute_num_layers", "recompute_early_stop",
+    "recompute_num_layers", "recompute_early_stop", "recompute_modules",
     "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16", "ep", "etp",
     "expert_load_imbalance", "framework", "framework_version",
 )  # fmt: skip
@@ -420,6 +420,11 @@ class ParallelPlan:
     def account_for_loss_in_pipeline_split(self) -> bool:
         """:attr:`PipelineOptions.account_for_loss_in_pipeline_split`."""
         return self.pipeline.account_for_loss_in_pipeline_split
+
+    @property
+    def recompute_modules(self) -> str | None:
+        """:attr:`RecomputeOptions.recompute_modules`."""
+        return self.recomputation.recompute_modules
 
     @property
     def pipeline_model_parallel_layout(self) -> str | None:

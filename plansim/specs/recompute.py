@@ -22,6 +22,11 @@ class Recompute(ChoiceEnum):
     SELECTIVE_OP = "selective-op"
 
 
+#: Megatron-Core ``--recompute-modules`` values plansim prices (besides ``core_attn``, the
+#: attention core of every selective recompute).
+RECOMPUTE_MODULES = ("mla_up_proj", "layernorm", "moe_act")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RecomputeOptions:
     """Which activations the backward recomputes.
@@ -43,15 +48,26 @@ class RecomputeOptions:
             collective after it are not rerun. False (the default): the whole forward
             again, as Megatron-LM's and DeepSpeed's own checkpoint functions do.
 
+        recompute_modules: with recompute selective, what Megatron-Core recomputes besides
+            the attention core, comma-separated (``--recompute-modules``): ``mla_up_proj``
+            (MLA's query and key/value up-projections, re-run from the stored latents),
+            ``layernorm`` (the two pre-attention/pre-MLP norms, their outputs not stored),
+            ``moe_act`` (the routed experts' activation function, its output not stored);
+            the DeepSeek-V3 report §3.2.3 recomputes RMSNorm and the MLA up-projections.
+            None: the attention core only (``core_attn``, Megatron's default). Priced in
+            ``plansim.analytic.recompute_modules``.
+
     Raises:
         SpecError: recompute not a :class:`Recompute`, recompute_early_stop not a boolean,
             recompute_num_layers not None or a positive integer, or either set without
-            recompute full.
+            recompute full; recompute_modules naming a module outside RECOMPUTE_MODULES,
+            naming one twice, or set without recompute selective.
     """
 
     recompute: Recompute = Recompute.NONE
     recompute_num_layers: int | None = None
     recompute_early_stop: bool = False
+    recompute_modules: str | None = None
 
     def __post_init__(self) -> None:
         if type(self.recompute) is not Recompute:
@@ -65,6 +81,8 @@ class RecomputeOptions:
                 f"plan.recompute_early_stop needs recompute {Recompute.FULL.value} (got "
                 f"{self.recompute.value}): it is how torch's checkpoint of a whole layer ends"
             )
+        if self.recompute_modules is not None:
+            self._check_modules()
         if self.recompute_num_layers is None:
             return
         require_positive_int("plan.recompute_num_layers", self.recompute_num_layers)
@@ -74,6 +92,32 @@ class RecomputeOptions:
                 f"{Recompute.FULL.value} (got {self.recompute.value}): Megatron-LM's block "
                 f"method recomputes whole layers"
             )
+
+    def _check_modules(self) -> None:
+        field = "plan.recompute_modules"
+        if not isinstance(self.recompute_modules, str):
+            raise SpecError(
+                f"{field} must be a comma-separated string, got {self.recompute_modules!r}"
+            )
+        names = self.modules
+        unknown = [n for n in names if n not in RECOMPUTE_MODULES]
+        if unknown or not names or len(set(names)) != len(names):
+            raise SpecError(
+                f"{field}({self.recompute_modules!r}): each of {', '.join(RECOMPUTE_MODULES)} "
+                f"at most once, comma-separated"
+            )
+        if self.recompute is not Recompute.SELECTIVE:
+            raise SpecError(
+                f"{field}({self.recompute_modules!r}) needs recompute "
+                f"{Recompute.SELECTIVE.value} (got {self.recompute.value})"
+            )
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        """The names of :attr:`recompute_modules` (empty when None)."""
+        if self.recompute_modules is None:
+            return ()
+        return tuple(n.strip() for n in self.recompute_modules.split(",") if n.strip())
 
     def recomputed_layers(self, chunk_layers: int) -> int:
         """Layers of a model chunk of ``chunk_layers`` whose forward the backward re-runs in
@@ -91,6 +135,8 @@ class RecomputeOptions:
         """'none', 'selective', 'full', 'full-block2' (block method, 2 layers per chunk), and
         '-early-stop' after full with :attr:`recompute_early_stop`."""
         label = self.recompute.value
+        if self.recompute_modules is not None:
+            label += "+" + "+".join(self.modules)
         if self.recompute_num_layers is not None:
             label += f"-block{self.recompute_num_layers}"
         return label + ("-early-stop" if self.recompute_early_stop else "")

@@ -174,7 +174,47 @@ def _checked_steps(timelines: tuple[pd.DataFrame, ...], *, num_ranks: int) -> li
                 f"measured timeline of step {i} has rank {int(df[tl.RANK].max())}; "
                 f"the plan has {num_ranks} pipeline ranks"
             )
-    return list(timelines)
+    return [carved_blocking(df) for df in timelines]
+
+
+#: The stream of collectives that block the compute stream (``plansim.specs.work.STREAMS``).
+_BLOCKING = "tp"
+
+
+def carved_blocking(df: pd.DataFrame) -> pd.DataFrame:
+    """A measured timeline whose compute rows leave out the blocking collectives they
+    enclose, as the simulation lays them out (its ``tp``-stream segments hold the compute
+    stream between compute segments: ``plansim.specs.work``).
+
+    The runner times a pipeline action as one compute interval, the expert-parallel
+    all-to-alls inside it as ``tp``-stream rows (``plansim.validate.expert_parallel``);
+    each compute row is cut into the pieces between the ``tp`` rows of its rank that lie
+    within it. Unchanged when there is no ``tp`` row (dense runs)."""
+    blocking = df[df[tl.STREAM] == _BLOCKING]
+    if blocking.empty:
+        return df
+    rows: list[dict[str, Any]] = []
+    holes = {
+        rank: sorted(zip(g[tl.START_S], g[tl.END_S], strict=True))
+        for rank, g in blocking.groupby(tl.RANK)
+    }
+    records: list[dict[str, Any]] = [
+        {str(k): v for k, v in r.items()} for r in df.to_dict("records")
+    ]
+    for row in records:
+        inside = [
+            (a, b)
+            for a, b in holes.get(row[tl.RANK], [])
+            if row[tl.STREAM] == tl.COMPUTE and a >= row[tl.START_S] and b <= row[tl.END_S]
+        ]
+        start = row[tl.START_S]
+        for a, b in inside:
+            if a > start:
+                rows.append({**row, tl.START_S: start, tl.END_S: a})
+            start = max(start, b)
+        if not inside or row[tl.END_S] > start:
+            rows.append({**row, tl.START_S: start})
+    return pd.DataFrame(rows, columns=df.columns)
 
 
 def _durations(df: pd.DataFrame) -> pd.Series:

@@ -235,3 +235,46 @@ def test_unsupported_expert_layouts_are_rejected(
     plan = plan_from_fields(**(base | fields))
     with pytest.raises(ValidateError, match=message):
         check_supported(model, plan)
+
+
+def test_validate_cli_compares_an_ep_plan_with_its_simulation(tmp_path) -> None:
+    """``plansim validate --plan`` runs ep and etp as planned, and the comparison cuts the
+    measured actions around their all-to-alls as the simulation lays them out."""
+    import json
+
+    from plansim.cli import main
+    from plansim.io.plan_file import PlanFile, write_plan_file
+    from plansim.specs.plan import Precision
+
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps(
+            {
+                "model_type": "mixtral", "hidden_size": 64, "intermediate_size": 128,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+                "num_local_experts": 4, "num_experts_per_tok": 2, "vocab_size": 128,
+                "max_position_embeddings": 64, "tie_word_embeddings": False,
+                "hidden_act": "silu",
+            }
+        )
+    )  # fmt: skip
+    plan = plan_from_fields(
+        dp=2, tp=1, pp=1, ep=2, etp=1, micro_batch_size=1, global_batch_size=4,
+        precision=Precision.FP32,
+    )  # fmt: skip
+    path = write_plan_file(
+        tmp_path / "plan.yaml",
+        PlanFile(plan=plan, model=str(config), gpu="cpu-2core-gloo", num_gpus=2, seq_length=32),
+    )
+    out = tmp_path / "out"
+    argv = ["validate", "--plan", str(path), "--backend", "gloo", "--steps", "2", "--out", str(out)]
+    assert main(argv) == 0
+    measured = pd.read_csv(out / "measured_timeline.csv")
+    simulated = pd.read_csv(out / "simulated_timeline.csv")
+    assert (measured["kind"] == "ep_comm").sum() == 2 * 2 * 4  # 2 layers, 2 micro-batches
+    assert (simulated["kind"] == "ep_comm").any()
+    comparison = json.loads((out / "comparison.json").read_text())
+    categories = comparison["categories_s"]
+    # every measured all-to-all is blocking, as simulated: all of it exposed
+    measured_comm = categories["communication"]["measured"]
+    assert categories["exposed_communication"]["measured"] == pytest.approx(measured_comm, rel=0.05)

@@ -124,6 +124,7 @@ _EXCLUDED = {
 #: Arguments that core_v0.16.1's ``arguments.py`` declares itself (not generated from
 #: ``TransformerConfig``), as the exporter writes them.
 _OWN_FLAGS = {
+    "--num-experts",  # Megatron-LM's name of num_moe_experts
     "--micro-batch-size",
     "--global-batch-size",
     "--num-virtual-stages-per-pipeline-rank",
@@ -223,6 +224,17 @@ def _megatron_configs(arguments: tuple[str, ...], *, dp: int) -> _MegatronConfig
             kwargs[name] = (not default) if isinstance(default, bool) else _value(text, default)
     if "--group-query-attention" not in args:
         kwargs.pop("num_query_groups", None)
+    if "--num-experts" in args:
+        kwargs["num_moe_experts"] = int(args["--num-experts"] or 0)
+    if "--moe-layer-freq" in args:  # Megatron-LM parses the per-layer list with eval
+        kwargs["moe_layer_freq"] = ast.literal_eval(args["--moe-layer-freq"] or "1")
+    if "--recompute-modules" in args:  # nargs="*": every token after the flag
+        at = arguments.index("--recompute-modules") + 1
+        modules = []
+        while at < len(arguments) and not arguments[at].startswith("--"):
+            modules.append(arguments[at])
+            at += 1
+        kwargs["recompute_modules"] = modules
     dtype = torch.bfloat16 if "--bf16" in args else torch.float16 if "--fp16" in args else None
     kwargs["params_dtype"] = dtype or torch.float32
     kwargs["pipeline_dtype"] = kwargs["params_dtype"]
@@ -668,3 +680,19 @@ def test_a_deepspeed_zero3_back_test_row_exports_on_todays_deepspeed(
     assert config.zero_optimization_stage == 3 and config.world_size == plan.dp == 384
     assert config.train_batch_size == plan.global_batch_size
     assert config.float16_config.enabled is True
+
+
+def test_megatron_core_accepts_a_moe_plan_with_layout_and_recompute_modules() -> None:
+    plan = _plan(
+        dp=8, tp=1, pp=2, vpp=2, ep=8, etp=1, micro_batch_size=1, global_batch_size=64,
+        zero_stage=1, recompute=Recompute.SELECTIVE, recompute_modules="layernorm,moe_act",
+        schedule=Schedule.INTERLEAVED_1F1B, overlap_p2p_comm=True,
+        pipeline_model_parallel_layout="Et*11|t*12|t*12|t*13L",
+    )  # fmt: skip
+    model = resolve_model("qwen3-30b-a3b")
+    tc = _megatron_configs(megatron_arguments(plan, model), dp=plan.dp).transformer
+    assert (tc.num_moe_experts, tc.moe_router_topk, tc.moe_ffn_hidden_size) == (128, 8, 768)
+    assert (tc.expert_model_parallel_size, tc.expert_tensor_parallel_size) == (8, 1)
+    assert tc.recompute_modules == ["core_attn", "layernorm", "moe_act"]
+    assert tc.kv_channels == 128 and tc.moe_grouped_gemm is True
+    assert tc.moe_layer_freq == [1] * 48

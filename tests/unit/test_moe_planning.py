@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from plansim.analytic.comm import all_to_all_time_s
+from plansim.analytic.memory import worst_rank_memory
 from plansim.analytic.moe_counts import count_moe_parameters
 from plansim.analytic.moe_layer import (
     dispatch_message_bytes,
@@ -19,7 +20,9 @@ from plansim.analytic.moe_layer import (
 from plansim.analytic.ranks import GroupSpan
 from plansim.analytic.stored_activations import microbatch_activation_bytes
 from plansim.catalog import MOE_PRESETS
+from plansim.cli import main
 from plansim.errors import SpecError
+from plansim.io.plan_file import PlanFile, read_plan_file, write_plan_file
 from plansim.io.profiles import load_profile
 from plansim.io.runs import read_runs
 from plansim.planner.backtest import predict_row
@@ -28,7 +31,7 @@ from plansim.planner.evaluate import Evaluation, Rejected, check_plan, evaluate
 from plansim.planner.space import SearchSpace
 from plansim.specs.model import Activation, ModelSpec, Normalization, PositionEmbedding
 from plansim.specs.moe import MoESpec, RouterScore, RouterSpec
-from plansim.specs.plan import plan_from_fields
+from plansim.specs.plan import Precision, Recompute, plan_from_fields
 
 MOE_RUNS = Path(__file__).resolve().parents[2] / ".." / "shared" / "reference" / "moe_runs.csv"
 
@@ -183,6 +186,12 @@ def test_moe_backtest_rows() -> None:
     assert abs(qwen.step_time_error_pct) < 40
     assert qwen.exposed_comm_s_by_kind["ep_comm"] > 0
     assert qwen.plan is not None and qwen.plan.ep == 8
+    deepseek = predict_row(by_id["M0274"])  # fits with the report's recompute
+    assert deepseek.status == "ok" and deepseek.plan is not None
+    assert deepseek.plan.recompute_modules == "layernorm,mla_up_proj"
+    guide = predict_row(by_id["M0222"])  # the guide's layout string, from the row's notes
+    assert guide.plan is not None
+    assert guide.plan.pipeline_model_parallel_layout == "Et|(tt|)*30L"
 
 
 def test_activations_do_not_depend_on_ep() -> None:
@@ -198,3 +207,91 @@ def test_activations_do_not_depend_on_ep() -> None:
     assert microbatch_activation_bytes(
         model, _plan(tp=2, etp=2, sequence_parallel=True), rank=0
     ) != (microbatch_activation_bytes(model, _plan(tp=2, etp=1, sequence_parallel=True), rank=0))
+
+
+def _deepseek_report_plan(modules: str | None):
+    """The DeepSeek-V3 report's layout (arXiv:2412.19437 §3.1-3.2): 2048 H800, PP16, EP64
+    over 8 nodes, ZeRO-1, no TP, fp8; 1F1B stands in for DualPipe."""
+    return plan_from_fields(
+        dp=128, tp=1, pp=16, ep=64, etp=1, micro_batch_size=1, global_batch_size=15360,
+        zero_stage=1, precision=Precision.FP8, recompute=Recompute.SELECTIVE,
+        recompute_modules=modules, decoder_first_pipeline_num_layers=3,
+        decoder_last_pipeline_num_layers=2,
+    )  # fmt: skip
+
+
+def test_deepseek_v3_layout_fits_with_its_stated_recompute() -> None:
+    model, profile = MOE_PRESETS["deepseek-v3"](), load_profile("h800-sxm5-80gb")
+    capacity = profile.hbm_capacity_bytes
+    # §3.2.3: RMSNorm and the MLA up-projections are recomputed; without that it does not fit
+    stated = worst_rank_memory(model, _deepseek_report_plan("mla_up_proj,layernorm"), profile)
+    assert stated.total_bytes < capacity
+    plain = worst_rank_memory(model, _deepseek_report_plan(None), profile)
+    assert plain.total_bytes > capacity
+    assert plain.activations_bytes - stated.activations_bytes > 20 * 2**30
+    # the recompute costs time: the up-projection GEMMs and the norms run again
+    fast = evaluate(model, _deepseek_report_plan(None), replace_capacity(profile, 2 * capacity))
+    slow = evaluate(model, _deepseek_report_plan("mla_up_proj,layernorm"), profile)
+    assert isinstance(fast, Evaluation) and isinstance(slow, Evaluation)
+    assert slow.step_time_s > fast.step_time_s
+
+
+def replace_capacity(profile, capacity: float):
+    return dataclasses.replace(profile, hbm_capacity_bytes=capacity)
+
+
+def test_recompute_modules_are_checked() -> None:
+    with pytest.raises(SpecError, match="each of mla_up_proj, layernorm, moe_act"):
+        _plan(recompute=Recompute.SELECTIVE, recompute_modules="mla_up_proj,attn")
+    with pytest.raises(SpecError, match="needs recompute selective"):
+        _plan(recompute_modules="layernorm")
+    rejected = check_plan(
+        _tiny_moe(),
+        _plan(recompute=Recompute.SELECTIVE, recompute_modules="mla_up_proj"),
+        load_profile("h100-sxm5-80gb"),
+    )
+    assert isinstance(rejected, Rejected) and "needs MLA" in rejected.reason
+
+
+def test_simulate_shows_the_exposed_all_to_all(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "trace.json"
+    argv = [
+        "simulate", "--model", "qwen3-30b-a3b", "--gpu", "gb200-nvl72", "--gpus", "8",
+        "--tp", "1", "--pp", "1", "--ep", "8", "--etp", "1", "--mbs", "1", "--gbs", "16",
+        "--zero", "1", "--trace", str(trace),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "exposed ep_comm" in out and "exposed_a2a_pct" in out
+    assert '"ep_comm' in trace.read_text()
+    # a plan file keeps the expert fields
+    plan = _plan(
+        expert_load_imbalance=1.25, recompute=Recompute.SELECTIVE, recompute_modules="moe_act"
+    )
+    written = PlanFile(plan=plan, model="tiny", gpu="h100-sxm5-80gb", num_gpus=plan.num_gpus)
+    path = write_plan_file(tmp_path / "plan.yaml", written)
+    assert read_plan_file(path).plan == plan
+
+
+def test_measured_actions_are_cut_around_their_blocking_collectives() -> None:
+    import pandas as pd
+
+    from plansim.validate.compare import carved_blocking
+
+    rows = [
+        (0, "compute", "forward", 0, 0, 0.0, 10.0, 0.0),
+        (0, "tp", "ep_comm", 0, 0, 2.0, 3.0, 8.0),
+        (0, "tp", "ep_comm", 0, 0, 6.0, 8.0, 8.0),
+        (0, "dp", "dp_comm", -1, -1, 10.0, 12.0, 4.0),
+    ]
+    columns = ["rank", "stream", "kind", "stage", "microbatch", "start_s", "end_s", "bytes"]
+    carved = carved_blocking(pd.DataFrame(rows, columns=columns))
+    forward = carved[carved["kind"] == "forward"]
+    assert list(zip(forward["start_s"], forward["end_s"], strict=True)) == [
+        (0.0, 2.0), (3.0, 6.0), (8.0, 10.0),
+    ]  # fmt: skip
+    assert (carved["kind"] == "ep_comm").sum() == 2 and (carved["kind"] == "dp_comm").sum() == 1
+    dense = pd.DataFrame([rows[0], rows[3]], columns=columns)
+    assert carved_blocking(dense) is dense  # nothing to cut: the frame itself
