@@ -33,8 +33,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="predict published runs and report errors",
         description="Predict every run of a runs CSV (blank knobs are searched), print a "
         "per-row table and the error summary, optionally write predictions. Rows that "
-        "cannot be modelled are skipped with the reason; exit status 1 when a row failed "
-        "(a plansim bug, named in its note), after every other row is predicted.",
+        "cannot be modelled are skipped with the reason. Exit status 0; 1 when a row failed "
+        "(a plansim bug, named in its note; after every other row is predicted) or no row "
+        "could be predicted; 2 for bad input.",
     )
     p.add_argument("runs", help="runs CSV (schema: ../shared/reference/README.md)")
     p.add_argument(
@@ -292,7 +293,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n" + _group_table(tally.groups, args.group_by))
     statuses = [cells["status"] for cells in out_rows]
     sys.stdout.write(_summary_lines(len(rows), statuses, tally))
-    return 1 if FAILED in statuses else 0
+    predicted = [s for s in statuses if s != "skipped"]
+    return 1 if FAILED in statuses or (rows and not predicted) else 0
 
 
 #: ``--sensitivity``'s columns in ``--out``: one elasticity per profile term, then the sum

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 from plansim.catalog import resolve_model
@@ -11,6 +12,39 @@ from plansim.io.profiles import load_profile
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec, require_simulated
 from plansim.specs.plan import DdpImpl, DpSync, OffloadDevice, Precision, Recompute, Schedule
+
+#: Largest GPU count a command takes: 100x the largest training jobs published (about 10^5
+#: GPUs, Llama 3's 16K H100 and xAI's 100K-GPU cluster); bounds the planner's divisor
+#: enumeration, which a 20-digit count would never finish.
+MAX_GPUS = 10_000_000
+#: Largest global batch (sequences) and sequence length (tokens) a command takes: far above
+#: any published run (DeepSeek-V3: 15,360 sequences; 1M-token contexts), below counts whose
+#: enumeration or arithmetic would run away.
+MAX_GLOBAL_BATCH = 100_000_000
+MAX_SEQ_LENGTH = 100_000_000
+
+
+def bounded_int(flag: str, maximum: int) -> Callable[[str], int]:
+    """An argparse type: an integer in [1, maximum], else one error naming ``flag``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{flag} must be an integer from 1 to {maximum:,}, got {text!r}"
+            ) from None
+        if not 1 <= value <= maximum:
+            raise argparse.ArgumentTypeError(
+                f"{flag} must be an integer from 1 to {maximum:,}, got {value}"
+            )
+        return value
+
+    return parse
+
+
+#: ``--gpus`` (1 to MAX_GPUS).
+gpu_count = bounded_int("--gpus", MAX_GPUS)
 
 
 def add_model_args(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -28,9 +62,21 @@ def add_model_args(parser: argparse.ArgumentParser, *, required: bool = True) ->
         required=required,
         help="hardware profile name (see 'plansim profiles list') or a YAML path",
     )
-    parser.add_argument("--gpus", type=int, required=required, help="number of GPUs")
-    parser.add_argument("--gbs", type=int, required=required, help="global batch size (sequences)")
-    parser.add_argument("--seq-len", type=int, default=None, help="override sequence length")
+    parser.add_argument(
+        "--gpus", type=gpu_count, required=required, help=f"number of GPUs (1 to {MAX_GPUS:,})"
+    )
+    parser.add_argument(
+        "--gbs",
+        type=bounded_int("--gbs", MAX_GLOBAL_BATCH),
+        required=required,
+        help="global batch size (sequences)",
+    )
+    parser.add_argument(
+        "--seq-len",
+        type=bounded_int("--seq-len", MAX_SEQ_LENGTH),
+        default=None,
+        help="override sequence length",
+    )
     parser.add_argument(
         "--precision",
         choices=[p.value for p in Precision],

@@ -52,7 +52,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "plan",
         help="rank parallel layouts (tp, pp, dp, mbs, ZeRO, recompute, SP, schedule)",
         description="Enumerate every valid layout, reject what does not divide or fit (with "
-        "the reason), simulate the best candidates as events, and rank them by step time.",
+        "the reason), simulate the best candidates as events, and rank them by step time. "
+        "Exit status 0 with a feasible plan, 1 when no layout is feasible, 2 for bad input.",
     )
     add_model_args(p)
     p.add_argument("--top", type=int, default=10, help="rows to show (default 10)")
@@ -318,11 +319,11 @@ def run(args: argparse.Namespace) -> int:
         doc["out_of_range_lookups_of_best"] = outside_dicts(outside)
         doc.update(trust_dict(trust) if trust is not None else {})
         out.write(json.dumps(doc, indent=2) + "\n")
-        return 0
+        return _exit_status(result)
     table = ranked_table(result.ranked[: args.top])
     if args.format == "csv":
         out.write(render(table, "csv"))
-        return 0
+        return _exit_status(result)
     out.write(_heading(args, model, profile, space))
     out.write(render(table, "table") if len(table) else "no feasible plan\n")
     out.write(_summary(result, global_batch_size=args.gbs))
@@ -331,7 +332,13 @@ def run(args: argparse.Namespace) -> int:
     out.write(outside_text(outside, profile_name=profile.name, reader=" by rank 1's pricing"))
     if trust is not None:
         out.write(trust_text(trust, profile_name=profile.name))
-    return 0
+    return _exit_status(result)
+
+
+def _exit_status(result: SearchResult) -> int:
+    """0 with a feasible plan; 1 when none is (an answer, but not a plan a script can use;
+    bad input is 2)."""
+    return 0 if result.ranked else 1
 
 
 def _empty_search_text(

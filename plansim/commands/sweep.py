@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from plansim.commands.common import comma_items
+from plansim.commands.common import MAX_GPUS, comma_items
 from plansim.commands.plan import add_search_args, resolve_jobs
 from plansim.errors import PlansimError, SpecError, require_positive_int
 from plansim.io.outputs import check_writable, write_bytes_atomic
@@ -59,6 +59,8 @@ def _counts(option: str, text: str) -> list[int]:
         except ValueError:
             raise SpecError(f"{option}: {item!r} is not a positive integer") from None
         require_positive_int(option, value)
+        if option == "--gpus" and value > MAX_GPUS:
+            raise SpecError(f"--gpus: {value} is above the {MAX_GPUS:,} GPUs a plan may have")
         values.append(value)
     return values
 

@@ -401,3 +401,16 @@ def test_backtest_progress_bar_counts_rows_on_stderr_only(
     forced = capsys.readouterr()
     assert forced.out == plain.out and plain.err == ""
     assert "backtest:" in forced.err and "/2 " in forced.err  # drawn at once, cleared at the end
+
+
+def test_huge_counts_are_one_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """A 20-digit GPU count used to keep the planner enumerating divisors forever."""
+    base = ["plan", "--model", "llama3-8b", "--gpu", "h100-sxm5-80gb", "--gbs", "64"]
+    with pytest.raises(SystemExit) as stopped:  # argparse's usage error: exit status 2
+        main([*base, "--gpus", "100000000000000000000"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert "--gpus must be an integer from 1 to 10,000,000, got 100000000000000000000" in err
+    with pytest.raises(SystemExit):
+        main([*base, "--gpus", "8", "--seq-len", "0"])
+    assert "--seq-len must be an integer from 1 to 100,000,000, got 0" in capsys.readouterr().err

@@ -381,7 +381,7 @@ def test_layouts_the_batch_does_not_split_over_are_named(
     )
     assert result.batch_indivisible_dps == (31, 62, 124)  # 992 / 8 = 124 = dp * pp
     args = ["plan", "--model", "gpt3-175b", "--gpu", "a100-sxm4-80gb", "--gpus", "992"]
-    assert main([*args, "--gbs", "1000"]) == 0
+    assert main([*args, "--gbs", "1000"]) == 1  # nothing feasible: no plan
     out = capsys.readouterr().out
     assert "not enumerated: layouts with dp in (16, 31, 32, 62, 124, 248, 496, 992)" in out
     assert "global batch 1000 is not divisible by dp" in out
