@@ -99,6 +99,18 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="N",
         help="ZeRO-3 hybrid sharding over N DP ranks (FSDP2 on a 2-D replicate x shard mesh; tp 1)",
     )
+    p.add_argument(
+        "--ep",
+        type=int,
+        default=1,
+        help="expert-parallel size, models with experts (dp ranks hold E/ep experts each)",
+    )
+    p.add_argument(
+        "--etp",
+        type=int,
+        default=None,
+        help="expert tensor-parallel size (the runner runs etp 1 only; default: tp)",
+    )
     add_recompute_args(p)
     p.add_argument("--sequence-parallel", action="store_true", help="Megatron SP (tp > 1)")
     p.add_argument("--schedule", choices=[s.value for s in Schedule], default="1f1b")
@@ -250,7 +262,12 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
             f"--nproc({args.nproc}) must equal tp({args.tp}) * pp({args.pp}) * dp({dp}) = "
             f"{model_parallel * dp}"
         )
-    return plan_from_fields(**shared_plan_fields(args, dp=dp), precision=Precision(args.dtype))
+    return plan_from_fields(
+        **shared_plan_fields(args, dp=dp),
+        precision=Precision(args.dtype),
+        ep=args.ep,
+        etp=args.etp,
+    )
 
 
 def _out_dir(path: str) -> Path:

@@ -131,6 +131,9 @@ def test_bad_inputs_give_one_clear_line(
     zero1 += ["--zero", "1", "--dtype", "bf16"]
     bf16 = one_line_error(capsys, zero1)
     assert "plan.zero_stage 1 with dtype bf16" in bf16 and "or dtype fp32" in bf16
+    # expert parallelism folds into the data-parallel ranks (here dp 1)
+    folded = one_line_error(capsys, [*args_for(str(profile_file), out), "--ep", "2"])
+    assert "plan.ep(2) * etp(1) = 2 does not divide tp(1) * cp(1) * dp(1) = 1" in folded
     assert not out.exists()  # nothing written, no process started
 
 
