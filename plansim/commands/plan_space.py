@@ -188,6 +188,12 @@ def expert_space(space: SearchSpace, model: ModelSpec, args: argparse.Namespace)
         if args.ep is not None
         else tuple(d for d in range(1, experts + 1) if experts % d == 0)
     )
+    bad = [ep for ep in eps if experts % ep]
+    if bad:
+        raise SpecError(
+            f"--ep {args.ep}: {', '.join(map(str, bad))} does not divide the {experts} routed "
+            f"experts of {model.name} (each EP rank holds E/ep of them)"
+        )
     etps: tuple[int | None, ...] = (1,)
     if args.etp is not None:
         etps = tuple(

@@ -295,3 +295,14 @@ def test_measured_actions_are_cut_around_their_blocking_collectives() -> None:
     assert (carved["kind"] == "ep_comm").sum() == 2 and (carved["kind"] == "dp_comm").sum() == 1
     dense = pd.DataFrame([rows[0], rows[3]], columns=columns)
     assert carved_blocking(dense) is dense  # nothing to cut: the frame itself
+
+
+def test_plan_flags_for_experts_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["plan", "--model", "mixtral-8x7b", "--gpu", "h100-sxm5-80gb", "--gpus", "16"]
+    assert main([*base, "--gbs", "32", "--ep", "3"]) == 2
+    assert "--ep 3: 3 does not divide the 8 routed experts" in capsys.readouterr().err
+    assert main([*base, "--gbs", "32", "--expert-load-imbalance", "0.5"]) == 2
+    assert "--expert-load-imbalance must be a finite number >= 1" in capsys.readouterr().err
+    dense = ["plan", "--model", "llama3-8b", "--gpu", "h100-sxm5-80gb", "--gpus", "8"]
+    assert main([*dense, "--gbs", "32", "--ep", "2"]) == 2
+    assert "need a model with experts; llama3-8b is dense" in capsys.readouterr().err
