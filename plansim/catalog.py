@@ -3,10 +3,9 @@
 ``resolve_model`` turns a preset name or a path to a local Hugging Face ``config.json`` into a
 :class:`~plansim.specs.model.ModelSpec`.
 
-Two registries: :data:`PRESETS`, the dense models plansim plans and simulates, and
-:data:`MOE_PRESETS`, models with routed experts (and MLA, MTP modules) that plansim
-describes (parameters, FLOPs: ``plansim.analytic.moe_counts``, ``plansim models NAME``) but
-does not yet plan or simulate (``plansim.specs.model.require_simulated``).
+Two registries: :data:`PRESETS`, the dense models, and :data:`MOE_PRESETS`, models with
+routed experts (and MLA, MTP modules; parameters and FLOPs: ``plansim.analytic.moe_counts``,
+``plansim models NAME``; planned and simulated by ``plansim.analytic.moe_layer``).
 """
 
 from __future__ import annotations

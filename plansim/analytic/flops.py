@@ -22,7 +22,7 @@ GQA changes only the K and V projections (n = h + 2*kv_size instead of 3h); the 
 core still runs per query head. SwiGLU adds a gate GEMM the shape of the up projection.
 
 Dense models only: the step FLOPs refuse models with routed experts, MLA or MTP modules
-(``plansim.specs.model.require_simulated``); :mod:`plansim.analytic.moe_counts` gives their
+(``plansim.specs.model.require_dense``); :mod:`plansim.analytic.moe_counts` gives their
 forward FLOPs per token.
 """
 

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from plansim.analytic.comm import Collective, collective_time_s, sharded_reduce_time_s
 from plansim.analytic.memory import plan_state_bytes
 from plansim.analytic.moe_counts import count_moe_parameters
-from plansim.analytic.moe_layer import is_dense, rank_parameter_split
+from plansim.analytic.moe_layer import rank_parameter_split
 from plansim.analytic.param_server import PUSH_KIND, ps_transfer, uses_parameter_server
 from plansim.analytic.params import EdgeCounts, count_parameters, edge_parameters
 from plansim.analytic.ranks import LayoutGroups, dp_cp_size
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import pipeline_layer_counts, stage_num_layers
-from plansim.specs.model import ModelSpec
+from plansim.specs.model import ModelSpec, is_dense
 from plansim.specs.plan import ParallelPlan
 from plansim.specs.work import GradBucket, Segment
 

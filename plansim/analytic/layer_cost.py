@@ -43,7 +43,6 @@ from plansim.analytic.moe_layer import (
     ROUTING_KERNELS,
     dense_proxy,
     expert_traffic,
-    is_dense,
     layer_kind_gemms,
 )
 from plansim.analytic.op_overheads import (
@@ -58,7 +57,7 @@ from plansim.analytic.recompute_modules import recompute_s as module_recompute_s
 from plansim.analytic.ring_attention import ring_attention_times
 from plansim.analytic.tp_comm import tp_pass_times
 from plansim.specs.hardware import HardwareProfile
-from plansim.specs.model import ModelSpec
+from plansim.specs.model import ModelSpec, is_dense
 from plansim.specs.plan import AttentionKernel, ParallelPlan, Recompute
 
 

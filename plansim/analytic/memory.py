@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 
 from plansim.analytic.activations import layer_activations, ring_kv_chunk_bytes
 from plansim.analytic.memo import Memo, fields_getter, memoised
-from plansim.analytic.moe_layer import dense_proxy, is_dense, rank_parameter_split
+from plansim.analytic.moe_layer import dense_proxy, rank_parameter_split
 from plansim.analytic.params import rank_parameters as dense_rank_parameters
 from plansim.analytic.ranks import dp_cp_size, zero_shard_size
 from plansim.analytic.stored_activations import (
@@ -42,7 +42,7 @@ from plansim.analytic.stored_activations import (
 from plansim.analytic.zero3 import gathered_bytes, unsharded_grad_bytes
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import stage_bf16_layers
-from plansim.specs.model import ModelSpec
+from plansim.specs.model import ModelSpec, is_dense
 from plansim.specs.plan import (
     DpSync,
     OffloadDevice,

@@ -69,7 +69,7 @@ from plansim.analytic.moe_counts import count_moe_parameters
 from plansim.analytic.params import edge_parameters
 from plansim.errors import SpecError
 from plansim.specs.layer_split import stage_layer_counts
-from plansim.specs.model import Activation, ModelSpec
+from plansim.specs.model import Activation, ModelSpec, is_dense
 from plansim.specs.moe import MoESpec
 from plansim.specs.plan import DpSync, OffloadDevice, ParallelPlan
 
@@ -83,14 +83,6 @@ ROUTING_MAP_BYTES = 1.0
 #: Memory-bound kernels of one MoE layer's routing per pass (router softmax/sigmoid, top-k,
 #: permute, unpermute, gate scaling, aux/bias update), each a launch.
 ROUTING_KERNELS = 6
-
-
-def is_dense(model: ModelSpec) -> bool:
-    """Whether ``model`` takes the dense path: no experts, MLA or MTP modules, and attention
-    as wide as the hidden size (``plansim.specs.model.dense_only_reason`` is None)."""
-    if model.moe is not None or model.mla is not None or model.mtp_num_layers is not None:
-        return False
-    return model.kv_channels is None or model.query_size == model.hidden_size
 
 
 def routed_ffn_width(model: ModelSpec) -> int:

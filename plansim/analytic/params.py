@@ -138,7 +138,7 @@ def count_parameters(model: ModelSpec) -> ParamCounts:
 
     Raises:
         SpecError: the model has routed experts, MLA, MTP modules or attention of another
-            width than h (``plansim.specs.model.require_simulated``; count those with
+            width than h (``plansim.specs.model.require_dense``; count those with
             ``plansim.analytic.moe_counts.count_moe_parameters``).
     """
     require_dense(model)

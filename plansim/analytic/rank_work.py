@@ -44,7 +44,7 @@ from plansim.analytic.memory import (
     rank_parameters,
 )
 from plansim.analytic.moe_counts import count_moe_parameters
-from plansim.analytic.moe_layer import RankParameters, is_dense, rank_parameter_split
+from plansim.analytic.moe_layer import RankParameters, rank_parameter_split
 from plansim.analytic.offload import with_offload
 from plansim.analytic.param_server import ps_rank_work, uses_parameter_server
 from plansim.analytic.params import count_parameters
@@ -52,7 +52,7 @@ from plansim.analytic.ranks import LayoutGroups, dp_cp_size, zero_shard_size
 from plansim.analytic.zero3 import exposed_gather_s
 from plansim.errors import SpecError
 from plansim.specs.hardware import HardwareProfile
-from plansim.specs.model import ModelSpec
+from plansim.specs.model import ModelSpec, is_dense
 from plansim.specs.plan import ParallelPlan
 from plansim.specs.work import RankWork, Segment, StageWork
 

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from plansim.analytic.edge_cost import EdgeTimes, edge_times
 from plansim.analytic.layer_cost import PassTimes, layer_pass_times
 from plansim.analytic.memo import Memo, fields_getter, memoised
-from plansim.analytic.moe_layer import is_dense, stage_moe_layer_counts
+from plansim.analytic.moe_layer import stage_moe_layer_counts
 from plansim.analytic.ranks import LayoutGroups, layout_groups
 from plansim.analytic.stage_seconds import StageSeconds, stage_seconds
 from plansim.analytic.sustained import job_compute_profile
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import stage_bf16_layers, stage_layer_counts
-from plansim.specs.model import ModelSpec
+from plansim.specs.model import ModelSpec, is_dense
 from plansim.specs.plan import PLAN_FIELDS, ParallelPlan
 
 #: Plan fields of the per-layer and edge pass times (``layer_cost``; groups tp and cp

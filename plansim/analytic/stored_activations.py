@@ -10,11 +10,11 @@ from __future__ import annotations
 from plansim.analytic.activations import layer_activations
 from plansim.analytic.elementwise import QUANTIZED_ELEMENT_BYTES
 from plansim.analytic.memo import Memo, fields_getter, memoised
-from plansim.analytic.moe_layer import dense_proxy, expert_traffic, is_dense
+from plansim.analytic.moe_layer import dense_proxy, expert_traffic
 from plansim.analytic.recompute_modules import saved_bytes
 from plansim.schedule.builders import interleaved_chunk, interleaved_warmup
 from plansim.specs.layer_split import stage_bf16_layers, stage_layer_counts
-from plansim.specs.model import ModelSpec
+from plansim.specs.model import ModelSpec, is_dense
 from plansim.specs.plan import PLAN_FIELDS, ParallelPlan, Recompute, Schedule
 
 

@@ -16,7 +16,6 @@ from dataclasses import replace
 from plansim.analytic.layer_cost import PassTimes
 from plansim.analytic.memo import Memo, fields_getter, memoised
 from plansim.analytic.memory import plan_state_bytes
-from plansim.analytic.moe_layer import is_dense
 from plansim.analytic.rank_work import segments
 from plansim.analytic.ranks import LayoutGroups, dp_cp_size
 from plansim.analytic.stage_compute import COMPUTE_FIELDS, pass_inputs
@@ -31,7 +30,7 @@ from plansim.analytic.zero3 import (
 )
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import stage_layer_counts
-from plansim.specs.model import ModelSpec
+from plansim.specs.model import ModelSpec, is_dense
 from plansim.specs.plan import ParallelPlan, Recompute, Schedule, Zero3ParamFetch
 from plansim.specs.work import RankWork
 

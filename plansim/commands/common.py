@@ -10,7 +10,7 @@ from plansim.catalog import resolve_model
 from plansim.errors import SpecError
 from plansim.io.profiles import load_profile
 from plansim.specs.hardware import HardwareProfile
-from plansim.specs.model import ModelSpec, require_simulated
+from plansim.specs.model import ModelSpec
 from plansim.specs.plan import DdpImpl, DpSync, OffloadDevice, Precision, Recompute, Schedule
 
 #: Largest GPU count a command takes: 100x the largest training jobs published (about 10^5
@@ -124,15 +124,8 @@ def check_no_plan_flags(args: argparse.Namespace, defaults: dict[str, tuple[Any,
 
 
 def resolve(args: argparse.Namespace) -> tuple[ModelSpec, HardwareProfile]:
-    """The model and profile named on the command line.
-
-    Raises:
-        SpecError: the model has parts plansim does not yet plan or simulate (experts, MLA:
-            ``plansim.specs.model.require_simulated``), before any search.
-    """
-    model = resolve_model(args.model, seq_length=args.seq_len)
-    require_simulated(model)
-    return model, load_profile(args.gpu)
+    """The model and profile named on the command line."""
+    return resolve_model(args.model, seq_length=args.seq_len), load_profile(args.gpu)
 
 
 def add_dp_sync_args(parser: argparse.ArgumentParser, *, allow_all: bool) -> None:

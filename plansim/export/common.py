@@ -13,7 +13,7 @@ import enum
 
 from plansim.errors import SpecError
 from plansim.specs.layer_split import model_split_reason
-from plansim.specs.model import ModelSpec, require_simulated
+from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan
 
 __all__ = ["Problems", "check_fits", "show"]
@@ -63,10 +63,8 @@ def check_fits(plan: ParallelPlan, model: ModelSpec) -> None:
     layers over pp * vpp stages, heads and query groups over tp, the sequence over 2 * cp).
 
     Raises:
-        SpecError: naming the model and why it does not split, or what of the model plansim
-            does not yet model (``plansim.specs.model.require_simulated``).
+        SpecError: naming the model and why it does not split.
     """
-    require_simulated(model)
     reason = model_split_reason(plan, model)
     if reason is not None:
         raise SpecError(f"the plan does not split model {model.name}: {reason}")

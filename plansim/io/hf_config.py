@@ -22,8 +22,8 @@ missing key: llama/mistral/qwen2 ``attention_dropout`` (0.0), gpt2 ``resid_pdrop
 ``attention_dropout`` and the older ``hidden_dropout_prob``, ``attention_probs_dropout_prob``
 (0.0 each).
 
-Mixture-of-Experts families (described: parameters and FLOPs; plansim does not yet plan or
-simulate them, ``plansim.specs.model.require_simulated``), all SwiGLU (``hidden_act`` silu),
+Mixture-of-Experts families (planned and simulated by ``plansim.analytic.moe_layer``), all
+SwiGLU (``hidden_act`` silu),
 RMSNorm, RoPE, ``attention_dropout`` 0.0 by default; the MoE layers' positions (the
 ``MoESpec`` pattern: dense leading layers, then every n-th) are fitted to the config's list of
 MoE layers, and a list no such pattern gives is refused by name:

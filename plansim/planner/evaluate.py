@@ -13,7 +13,7 @@ from plansim.analytic.flops import FWD_BWD_MULTIPLIER, hardware_flops_per_step, 
 from plansim.analytic.memo import Memo
 from plansim.analytic.memory import MemoryBreakdown, rank_memory, worst_rank_memory
 from plansim.analytic.moe_counts import forward_flops_per_token
-from plansim.analytic.moe_layer import is_dense, moe_option_reason, moe_split_reason
+from plansim.analytic.moe_layer import moe_option_reason, moe_split_reason
 from plansim.analytic.offload import host_memory_rejection, offloads, require_host
 from plansim.analytic.recompute_modules import recompute_modules_reason
 from plansim.schedule.actions import PerRankActions
@@ -23,7 +23,7 @@ from plansim.sim.result import SimResult
 from plansim.sim.steady_state import extrapolate, plan_steady_state
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import model_split_reason, stage_layer_counts
-from plansim.specs.model import ModelSpec, require_simulated
+from plansim.specs.model import ModelSpec, is_dense
 from plansim.specs.plan import ParallelPlan, Recompute
 from plansim.specs.work import PipelineWork
 
@@ -87,14 +87,10 @@ def check_plan(
     profile) for the memory model's activation pricing; same result without.
 
     Raises:
-        SpecError: the model has routed experts, MLA or MTP modules, which plansim describes
-            but does not yet plan or simulate (``plansim.specs.model.require_simulated``: a
-            user error raised on the first plan checked, not a rejection of every plan); or
-            the plan offloads and the profile has no host section (or no NVMe figures for
-            ``nvme``): a usage error, not an infeasible plan
+        SpecError: the plan offloads and the profile has no host section (or no NVMe
+            figures for ``nvme``): a usage error, not an infeasible plan
             (``plansim.analytic.offload.require_host``).
     """
-    require_simulated(model)
     if offloads(plan):
         require_host(plan, profile)
     why = _layout_rejection(model, plan, profile)

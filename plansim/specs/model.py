@@ -5,9 +5,9 @@ Field names follow Megatron-LM's arguments where one exists (``num_layers``, ``h
 ``kv_channels``, ``mtp_num_layers``). A dense model leaves the optional fields at None: routed
 experts (``moe``, :mod:`plansim.specs.moe`), Multi-head Latent Attention (``mla``,
 :mod:`plansim.specs.mla`), multi-token prediction modules (``mtp_num_layers``) and a head width
-other than hidden / heads (``kv_channels``). plansim counts the parameters and FLOPs of such
-models (:mod:`plansim.analytic.moe_counts`) but does not yet plan or simulate them:
-:func:`require_simulated` says so, naming what is missing.
+other than hidden / heads (``kv_channels``). Such models are counted by
+:mod:`plansim.analytic.moe_counts` and planned and simulated by :mod:`plansim.analytic.moe_layer`;
+the dense-only counts refuse them (:func:`require_dense`).
 """
 
 from __future__ import annotations
@@ -196,13 +196,20 @@ class ModelSpec:
         return self.num_query_groups * self.head_dim
 
 
-def unsimulated_features(model: ModelSpec) -> tuple[tuple[str, str], ...]:
-    """What ``model`` has that plansim describes but does not yet plan or simulate, as pairs
-    (what the model has, what is not modelled); empty for a dense model.
+def is_dense(model: ModelSpec) -> bool:
+    """Whether ``model`` is dense: no experts, MLA or MTP modules, and attention as wide as
+    the hidden size (:func:`unsimulated_features` empty; cheap, for the costing's hot paths)."""
+    if model.moe is not None or model.mla is not None or model.mtp_num_layers is not None:
+        return False
+    return model.kv_channels is None or model.query_size == model.hidden_size
 
-    Routed experts (expert parallelism, token dispatch and expert compute are not modelled),
-    MLA, MTP modules, and attention whose width heads x kv_channels differs from the hidden
-    size (the activation and communication models assume they are equal).
+
+def unsimulated_features(model: ModelSpec) -> tuple[tuple[str, str], ...]:
+    """What ``model`` has that the dense-only counts do not cover, as pairs (what the model
+    has, what they miss); empty for a dense model.
+
+    Routed experts, MLA, MTP modules, and attention whose width heads x kv_channels differs
+    from the hidden size (the dense activation and communication formulas take them equal).
     """
     found: list[tuple[str, str]] = []
     if model.moe is not None:
@@ -224,29 +231,14 @@ def unsimulated_features(model: ModelSpec) -> tuple[tuple[str, str], ...]:
     return tuple(found)
 
 
-def not_simulated_reason(model: ModelSpec) -> str | None:
-    """Why plansim cannot plan or simulate ``model`` (the message of
-    :func:`require_simulated`), or None: every ModelSpec can be planned and simulated now
-    (routed experts, MLA, MTP modules and attention of another width by
-    ``plansim.analytic.moe_layer``)."""
-    return None
-
-
 def dense_only_reason(model: ModelSpec) -> str | None:
     """Why the dense-only counts (``plansim.analytic.params.count_parameters``, the step
     FLOPs of ``plansim.analytic.flops``) refuse ``model``, or None for a dense model: it has
     experts, MLA, MTP modules or attention wider than the hidden size (count those with
     ``plansim.analytic.moe_counts``)."""
-    if (
-        model.moe is None
-        and model.mla is None
-        and model.mtp_num_layers is None
-        and model.kv_channels is None
-    ):
+    if is_dense(model):
         return None
     found = unsimulated_features(model)
-    if not found:
-        return None
     has = _join([have for have, _ in found], "and")
     missing = _join([what for _, what in found], "or")
     return (
@@ -258,26 +250,6 @@ def dense_only_reason(model: ModelSpec) -> str | None:
 def require_dense(model: ModelSpec) -> None:
     """Raise SpecError unless ``model`` is dense (:func:`dense_only_reason`)."""
     reason = dense_only_reason(model)
-    if reason is not None:
-        raise SpecError(reason)
-
-
-def require_simulated(model: ModelSpec) -> None:
-    """Raise SpecError unless plansim can plan and simulate ``model`` (a dense model).
-
-    The one refusal for models with experts, MLA, MTP modules or attention wider than the
-    hidden size: the planner's check of every plan (``plansim.planner.evaluate.check_plan``)
-    and the dense counts (``plansim.analytic.params.count_parameters``, the step FLOPs of
-    ``plansim.analytic.flops``) call it first.
-
-    Raises:
-        SpecError: naming what the model has and what plansim does not yet model, e.g.
-            "deepseek-v3 has 256 routed experts, Multi-head Latent Attention and 1 MTP
-            module: plansim describes such models (parameters, FLOPs: plansim models
-            NAME_OR_CONFIG) but does not yet plan or simulate expert layers, MLA or MTP
-            modules".
-    """
-    reason = not_simulated_reason(model)
     if reason is not None:
         raise SpecError(reason)
 

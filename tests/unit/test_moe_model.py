@@ -36,7 +36,6 @@ from plansim.specs.model import (
     Normalization,
     PositionEmbedding,
     require_dense,
-    require_simulated,
     unsimulated_features,
 )
 from plansim.specs.moe import ExpertCapacity, MoESpec, RouterScore, RouterSpec
@@ -105,7 +104,6 @@ def test_dense_presets_keep_their_fields_and_counts(name: str) -> None:
     model = resolve_model(name)
     assert (model.kv_channels, model.moe, model.mla, model.mtp_num_layers) == (None,) * 4
     assert unsimulated_features(model) == ()
-    require_simulated(model)  # no error
     assert model.query_size == model.hidden_size
     assert model.head_dim == model.hidden_size // model.num_attention_heads
     # the layer-kind counts reproduce the dense ones exactly (derived two ways)
@@ -468,7 +466,6 @@ def test_every_moe_preset_is_planned_and_the_dense_counts_refuse_it(name: str) -
     model = resolve_model(name)
     assert MOE_PRESETS[name].__doc__, f"{name} factory has no docstring citing its source"
     assert model.name == name
-    require_simulated(model)  # planned and simulated now (plansim.analytic.moe_layer)
     plan = plan_from_fields(dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=1)
     check_plan(model, plan, round_profile())  # a result (rejected or not), not an error
     # the dense counts refuse, rather than count the experts as one dense MLP
