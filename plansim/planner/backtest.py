@@ -21,10 +21,9 @@ memory, on the predicted worst-rank peak.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import partial
 
 from plansim.errors import PlansimError
@@ -34,9 +33,11 @@ from plansim.io.runs import RunRow
 from plansim.planner.evaluate import OUT_OF_MEMORY, Evaluation, Rejected
 from plansim.planner.lookups import out_of_range_lookups
 from plansim.planner.moe_backtest import is_moe_row, predict_moe_row
+from plansim.planner.prediction import MEMORY_MODEL_SLACK as MEMORY_MODEL_SLACK
+from plansim.planner.prediction import OVER_MEMORY as OVER_MEMORY
+from plansim.planner.prediction import Prediction as Prediction
 from plansim.planner.run_checks import (
     PER_LAYER,
-    LayerCheck,
     check_measurements,
     has_layer_times,
     layer_check,
@@ -52,59 +53,6 @@ from plansim.planner.sensitivity import sensitivity as plan_sensitivity
 from plansim.planner.space import SearchSpace
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan
-
-#: A run's layout needs no more than this fraction over the GPU's memory in plansim's model
-#: to be predicted anyway (status ``OVER_MEMORY``); further out, the row more likely misstates
-#: its layout than plansim its memory.
-MEMORY_MODEL_SLACK = 0.25
-#: Status of a row predicted although plansim's memory model fits none of its layouts.
-OVER_MEMORY = "over-memory"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Prediction:
-    """Outcome of one row: ``ok`` or ``OVER_MEMORY`` with a prediction, or ``skipped`` with
-    the reason in ``note``. ``plan`` is the chosen plan (its execution spec names the row's
-    framework), ``plan_label`` its label.
-
-    Besides the step time, a prediction says where the simulated step goes, so a row's error
-    can be read against it: ``mfu_pct`` (model FLOPs over the step at the dense peak,
-    Korthikanti et al. 2022 App. A, comparable with a row's ``mfu_pct``),
-    ``bubble_fraction`` (the compute stream's idle share of the pipeline time,
-    ``SimResult.bubble_fraction``: pipeline bubbles and waits on blocking communication)
-    and ``exposed_comm_s_by_kind``, communication not hidden behind
-    compute per kind, seconds per pipeline rank (the simulation's sum over the ranks of one
-    pipeline, ``SimResult.exposed_s_by_kind``, over pp).
-
-    Finer checks where the row gives the measurement (``plansim.planner.run_checks``):
-    ``layer`` (one layer's forward and backward milliseconds and their errors; a row with
-    per-layer times but no step time has status ``PER_LAYER`` and only this) and
-    ``peak_memory_error_pct`` (the predicted peak against ``measured_peak_mem_gb``).
-
-    With ``sensitivity`` asked for, what the chosen plan's step time rests on
-    (``plansim.planner.sensitivity``): ``elasticity_by_term`` (term id -> elasticity) and
-    ``elasticity_on_assumptions`` (the elasticities of the terms with an assumed figure,
-    summed), so a row's error can be read against how much of its prediction the profile's
-    assumptions carry, and ``out_of_range``: the profile curves its pricing read outside their
-    measured points (``plansim.planner.lookups``), one ``OutOfRange.text()`` each.
-    """
-
-    status: str
-    note: str
-    predicted_step_time_s: float | None = None
-    step_time_error_pct: float | None = None
-    predicted_peak_memory_gib: float | None = None
-    plan_label: str = ""
-    plan: ParallelPlan | None = None
-    mfu_pct: float | None = None
-    bubble_fraction: float | None = None
-    exposed_comm_s_by_kind: dict[str, float] = field(default_factory=dict)
-    layer: LayerCheck | None = None
-    peak_memory_error_pct: float | None = None
-    elasticity_by_term: dict[str, float] = field(default_factory=dict)
-    elasticity_on_assumptions: float | None = None
-    out_of_range: tuple[str, ...] = ()
 
 
 def _closest_to_fitting(closest: Rejected | None, profile: HardwareProfile) -> Rejected | None:
@@ -149,8 +97,7 @@ def predict_row(row: RunRow, *, simulate_top: int = 8, sensitivity: bool = False
     (``plansim.planner.run_derive``).
     """
     if is_moe_row(row):  # the MoE schema: predicted at its stated layout
-        outcome = predict_moe_row(row)
-        return Prediction(**{f.name: getattr(outcome, f.name) for f in dataclasses.fields(outcome)})
+        return predict_moe_row(row)
     notes: list[str] = []
     try:
         row = with_derived_cells(row, notes)

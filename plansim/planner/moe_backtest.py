@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass
 
 from plansim.analytic.moe_counts import AttentionCore, model_flops_per_token
 from plansim.catalog import MOE_PRESETS
@@ -33,6 +32,7 @@ from plansim.errors import PlansimError
 from plansim.io.profiles import load_profile
 from plansim.io.runs import RunRow
 from plansim.planner.evaluate import OUT_OF_MEMORY, Evaluation, Rejected, evaluate
+from plansim.planner.prediction import MEMORY_MODEL_SLACK, OVER_MEMORY, Prediction
 from plansim.specs.layer_split import uneven_split_fields
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan, Precision, Recompute, Schedule, plan_from_fields
@@ -49,11 +49,6 @@ PRECISIONS = {
     "fp8": Precision.FP8,
     "nvfp4": Precision.FP4,
 }
-#: A stated layout plansim's memory model puts at most this fraction over the GPU's memory is
-#: predicted anyway (status ``over-memory``), as ``plansim.planner.backtest`` does.
-MEMORY_MODEL_SLACK = 0.25
-#: Status of a row predicted although plansim's memory model fits none of its layouts.
-OVER_MEMORY = "over-memory"
 #: Model names of hybrid Mamba/attention MoE models, which plansim does not model.
 HYBRID_PREFIXES = ("nemotron-3", "nemotron-h", "qwen3-next")
 #: Sequence length assumed where a row leaves it blank (the DeepSeek-V3 report's 4K).
@@ -67,23 +62,7 @@ def is_moe_row(row: RunRow) -> bool:
     return row.text("num_experts") is not None or row.text("ep") is not None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MoEOutcome:
-    """One MoE row's prediction (or skip): the fields of ``backtest.Prediction``."""
-
-    status: str
-    note: str
-    predicted_step_time_s: float | None = None
-    step_time_error_pct: float | None = None
-    predicted_peak_memory_gib: float | None = None
-    plan_label: str = ""
-    plan: ParallelPlan | None = None
-    mfu_pct: float | None = None
-    bubble_fraction: float | None = None
-    exposed_comm_s_by_kind: dict[str, float] = dataclasses.field(default_factory=dict)
-
-
-def predict_moe_row(row: RunRow) -> MoEOutcome:
+def predict_moe_row(row: RunRow) -> Prediction:
     """Predict one MoE row at its stated layout (module docstring); status ``ok``,
     ``over-memory`` (plansim's memory model says no stated layout fits: predicted anyway),
     or ``skipped`` with the reason."""
@@ -91,14 +70,14 @@ def predict_moe_row(row: RunRow) -> MoEOutcome:
     try:
         model = _row_model(row, notes)
         if isinstance(model, str):
-            return MoEOutcome(status="skipped", note=model)
+            return Prediction(status="skipped", note=model)
         measured = _measured_step_s(row, model, notes)
         if measured is None:
-            return MoEOutcome(status="skipped", note="no tokens/s/GPU or model TFLOP/s to compare")
+            return Prediction(status="skipped", note="no tokens/s/GPU or model TFLOP/s to compare")
         profile = load_profile(row.choice("gpu_type") or "")
         plans = _row_plans(row, model, notes)
         if isinstance(plans, str):
-            return MoEOutcome(status="skipped", note=plans)
+            return Prediction(status="skipped", note=plans)
         results = [evaluate(model, p, profile) for p in plans]
         status = "ok"
         fits = [r for r in results if isinstance(r, Evaluation)]
@@ -107,7 +86,7 @@ def predict_moe_row(row: RunRow) -> MoEOutcome:
             # a published run did fit: predict it anyway, on the closest layout
             closest = min(rejected, key=lambda r: r.need_bytes)
             if closest.need_bytes > (1 + MEMORY_MODEL_SLACK) * profile.hbm_capacity_bytes:
-                return MoEOutcome(status="skipped", note=f"layout rejected: {closest.reason}")
+                return Prediction(status="skipped", note=f"layout rejected: {closest.reason}")
             notes.append(f"over memory in plansim's model: {closest.reason}")
             roomier = dataclasses.replace(profile, hbm_capacity_bytes=closest.need_bytes * 1.001)
             fits = [
@@ -116,17 +95,17 @@ def predict_moe_row(row: RunRow) -> MoEOutcome:
             status = OVER_MEMORY
         if not fits:
             reason = rejected[0].reason if rejected else "no plan"
-            return MoEOutcome(status="skipped", note=f"layout rejected: {reason}")
+            return Prediction(status="skipped", note=f"layout rejected: {reason}")
     except PlansimError as exc:
-        return MoEOutcome(status="skipped", note=f"row not usable: {exc}")
+        return Prediction(status="skipped", note=f"row not usable: {exc}")
     return _outcome(fits, measured, notes, status)
 
 
-def _outcome(fits: list[Evaluation], measured: float, notes: list[str], status: str) -> MoEOutcome:
+def _outcome(fits: list[Evaluation], measured: float, notes: list[str], status: str) -> Prediction:
     best = min(fits, key=lambda e: e.step_time_s)
     error = 100.0 * (best.step_time_s - measured) / measured
     stages = max(1, len(best.result.compute_busy_s))
-    return MoEOutcome(
+    return Prediction(
         status=status,
         note="; ".join(notes),
         predicted_step_time_s=best.step_time_s,
