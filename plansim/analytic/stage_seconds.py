@@ -98,41 +98,35 @@ def stage_seconds(
     ``layer``'s; ``first`` / ``last``: it is the model's first / last stage (``edges``).
     ``moe_layers`` of them are MoE layers at ``moe``'s times (taken among the quantized
     ones); ``mtp_layers`` MTP modules run on the last stage (module docstring)."""
+    mtp = mtp_layers if moe is not None else 0  # a layer of moe's kind or the dense one
+    base = _dense_stage_seconds(
+        num_layers + mtp, first=first, last=last, plan=plan, layer=layer, layer16=layer16,
+        bf16_ends=bf16_ends, edges=edges,
+    )  # fmt: skip
     if moe is None or (moe_layers == 0 and mtp_layers == 0):
-        return _dense_stage_seconds(
-            num_layers, first=first, last=last, plan=plan, layer=layer, layer16=layer16,
-            bf16_ends=bf16_ends, edges=edges,
-        )  # fmt: skip
-    return _moe_stage_seconds(
-        num_layers, first=first, last=last, plan=plan, layer=layer, layer16=layer16,
-        bf16_ends=bf16_ends, edges=edges, moe=moe, moe_layers=moe_layers, mtp_layers=mtp_layers,
+        return base
+    return _with_moe_layers(
+        base, num_layers=num_layers + mtp, last=last, layer=layer, edges=edges, moe=moe,
+        moe_layers=moe_layers, mtp_layers=mtp_layers,
     )  # fmt: skip
 
 
-def _moe_stage_seconds(
-    num_layers: int,
+def _with_moe_layers(
+    base: StageSeconds,
     *,
-    first: bool,
+    num_layers: int,
     last: bool,
-    plan: ParallelPlan,
     layer: PassTimes,
-    layer16: PassTimes,
-    bf16_ends: tuple[int, int],
     edges: EdgeTimes,
     moe: PassTimes,
     moe_layers: int,
     mtp_layers: int,
 ) -> StageSeconds:
-    """:func:`stage_seconds` of a chunk with MoE layers or MTP modules: the dense chunk's
-    seconds, each MoE layer's difference to a dense one, and on the last stage each MTP
-    module as one more layer (of ``moe``'s kind when ``moe_layers`` says the model's last
-    layer has experts: the caller passes MTP modules as MoE layers then) and a second final
-    norm, logits and loss."""
-    n = num_layers + mtp_layers
-    base = _dense_stage_seconds(
-        n, first=first, last=last, plan=plan, layer=layer, layer16=layer16,
-        bf16_ends=bf16_ends, edges=edges,
-    )  # fmt: skip
+    """``base`` (the chunk's ``num_layers`` layers priced as dense ones, MTP modules
+    included) with each of its ``moe_layers`` MoE layers at ``moe``'s times instead (the
+    caller counts MTP modules among them when the model's last layer has experts), their
+    all-to-alls, and on the last stage each MTP module's second final norm, logits and loss."""
+    n = num_layers
     k = moe_layers
     r = base.recomputed_layers
     k_r = k * r / n if n else 0.0  # MoE layers among the recomputed ones, pro rata
