@@ -15,6 +15,8 @@ etp 1, ZeRO 0-1; target <= 30 s each on a 2-core machine): DeepSeek-V3 on 2048 H
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import resource
 import statistics
@@ -22,6 +24,7 @@ import sys
 import time
 
 from plansim.catalog import resolve_model
+from plansim.cli import main as cli
 from plansim.io.profiles import load_profile
 from plansim.planner.enumerate import SearchSpace
 from plansim.planner.parallel import default_jobs
@@ -81,11 +84,6 @@ MOE_PLANS = (
 
 def time_moe_plans(jobs: int) -> None:
     """Wall time of ``plansim plan`` for each of MOE_PLANS, with its summary line."""
-    import contextlib
-    import io
-
-    from plansim.cli import main as cli
-
     for model, gpu, gpus, gbs in MOE_PLANS:
         out = io.StringIO()
         start = time.perf_counter()

@@ -251,11 +251,11 @@ def all_to_all_time_s(profile: HardwareProfile, *, message_bytes: float, span: G
     if span.size <= 1 or message_bytes <= 0:
         return 0.0
     curve = profile.intra_node.get(ALL_TO_ALL) or profile.intra_node[Collective.ALL_GATHER.value]
+    if span.num_nodes == 1:  # both curves' bus factor is (n - 1)/n
+        return curve.time_s(message_bytes, span.size)
     n, m = span.size, span.members_per_node
     local_volume = message_bytes * (m - 1) / n
     intra_s = local_volume / curve.busbw_bytes_per_s(message_bytes) if m > 1 else 0.0
-    if span.num_nodes == 1:
-        return curve.latency_s + intra_s
     remote_volume = message_bytes * (n - m) / n
     nic = profile.nic_bytes_per_s * profile.message_busbw_fraction(message_bytes)
     return curve.latency_s + profile.nic_latency_s + max(intra_s, remote_volume / nic)

@@ -17,6 +17,7 @@ from plansim.commands.common import (
     int_list_arg,
 )
 from plansim.errors import SpecError
+from plansim.planner.enumerate import divisors
 from plansim.planner.space import SearchSpace
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
@@ -183,11 +184,7 @@ def expert_space(space: SearchSpace, model: ModelSpec, args: argparse.Namespace)
     if not math.isfinite(imbalance) or imbalance < 1.0:
         raise SpecError(f"--expert-load-imbalance must be a finite number >= 1, got {imbalance}")
     experts = model.moe.num_experts
-    eps = (
-        int_list_arg("--ep", args.ep)
-        if args.ep is not None
-        else tuple(d for d in range(1, experts + 1) if experts % d == 0)
-    )
+    eps = int_list_arg("--ep", args.ep) if args.ep is not None else tuple(divisors(experts))
     bad = [ep for ep in eps if experts % ep]
     if bad:
         raise SpecError(
