@@ -11,7 +11,8 @@ skipped with its reason; it fails on an exception, a status ``failed``, a predic
 a step time, or the time limit. Prints the count per status and every failure; exit status
 1 when any row failed. The same seed draws the same rows. A run of 3,000 rows (seeds
 1000-3999 in the fuzzer's first form): 1,451 ok, 1,458 skipped, 49 over-memory, 41
-per-layer, and one row over 90 s (a pipeline of 10^6 micro-batches, since simulated from its steady state).
+per-layer, and one row over 90 s (a pipeline of 10^6 micro-batches, since simulated from
+its steady state).
 
     .venv/bin/python benchmarks/fuzz_backtest.py [--rows N] [--seed S] [--jobs J] [--limit-s T]
 """
