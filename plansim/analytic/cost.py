@@ -68,6 +68,7 @@ from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import stage_layer_counts
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import PLAN_FIELDS, ParallelPlan, Zero3ParamFetch
+from plansim.specs.stage_placement import StagePlacement
 from plansim.specs.work import P2P, GradBucket, PipelineWork, RankWork, StageWork
 
 
@@ -138,6 +139,7 @@ def _stage_work(
         send_backward=P2P(duration_s=0.0, num_bytes=0.0) if first else p2p,
         activation_bytes=activation_bytes,
         grad_buckets=buckets,
+        num_layers=max(1, n),
     )
 
 
@@ -181,7 +183,7 @@ def build_pipeline_work(
     """
     if memo is None:
         return _build(model, plan, profile, None, links=links)
-    key = ("work", links, *_work_key(plan))
+    key = ("work", links, plan.schedule.placement, *_work_key(plan))
     work = memo.get(key)
     if work is None:
         work = memo[key] = _build(model, plan, profile, memo, links=links)
@@ -206,13 +208,16 @@ def _build(
     ranks = _ranks(stages, model=model, plan=plan, profile=profile, groups=groups)
     if plan.zero_stage == 3 and plan.zero3_param_fetch is Zero3ParamFetch.PER_STEP:
         ranks = with_per_step_traffic(ranks, model, plan, profile, groups, inputs.layer, memo)
+    placement = plan.schedule.placement
+    copies = 2 if placement is StagePlacement.DUAL else 1  # DualPipe: copy 1 = copy 0's work
     work = PipelineWork(
-        stages=tuple(stages),
+        stages=tuple(stages) * copies,
         ranks=tuple(ranks),
         num_microbatches=plan.num_microbatches,
         blocking_p2p=not plan.overlap_p2p_comm,
         overlap_grad_reduce=plan.overlap_grad_reduce,
         overlap_slowdown=profile.overlap_compute_slowdown_fraction,
+        placement=placement,
     )
     if not links:
         return work
@@ -238,7 +243,8 @@ def _stages(
     stage_kinds: dict[tuple[object, ...], StageWork] = {}
     stages = []
     for s, layers in enumerate(stage_layer_counts(model.num_layers, plan)):
-        key: tuple[object, ...] = (s == 0, s == plan.num_stages - 1, s % plan.pp == 0, layers)
+        key: tuple[object, ...] = (s == 0, s == plan.num_stages - 1, plan.rank_holds_stage(0, s))
+        key += (layers,)
         key += (bf16_ends[s], *inputs.stage_key(s))
         if key not in stage_kinds:
             sec = inputs.stage_seconds(s, num_layers=layers, plan=plan)
@@ -285,8 +291,9 @@ def _ranks(
     rank_kinds: dict[tuple[bool, bool, ParamGatherCover | None], RankWork] = {}
     ranks = []
     for r in range(plan.pp):
-        cover = gather_cover(stages[r :: plan.pp]) if plan.overlap_param_gather else None
-        edge = (r == 0, r == plan.pp - 1, cover)
+        mine = [stages[s] for s in plan.stages_of_rank(r)]
+        cover = gather_cover(mine) if plan.overlap_param_gather else None
+        edge = (plan.rank_holds_stage(r, 0), plan.rank_holds_stage(r, plan.num_stages - 1), cover)
         if edge not in rank_kinds:
             rank_kinds[edge] = rank_work(
                 r, model=model, plan=plan, profile=profile, groups=groups, cover=cover

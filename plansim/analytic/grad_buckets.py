@@ -85,11 +85,14 @@ def _edges(counts: EdgeCounts, plan: ParallelPlan, *, stage: int) -> tuple[float
 def _moe_stage_parameters(model: ModelSpec, plan: ParallelPlan, *, stage: int) -> StageParams:
     """:func:`stage_parameters` of a model with experts or MLA (dense part)."""
     counts = count_moe_parameters(model)
-    rank = stage % plan.pp
+    rank = next(r for r in range(plan.pp) if plan.rank_holds_stage(r, stage))
     split = rank_parameter_split(model, plan, rank=rank)
     head, tail = _edges(counts, plan, stage=stage)
     rank_layers = pipeline_layer_counts(model.num_layers, plan)[rank]
-    edges_on_rank = (tail if rank == 0 else 0.0) + (head if rank == plan.pp - 1 else 0.0)
+    last = plan.num_stages - 1
+    edges_on_rank = (tail if plan.rank_holds_stage(rank, 0) else 0.0) + (
+        head if plan.rank_holds_stage(rank, last) else 0.0
+    )
     per_layer = max(0.0, split.dense - edges_on_rank) / max(1, rank_layers)
     return StageParams(
         head=head,

@@ -295,7 +295,8 @@ def _working_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float:
     or MLA: its dense proxy's, ``moe_layer.dense_proxy``)."""
     model = dense_proxy(model, moe_layer=model.moe is not None)
     s, b, h = model.seq_length / plan.cp, plan.micro_batch_size, model.hidden_size
-    ends = stage_bf16_layers(model.num_layers, plan)[rank :: plan.pp]
+    all_ends = stage_bf16_layers(model.num_layers, plan)
+    ends = [all_ends[s] for s in plan.stages_of_rank(rank)]
     bf16_here = any(head or tail for head, tail in ends)  # its working set is the larger
     act = layer_activations(
         model,
@@ -310,7 +311,7 @@ def _working_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float:
     total = act.working_bytes
     chunk = ring_kv_chunk_bytes(model, micro_batch_size=b, tp=plan.tp, cp=plan.cp)
     total += max(plan.cp, 4) * chunk
-    if rank == plan.pp - 1:
+    if plan.rank_holds_stage(rank, plan.num_stages - 1):
         total += 4.0 * s * b * model.vocab_size / plan.tp + 4.0 * s * b * h / plan.tp
     return total
 

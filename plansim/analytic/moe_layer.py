@@ -357,16 +357,18 @@ def rank_parameter_split(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> 
     counts = count_moe_parameters(model)
     stages = stage_layer_counts(model.num_layers, plan)
     moe_stages = stage_moe_layer_counts(model, plan)
-    layers = sum(n for s, n in enumerate(stages) if s % plan.pp == rank)
-    moe_layers = sum(n for s, n in enumerate(moe_stages) if s % plan.pp == rank)
+    mine = plan.stages_of_rank(rank)
+    layers = sum(stages[s] for s in mine)
+    moe_layers = sum(moe_stages[s] for s in mine)
     dense_layers = layers - moe_layers
     d, m = counts.dense_layer, counts.moe_layer
     sharded = dense_layers * (d.attention + d.mlp) + moe_layers * (m.attention + m.shared_experts)
     replicated = dense_layers * d.norms + moe_layers * (m.norms + m.router)
     etp = plan.dims.expert_tensor_parallel_size
     expert = moe_layers * (m.num_experts // plan.ep) * m.expert / etp
-    edges = edge_parameters(counts, plan, first=rank == 0, last=rank == plan.pp - 1)
-    if rank == plan.pp - 1:
+    last_stage = plan.rank_holds_stage(rank, plan.num_stages - 1)
+    edges = edge_parameters(counts, plan, first=plan.rank_holds_stage(rank, 0), last=last_stage)
+    if last_stage:
         mtp_experts = 0 if m.num_experts == 0 or not _last_is_moe(model) else m.routed_experts
         sharded += counts.num_mtp_modules * (counts.mtp_module - mtp_experts)
         if mtp_experts:

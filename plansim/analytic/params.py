@@ -163,13 +163,16 @@ def rank_parameters(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float
     Linear weights, word embedding and output layer are split over tp (Megatron
     column/row/vocab parallel); norms and learned position embeddings are replicated.
     Rank 0 holds the embeddings; the last rank the final norm and the output layer (a copy of
-    the word embedding when tied and pp > 1, as Megatron keeps one for the tied gradient).
+    the word embedding when tied and pp > 1, as Megatron keeps one for the tied gradient);
+    with ZB-V / DualPipeV rank 0 holds both ends, with DualPipe ranks 0 and pp - 1 both do
+    and every rank holds two copies' chunks (``ParallelPlan.stages_of_rank``).
     """
     counts = count_parameters(model)
     layers = pipeline_layer_counts(model.num_layers, plan)[rank]
     sharded = layers * (counts.attention_per_layer + counts.mlp_per_layer)
     replicated = layers * counts.norms_per_layer
-    edges = edge_parameters(counts, plan, first=rank == 0, last=rank == plan.pp - 1)
+    first, last = plan.rank_holds_stage(rank, 0), plan.rank_holds_stage(rank, plan.num_stages - 1)
+    edges = edge_parameters(counts, plan, first=first, last=last)
     return (sharded + edges.sharded) / plan.tp + (replicated + edges.replicated)
 
 

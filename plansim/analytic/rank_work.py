@@ -53,7 +53,7 @@ from plansim.analytic.zero3 import exposed_gather_s
 from plansim.errors import SpecError
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec, is_dense
-from plansim.specs.plan import ParallelPlan
+from plansim.specs.plan import ParallelPlan, Schedule
 from plansim.specs.work import RankWork, Segment, StageWork
 
 
@@ -135,7 +135,9 @@ def rank_work(
     """Once-per-step work of pipeline rank ``rank``: DP gradient sync and the optimizer.
 
     With ``plan.overlap_grad_reduce`` the DP reduction is in the stages' grad buckets
-    instead (``grad_buckets``); the tied-embedding all-reduce stays here. DP traffic and
+    instead (``grad_buckets``); the tied-embedding all-reduce stays here, as does DualPipe's
+    all-reduce of the two model copies' gradients between ranks r and pp - 1 - r (they hold
+    the same chunks; DeepSeek-V3 report §3.2.1). DP traffic and
     the optimizer shard are over the dp * cp ranks (with hybrid sharding, ``plan.dp_shard``,
     the shard group, the gradient shards all-reduced over its replicas). With
     ``plan.overlap_param_gather`` the ZeRO-1/2 parameter all-gather keeps only its exposed
@@ -162,9 +164,16 @@ def rank_work(
         )
         sync.append(("dp_comm", "dp", t, expert_grad_bytes))
     output_layer, embedding = _output_and_embedding(model)
-    if plan.pp > 1 and output_layer == 0 and rank in (0, plan.pp - 1):
+    ends = (plan.rank_holds_stage(rank, 0), plan.rank_holds_stage(rank, plan.num_stages - 1))
+    pair = type(groups.pp)(size=2, members_per_node=1, num_nodes=min(2, groups.pp.num_nodes))
+    if plan.schedule is Schedule.DUALPIPE:  # ranks r and pp - 1 - r hold the same chunks
+        copies_bytes = grad_bytes + expert_grad_bytes
+        t = collective_time_s(
+            profile, collective=Collective.ALL_REDUCE, message_bytes=copies_bytes, span=pair
+        )
+        sync.append(("dp_comm", "dp", t, copies_bytes))
+    if plan.pp > 1 and output_layer == 0 and any(ends) and not all(ends):
         emb_bytes = embedding / plan.tp * per_param.grad
-        pair = type(groups.pp)(size=2, members_per_node=1, num_nodes=min(2, groups.pp.num_nodes))
         t = collective_time_s(
             profile, collective=Collective.ALL_REDUCE, message_bytes=emb_bytes, span=pair
         )

@@ -12,10 +12,12 @@ from plansim.analytic.elementwise import QUANTIZED_ELEMENT_BYTES
 from plansim.analytic.memo import Memo, fields_getter, memoised
 from plansim.analytic.moe_layer import dense_proxy, expert_traffic
 from plansim.analytic.recompute_modules import saved_bytes
-from plansim.schedule.builders import interleaved_chunk, interleaved_warmup
+from plansim.schedule.actions import ActionKind, parts
+from plansim.schedule.builders import build_actions, interleaved_chunk, interleaved_warmup
 from plansim.specs.layer_split import stage_bf16_layers, stage_layer_counts
 from plansim.specs.model import ModelSpec, is_dense
 from plansim.specs.plan import PLAN_FIELDS, ParallelPlan, Recompute, Schedule
+from plansim.specs.stage_placement import StagePlacement
 
 
 def microbatches_in_flight(plan: ParallelPlan, *, rank: int) -> float:
@@ -37,8 +39,16 @@ def microbatches_in_flight(plan: ParallelPlan, *, rank: int) -> float:
     between I and W at the smaller W footprint (Table 1: M_W = 32sbh against
     M_B = 34sbh + 5as^2b per layer); here, as in the engine, it keeps all its stored bytes
     until W: an upper bound for ranks r > 0, close when the s^2 term is gone (FlashAttention).
+
+    ZB-V, DualPipeV and DualPipe: the peak of live chunk activations replaying the rank's
+    action list (:func:`replayed_chunk_peak`, chunks counted equal) over its two chunks. ZB-V
+    holds p micro-batches' worth on every rank (Qi et al. §6: 1F1B's peak, balanced);
+    DualPipe p + 1 chunks of one copy's stage on rank 0, i.e. (p + 1)/2 of the rank's two
+    chunks (DeepSeek-V3 report Table 2: activations PP + 1).
     """
     m, p, v = plan.num_microbatches, plan.pp, plan.vpp
+    if plan.schedule.placement is not StagePlacement.LOOP:
+        return replayed_chunk_peak(plan, (1.0, 1.0), rank=rank) / 2
     if plan.schedule is Schedule.GPIPE:
         return m
     if plan.schedule is Schedule.ZB_H1:
@@ -95,10 +105,13 @@ def _chunk_layer_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> li
     Megatron's block method (``plan.recompute_num_layers``) the chunk's first N layers store
     their input only and the others everything (no recompute); layers kept in bf16 under
     fp8 / fp4 (``stage_bf16_layers``) keep 16-bit GEMM inputs."""
-    counts = stage_layer_counts(model.num_layers, plan)[rank :: plan.pp]
+    mine = plan.stages_of_rank(rank)
+    all_counts = stage_layer_counts(model.num_layers, plan)
+    counts = [all_counts[s] for s in mine]
     block = plan.recompute_num_layers is not None
     rec_mode = Recompute.FULL if block else plan.recompute
-    ends = stage_bf16_layers(model.num_layers, plan)[rank :: plan.pp]
+    all_ends = stage_bf16_layers(model.num_layers, plan)
+    ends = [all_ends[s] for s in mine]
     rec8 = _layer_stored_bytes(model, plan, rec_mode)
     plain8 = _layer_stored_bytes(model, plan, Recompute.NONE)
     rec16, plain16 = rec8, plain8  # unused (weight 0) unless the rank keeps bf16 layers
@@ -143,7 +156,7 @@ def _rank_activations(
     """(:func:`microbatch_activation_bytes`, :func:`stage_activation_bytes` of the rank's vpp
     chunks, chunk 0 first), from one pricing of the rank's layers; ``memo``: a search's
     cache (one model), keyed by the rank and the fields outside NOT_IN_ACTIVATIONS."""
-    key = ("rank_activations", rank, *activation_key(plan))
+    key = ("rank_activations", rank, plan.schedule.placement, *activation_key(plan))
     return memoised(memo, key, lambda: _price_rank_activations(model, plan, rank=rank))
 
 
@@ -152,13 +165,13 @@ def _price_rank_activations(
 ) -> tuple[float, tuple[float, ...]]:
     layers = _chunk_layer_bytes(model, plan, rank=rank)
     per_mb: float = sum(layers)
-    if rank == 0 and model.dropout:  # embedding output (dropout mask), Korthikanti §4.3
+    if plan.rank_holds_stage(rank, 0) and model.dropout:  # embedding output, Korthikanti §4.3
         sbh = model.seq_length / plan.cp * plan.micro_batch_size * model.hidden_size
         per_mb += sbh / (plan.tp if plan.sequence_parallel else 1)
     # Korthikanti's bytes are for 16-bit activations; fp32 training stores 4-byte ones.
     per_mb = per_mb * plan.precision.activation_bytes / 2
     if len(set(layers)) == 1:
-        return per_mb, (per_mb / plan.vpp,) * plan.vpp
+        return per_mb, (per_mb / len(layers),) * len(layers)
     return per_mb, tuple(per_mb * b / sum(layers) for b in layers)
 
 
@@ -166,8 +179,13 @@ def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, stage: int) 
     """Bytes one micro-batch's forward through ``stage`` (a model chunk) leaves stored until
     its backward: the rank's :func:`microbatch_activation_bytes` over its vpp chunks, or,
     when the rank's chunks store different bytes (different layer counts with
-    ``account_for_*_in_pipeline_split``, layers kept in bf16), in proportion to them."""
-    return _rank_activations(model, plan, rank=stage % plan.pp)[1][stage // plan.pp]
+    ``account_for_*_in_pipeline_split``, layers kept in bf16), in proportion to them. ZB-V,
+    DualPipeV: stage s on rank s or 2 pp - 1 - s; DualPipe: the copy fed at rank 0's
+    (``ParallelPlan.stages_of_rank``)."""
+    if plan.schedule.placement is StagePlacement.LOOP:
+        return _rank_activations(model, plan, rank=stage % plan.pp)[1][stage // plan.pp]
+    rank = next(r for r in range(plan.pp) if plan.rank_holds_stage(r, stage))
+    return _rank_activations(model, plan, rank=rank)[1][plan.stages_of_rank(rank).index(stage)]
 
 
 def stored_activation_bytes(
@@ -181,10 +199,35 @@ def stored_activation_bytes(
     bytes (:func:`stage_activation_bytes`), each backward frees them, as the event engine
     does. ``memo``: a search's cache (one model); same result without."""
     per_mb, stored = _rank_activations(model, plan, rank=rank, memo=memo)
+    if plan.schedule.placement is not StagePlacement.LOOP:
+        key = ("stored_replay", rank, plan.num_microbatches, *activation_key(plan), stored)
+        return memoised(memo, key, lambda: replayed_chunk_peak(plan, stored, rank=rank))
     if len(set(stored)) == 1:
         return per_mb * microbatches_in_flight(plan, rank=rank)
     key = ("stored_peak", rank, plan.num_microbatches, *activation_key(plan))
     return memoised(memo, key, lambda: _replayed_peak(plan, stored, rank=rank))
+
+
+def replayed_chunk_peak(plan: ParallelPlan, stored: tuple[float, ...], *, rank: int) -> float:
+    """Peak stored bytes of ``rank`` replaying its ZB-V / DualPipeV / DualPipe action list
+    (``plansim.schedule.builders``): each forward stores its chunk's bytes (``stored``, the
+    rank's two chunks in ``ParallelPlan.stages_of_rank`` order), each B or W frees them, an
+    overlapped pair's forward before its backward, as the event engine does."""
+    actions = build_actions(
+        plan.schedule, num_ranks=plan.pp, num_microbatches=plan.num_microbatches, vpp=plan.vpp
+    )
+    p, dual = plan.pp, plan.schedule.placement is StagePlacement.DUAL
+    mine = plan.stages_of_rank(rank)  # work stage c p + d of DualPipe is plan stage d
+    live = peak = 0.0
+    for item in actions[rank]:
+        for action in parts(item):
+            index = mine.index(action.stage % p if dual else action.stage)
+            if action.kind is ActionKind.FORWARD:
+                live += stored[index]
+                peak = max(peak, live)
+            elif action.kind in (ActionKind.FULL_BACKWARD, ActionKind.BACKWARD_WEIGHT):
+                live -= stored[index]
+    return peak
 
 
 def _replayed_peak(plan: ParallelPlan, stored: tuple[float, ...], *, rank: int) -> float:

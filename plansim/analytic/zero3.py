@@ -222,7 +222,9 @@ def gathered_bytes(
     if not plan.reshard_after_forward:
         return rank_parameters(model, plan, rank=rank) * param_bytes
     if plan.zero3_param_fetch is Zero3ParamFetch.PER_TENSOR_SYNC:
-        edges = edge_param_tensors(model, plan, first=rank == 0, last=rank == plan.pp - 1)
+        first = plan.rank_holds_stage(rank, 0)
+        last = plan.rank_holds_stage(rank, plan.num_stages - 1)
+        edges = edge_param_tensors(model, plan, first=first, last=last)
         return 2 * max(layer_param_tensors(model, plan) + edges) * param_bytes
     return 2 * _layer_weights(model, plan) * param_bytes
 

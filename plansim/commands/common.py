@@ -12,6 +12,7 @@ from plansim.io.profiles import load_profile
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import DdpImpl, DpSync, OffloadDevice, Precision, Recompute, Schedule
+from plansim.specs.stage_placement import StagePlacement
 
 #: Largest GPU count a command takes: 100x the largest training jobs published (about 10^5
 #: GPUs, Llama 3's 16K H100 and xAI's 100K-GPU cluster); bounds the planner's divisor
@@ -328,6 +329,14 @@ def add_offload_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _vpp(args: argparse.Namespace) -> int:
+    """--vpp, or when not given the schedule's own: 2 for the V schedules (ZB-V, DualPipeV
+    hold exactly two chunks per rank), else 1."""
+    if args.vpp is not None:
+        return int(args.vpp)
+    return 2 if Schedule(args.schedule).placement is StagePlacement.V else 1
+
+
 def shared_plan_fields(args: argparse.Namespace, *, dp: int) -> dict[str, Any]:
     """The plan fields of the flags ``plansim simulate`` and ``plansim validate`` share
     (sizes, batch, ZeRO stage and hybrid sharding, recompute, sequence parallelism, schedule,
@@ -337,7 +346,7 @@ def shared_plan_fields(args: argparse.Namespace, *, dp: int) -> dict[str, Any]:
         "dp": dp,
         "tp": args.tp,
         "pp": args.pp,
-        "vpp": args.vpp,
+        "vpp": _vpp(args),
         "micro_batch_size": args.mbs,
         "global_batch_size": args.gbs,
         "zero_stage": args.zero,

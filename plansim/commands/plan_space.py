@@ -79,8 +79,9 @@ def add_constraint_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--schedule",
         metavar="LIST",
-        help="only these pipeline schedules (gpipe, 1f1b, interleaved-1f1b, zb-h1), "
-        "comma-separated",
+        help="only these pipeline schedules, comma-separated (default gpipe, 1f1b, "
+        "interleaved-1f1b, zb-h1; zb-v, dualpipev and dualpipe are searched when named: "
+        "vpp 2 for the first two, an even pp and m >= 2 pp for the DualPipes)",
     )
 
 

@@ -109,9 +109,10 @@ def _add_layout_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--vpp",
         type=int,
-        default=1,
+        default=None,
         help="virtual pipeline stages (model chunks) per rank; > 1 needs "
-        f"--schedule {Schedule.INTERLEAVED_1F1B.value}",
+        f"--schedule {Schedule.INTERLEAVED_1F1B.value}, or 2 with zb-v / dualpipev "
+        "(their default; 1 otherwise)",
     )
     g.add_argument("--mbs", type=int, help="micro-batch size (required without --plan)")
     g.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 (default 0)")
@@ -310,8 +311,10 @@ def _data_parallel_size(args: argparse.Namespace) -> int:
     Raises:
         SpecError: a size that is not a positive integer, or sizes that do not multiply out.
     """
-    for name in ("gpus", "gbs", "tp", "pp", "cp", "vpp", "mbs"):
+    for name in ("gpus", "gbs", "tp", "pp", "cp", "mbs"):
         require_positive_int(f"--{name}", getattr(args, name))
+    if args.vpp is not None:
+        require_positive_int("--vpp", args.vpp)
     model_parallel = args.tp * args.pp * args.cp
     if args.gpus % model_parallel:
         raise SpecError(

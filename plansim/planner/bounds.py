@@ -62,6 +62,7 @@ from typing import Any
 import numpy as np
 
 from plansim.specs.plan import Schedule
+from plansim.specs.stage_placement import StagePlacement
 from plansim.specs.work import GradBucket, PipelineWork, Segment, StageWork
 
 #: Relative margin taken off every bound so float summation order cannot make it exceed the
@@ -151,6 +152,8 @@ def step_time_lower_bound_s(
         module docstring for the argument; :data:`SAFETY` below it). O(pp * vpp) time;
         identical stage and rank objects are summed once.
     """
+    if work.placement is not StagePlacement.LOOP:
+        return _placed_lower_bound_s(work, overlapped=schedule.overlaps_forward_backward)
     p, m = work.num_ranks, work.num_microbatches
     split = schedule is Schedule.ZB_H1
     blocking = work.blocking_p2p
@@ -202,8 +205,49 @@ def step_time_lower_bound_s(
     return best * (1.0 - SAFETY)
 
 
+def _compute_s(segments: tuple[Segment, ...]) -> float:
+    return sum(seg.duration_s for seg in segments if seg.stream == "compute")
+
+
+def _placed_lower_bound_s(work: PipelineWork, *, overlapped: bool) -> float:
+    """The bound of the V and dual placements (ZB-V, DualPipeV, DualPipe): per rank r, the
+    forwards micro-batch 0 must cross before r's first action (the shorter of its two
+    chains), then the seconds of all of r's actions, then r's grad_sync and optimizer
+    (queued after its last action). With ``overlapped`` F&B pairs (DualPipe) only the
+    compute-stream segments count: a pair runs its halves' compute one at a time on the GPU,
+    but its communication may hide behind the other half's compute."""
+    graph = work.graph
+    p, m = work.num_ranks, work.num_microbatches
+    visits = m // 2 if work.placement is StagePlacement.DUAL else m
+    seconds = _compute_s if overlapped else _sum
+    forward = [seconds(st.forward) for st in work.stages]
+    best = 0.0
+    for r in range(p):
+        mine = graph.stages_of_rank(r)
+        busy = 0.0
+        for s in mine:
+            st = work.stages[s]
+            split = seconds(st.backward_input) + seconds(st.backward_weight)
+            back = min(seconds(st.backward), split)
+            busy += visits * (forward[s] + back)
+        heads = []
+        for s in mine:
+            head, before = 0.0, graph.previous_stage(s)
+            while before is not None:
+                head += forward[before]
+                before = graph.previous_stage(before)
+            heads.append(head)
+        rank = work.ranks[r]
+        best = max(best, min(heads) + busy + _sum(rank.grad_sync) + _sum(rank.optimizer))
+    return best * (1.0 - SAFETY)
+
+
 def compute_lower_bound_s(
-    stage_compute: tuple[tuple[float, float], ...], *, num_ranks: int, num_microbatches: int
+    stage_compute: tuple[tuple[float, float], ...],
+    *,
+    num_ranks: int,
+    num_microbatches: int,
+    placement: StagePlacement = StagePlacement.LOOP,
 ) -> float:
     """A bound from compute alone, <= :func:`step_time_lower_bound_s` of the same plan.
 
@@ -218,9 +262,26 @@ def compute_lower_bound_s(
         stages of F + B), the module docstring's work bound with every transfer, the
         step's tail and the non-compute segments left out (:data:`COMPUTE_SAFETY` below).
         Every schedule runs each of rank r's actions after micro-batch 0 crossed stages
-        0..r - 1, one after another, each at least its compute-stream seconds.
+        0..r - 1, one after another, each at least its compute-stream seconds. ``placement``
+        V: stage s on rank s or 2p - 1 - s; dual: rank r runs plan stages r and p - 1 - r
+        for m/2 micro-batches each, after the shorter of the two chains reaching it (not for
+        schedules that overlap F&B: their TP/EP collectives may hide behind compute).
     """
     p, m = num_ranks, num_microbatches
+    if placement is StagePlacement.DUAL:
+        forward = [f for f, _ in stage_compute]
+        best = 0.0
+        for r in range(p):
+            twin = p - 1 - r
+            busy = (m // 2) * (sum(stage_compute[r]) + sum(stage_compute[twin]))
+            best = max(best, min(sum(forward[:r]), sum(forward[:twin])) + busy)
+        return best * (1.0 - COMPUTE_SAFETY)
+    if placement is StagePlacement.V:
+        per_v = [0.0] * p
+        for s, (f, b) in enumerate(stage_compute):
+            per_v[s if s < p else 2 * p - 1 - s] += f + b
+        head_v = [sum(f for f, _ in stage_compute[:r]) for r in range(p)]
+        return max(h + m * w for h, w in zip(head_v, per_v, strict=True)) * (1.0 - COMPUTE_SAFETY)
     per_rank = [0.0] * p
     for s, (f, b) in enumerate(stage_compute):
         per_rank[s % p] += f + b

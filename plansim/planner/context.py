@@ -154,12 +154,17 @@ class SearchContext:
         return LayoutCosting(num_candidates=count, feasible=tuple(feasible), rejected=rejected)
 
     def _compute_bound_s(self, plan: ParallelPlan) -> float:
+        if plan.schedule.overlaps_forward_backward:
+            return 0.0  # its collectives may hide behind compute: the full bound decides
         stages = stage_compute_s(self.model, plan, self.profile, memo=self.memo)
         # ZeRO-2/3 segments the actions hold, so sharded plans are not under-bounded
         sharded = sharded_action_s(self.model, plan, self.profile, memo=self.memo)
         stages = tuple((f + zf, b + zb) for (f, b), (zf, zb) in zip(stages, sharded, strict=True))
         return compute_lower_bound_s(
-            stages, num_ranks=plan.pp, num_microbatches=plan.num_microbatches
+            stages,
+            num_ranks=plan.pp,
+            num_microbatches=plan.num_microbatches,
+            placement=plan.schedule.placement,
         )
 
     def _work_and_bound(self, plan: ParallelPlan) -> tuple[PipelineWork, float]:

@@ -42,6 +42,7 @@ from plansim.specs.plan import (
     offload_devices,
 )
 from plansim.specs.sharding import PER_LAYER_FETCH
+from plansim.specs.stage_placement import StagePlacement
 
 _G = TypeVar("_G")
 
@@ -186,15 +187,32 @@ def _sp_modes(space: SearchSpace, *, tp: int) -> list[tuple[bool, bool]]:
 
 def _schedules(pp: int, vpp: int, num_microbatches: int, space: SearchSpace) -> list[Schedule]:
     """Schedules that go with (pp, vpp, m): interleaved for vpp > 1 (m a multiple of pp),
-    the others for vpp == 1; GPipe and ZB-H1 only with pp > 1 (one stage makes GPipe and 1F1B
-    coincide, and leaves ZB-H1 no bubble to fill: ``ParallelPlan`` refuses it)."""
+    ZB-V and DualPipeV for vpp == 2 and pp > 1 (DualPipeV: m >= 2 pp, torch's rule), the
+    others for vpp == 1; GPipe and ZB-H1 only with pp > 1 (one stage makes GPipe and 1F1B
+    coincide, and leaves ZB-H1 no bubble to fill: ``ParallelPlan`` refuses it); DualPipe for
+    vpp == 1 with an even pp and an even m >= 2 pp (deepseek-ai/DualPipe's asserts)."""
+    m = num_microbatches
     if vpp > 1:
-        ok = Schedule.INTERLEAVED_1F1B in space.schedules and num_microbatches % pp == 0
-        return [Schedule.INTERLEAVED_1F1B] if ok else []
+        found = []
+        if Schedule.INTERLEAVED_1F1B in space.schedules and m % pp == 0:
+            found.append(Schedule.INTERLEAVED_1F1B)
+        if vpp == 2 and pp > 1:
+            found += [s for s in (Schedule.ZB_V,) if s in space.schedules]
+            if Schedule.DUALPIPE_V in space.schedules and m >= 2 * pp:
+                found.append(Schedule.DUALPIPE_V)
+        return found
     needs_pipeline = (Schedule.GPIPE, Schedule.ZB_H1)
-    return [
-        s for s in space.schedules if not s.interleaved and not (s in needs_pipeline and pp == 1)
+    flat = [
+        s
+        for s in space.schedules
+        if s.placement is StagePlacement.LOOP
+        and not s.interleaved
+        and not (s in needs_pipeline and pp == 1)
     ]
+    dual_ok = pp >= 2 and pp % 2 == 0 and m % 2 == 0 and m >= 2 * pp
+    if Schedule.DUALPIPE in space.schedules and dual_ok:
+        flat.append(Schedule.DUALPIPE)
+    return flat
 
 
 class _Groups:
@@ -255,6 +273,9 @@ def _knobs(
     dp_cp = layout.dp * layout.cp  # ranks that reduce gradients and shard ZeRO states together
     m = batch.global_batch_size // (batch.micro_batch_size * layout.dp)
     schedules = _schedules(layout.pp, vpp, m, space)
+    if "decoder_first_pipeline_num_layers" in split or "decoder_last_pipeline_num_layers" in split:
+        # a per-rank uneven split: the V and dual schedules split per stage only
+        schedules = [s for s in schedules if s.placement is StagePlacement.LOOP]
     fetch = _fetch(space, pp=layout.pp)
     for zero, dp_sync, opt_dev, param_dev in _zero_modes(space, dp_cp=dp_cp):
         mode = _Zero(

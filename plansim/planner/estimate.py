@@ -8,6 +8,7 @@ the simulated step time.
 from __future__ import annotations
 
 from plansim.specs.plan import Schedule
+from plansim.specs.stage_placement import StagePlacement
 from plansim.specs.work import PipelineWork, StageWork
 
 
@@ -28,6 +29,11 @@ def estimate_step_time_s(work: PipelineWork, *, schedule: Schedule = Schedule.ON
     (p - 1)(F + I - W) instead of (p - 1)(F + I + W): m x (F + B + sends) + (p - 1) x
     (F + I - W + sends) of the slowest stage.
 
+    ZB-V, DualPipeV (V placement): the busiest rank's m x (F + B) over its two chunks plus
+    (p - 1) chunk (F + B): interleaving's bubble with v = 2. DualPipe: the busiest rank's
+    m/2 x (F + B) over its two chunks plus (p/2 - 1) stage (F + B) (DeepSeek-V3 Table 2's
+    (PP/2 - 1) slots, the overlap of F&B not credited).
+
     All plus the slowest rank's tail: gradient sync and optimizer (:func:`_rank_tail_s`).
     """
     tail = max(_rank_tail_s(work, rank) for rank in range(work.num_ranks))
@@ -36,6 +42,14 @@ def estimate_step_time_s(work: PipelineWork, *, schedule: Schedule = Schedule.ON
         sum(seg.duration_s for seg in st.forward) + sum(seg.duration_s for seg in st.backward)
         for st in work.stages
     ]
+    if work.placement is not StagePlacement.LOOP:
+        dual = work.placement is StagePlacement.DUAL
+        visits = m // 2 if dual else m
+        busy = [0.0] * p
+        for stage, seconds in enumerate(compute):
+            busy[work.rank_of_stage(stage)] += visits * seconds
+        slots = p // 2 - 1 if dual else p - 1
+        return max(busy) + slots * max(compute) + tail
     sends = [st.send_forward.duration_s + st.send_backward.duration_s for st in work.stages]
     if schedule is Schedule.ZB_H1:
         return (

@@ -4,7 +4,9 @@ An action is one computation of one pipeline stage on one micro-batch. Its strin
 one torch's ``_Action`` prints: stage index, computation letter, micro-batch index
 (``"0F1"``, ``"1B0"``, ``"2I0"``, ``"0W2"``). The letters are torch's ``_ComputationType``
 values: ``F`` forward, ``B`` full backward, ``I`` backward-input (input gradient),
-``W`` backward-weight (weight gradient). Only compute actions are modelled here; torch's
+``W`` backward-weight (weight gradient). DualPipe's overlapped forward and backward of two
+micro-batches is one :class:`OverlapFB` item, printed as torch prints its ``OVERLAP_F_B``
+action: ``"(0F3;1B2)OVERLAP_F_B"``. Only compute actions are modelled here; torch's
 communication and FSDP actions (``SEND_F``, ``UNSHARD``, ``REDUCE_GRAD``, ...) are implied
 by the simulator.
 
@@ -89,11 +91,73 @@ class Action:
         return cls(stage=int(stage), kind=_KIND_BY_LETTER[letter], microbatch=int(microbatch))
 
 
-#: Actions of each pipeline rank in execution order: ``actions[rank][step]``.
-PerRankActions = tuple[tuple[Action, ...], ...]
+_OVERLAP_SUFFIX = "OVERLAP_F_B"
 
-#: A timestep grid: ``grid[rank][timestep]`` is an action, or None for an idle step.
-Grid = Sequence[Sequence[Action | None]]
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OverlapFB:
+    """A forward and a backward (B, or I) of two micro-batches run at once on one rank, one
+    chunk's communication hidden behind the other's compute (DualPipe's overlapped chunk,
+    DeepSeek-V3 report arXiv:2412.19437 §3.2.1 Fig. 4; torch ``OVERLAP_F_B`` with these two
+    sub-actions).
+
+    Raises:
+        SpecError: ``forward`` is not an F, or ``backward`` is not a B or I.
+    """
+
+    forward: Action
+    backward: Action
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.forward, Action) or self.forward.kind is not ActionKind.FORWARD:
+            raise SpecError(f"overlap forward must be an F action, got {self.forward!r}")
+        if not isinstance(self.backward, Action) or self.backward.kind not in (
+            ActionKind.FULL_BACKWARD,
+            ActionKind.BACKWARD_INPUT,
+        ):
+            raise SpecError(f"overlap backward must be a B or I action, got {self.backward!r}")
+
+    def __str__(self) -> str:
+        return f"({self.forward};{self.backward}){_OVERLAP_SUFFIX}"
+
+    @property
+    def parts(self) -> tuple[Action, Action]:
+        """The two sub-actions, forward first (torch runs them in this order)."""
+        return (self.forward, self.backward)
+
+
+#: One entry of a rank's list: a compute action or an overlapped forward/backward pair.
+ScheduleItem = Action | OverlapFB
+
+#: Actions of each pipeline rank in execution order: ``actions[rank][step]``.
+PerRankActions = tuple[tuple[ScheduleItem, ...], ...]
+
+#: A timestep grid: ``grid[rank][timestep]`` is an item, or None for an idle step.
+Grid = Sequence[Sequence[ScheduleItem | None]]
+
+
+def parts(item: ScheduleItem) -> tuple[Action, ...]:
+    """The compute actions of a list item: itself, or an overlap's forward and backward."""
+    return item.parts if isinstance(item, OverlapFB) else (item,)
+
+
+def parse_item(text: str) -> ScheduleItem:
+    """Parse an action (``"0F1"``) or torch's overlap form (``"(0F3;1B2)OVERLAP_F_B"``).
+
+    Raises:
+        SpecError: neither form, or an overlap without exactly one F and one B/I.
+    """
+    text = text.strip()
+    if not text.startswith("("):
+        return Action.parse(text)
+    inner, sep, suffix = text[1:].partition(")")
+    pieces = inner.split(";")
+    if not sep or suffix != _OVERLAP_SUFFIX or len(pieces) != 2:
+        raise SpecError(
+            f"malformed overlap {text!r}; expected (<forward>;<backward>){_OVERLAP_SUFFIX}, "
+            "e.g. '(0F3;1B2)OVERLAP_F_B'"
+        )
+    return OverlapFB(forward=Action.parse(pieces[0]), backward=Action.parse(pieces[1]))
 
 
 def format_actions_csv(actions: Grid) -> str:
@@ -111,7 +175,8 @@ def format_actions_csv(actions: Grid) -> str:
 def parse_actions_csv(text: str, *, source: str = "<csv>") -> PerRankActions:
     """Read torch's schedule CSV (compute-only format) into per-rank actions.
 
-    Empty cells (idle steps) are dropped, as torch's ``_Action.from_str`` maps them to None.
+    Empty cells (idle steps) are dropped, as torch's ``_Action.from_str`` maps them to None;
+    overlap cells read as :class:`OverlapFB`.
 
     Args:
         text: the CSV text; row ``r`` holds rank ``r``.
@@ -120,14 +185,14 @@ def parse_actions_csv(text: str, *, source: str = "<csv>") -> PerRankActions:
     Raises:
         InputFileError: a cell is not a compute action string; names the row and column.
     """
-    per_rank: list[tuple[Action, ...]] = []
+    per_rank: list[tuple[ScheduleItem, ...]] = []
     for rank, row in enumerate(csv.reader(io.StringIO(text))):
-        actions: list[Action] = []
+        actions: list[ScheduleItem] = []
         for step, cell in enumerate(row):
             if not cell.strip():
                 continue
             try:
-                actions.append(Action.parse(cell))
+                actions.append(parse_item(cell))
             except SpecError as exc:
                 raise InputFileError(f"{source}: row {rank} (rank), column {step}: {exc}") from exc
         per_rank.append(tuple(actions))

@@ -18,7 +18,16 @@ Model (one representative pipeline replica, one optimizer step):
 - With ``work.blocking_p2p`` the sender waits for its transfer to end before its next
   action (synchronous send, Megatron-LM's default); otherwise it goes straight on.
 - Same-rank dependencies (F before B/I, I before W) hold by the list order, which
-  :func:`plansim.schedule.checks.check_structure` verifies before the run.
+  :func:`plansim.schedule.checks.check_structure` verifies before the run. "Previous" and
+  "next" stage follow the micro-batch's path (``PipelineWork.graph``: the looped, V or
+  dual placement).
+- An **overlapped F&B** item (DualPipe's, ``plansim.schedule.actions.OverlapFB``) starts
+  once both its inputs have arrived and runs its forward and its backward as two processes
+  sharing the rank's GPU: compute segments take the GPU one at a time (FIFO), communication
+  segments (TP, EP all-to-all, CP) run beside the other's compute, and both are cut into
+  ``StageWork.num_layers`` slices interleaved layer by layer, as the DualPipe repository
+  overlaps them. Compute runs ``1 + overlap_slowdown`` times longer while the other's
+  communication is in flight (the profile's overlap term). The item ends when both have.
 - Gradient reduction runs on the rank's ``dp`` stream, FIFO like ``pp_send``: the stages'
   ``grad_buckets``, then the rank's ``grad_sync`` segments. With
   ``work.overlap_grad_reduce`` (Megatron-LM ``--overlap-grad-reduce``; PyTorch DDP buckets,
@@ -56,14 +65,21 @@ from typing import Any
 
 import simpy
 
-from plansim.schedule.actions import Action, ActionKind, PerRankActions, format_grid
+from plansim.schedule.actions import (
+    Action,
+    ActionKind,
+    OverlapFB,
+    PerRankActions,
+    format_grid,
+    parts,
+)
 from plansim.schedule.checks import (
     ScheduleError,
     Signal,
     SignalKey,
     check_structure,
     describe_wait,
-    needs,
+    item_needs,
     provides,
 )
 from plansim.sim import timeline as tl
@@ -108,10 +124,13 @@ class _Run:
         self.dp = [FifoStream(self.env, self.network) for _ in work.ranks]
         self.dp_last: list[simpy.Event | None] = [None] * work.num_ranks
         self.gates = rendezvous_gates(work)
+        self.graph = work.graph
         self.last_backward = _last_backwards(actions, work)
         self.position = [0] * work.num_ranks
         self.finished = [False] * work.num_ranks
-        overlaps = work.overlap_grad_reduce or not work.blocking_p2p
+        self.gpu: list[simpy.Resource | None] = [None] * work.num_ranks
+        paired = any(isinstance(item, OverlapFB) for row in actions for item in row)
+        overlaps = work.overlap_grad_reduce or not work.blocking_p2p or paired
         self.slowdown = (
             ComputeSlowdown(self.env, work.num_ranks, work.overlap_slowdown)
             if work.overlap_slowdown > 0 and overlaps
@@ -131,31 +150,106 @@ class _Run:
 
     def _rank(self, rank: int) -> _Process:
         num_stages = self.work.num_stages
-        for index, action in enumerate(self.actions[rank]):
+        for index, item in enumerate(self.actions[rank]):
             self.position[rank] = index
-            need = needs(action, num_stages=num_stages)
-            if need is not None:
+            for need in item_needs(item, num_stages=num_stages, graph=self.graph):
                 event = self._arrival(need)
                 if not event.processed:
                     yield event
-            stage = self.work.stages[action.stage]
-            if action.kind is ActionKind.FORWARD:
-                self._add_memory(rank, stage.activation_bytes)
-            segments = getattr(stage, _SEGMENTS[action.kind])
-            release = None
-            if self.work.overlap_grad_reduce and index in self.last_backward[rank]:
-                release = self._release_buckets(rank, action.stage, segments)
-            yield from self._segments(rank, segments, action.stage, action.microbatch)
-            if release is not None:
-                release()
-            if action.kind in _FREES:
-                self._add_memory(rank, -stage.activation_bytes)
-            sent = self._hand_over(rank, action)
+            if isinstance(item, OverlapFB):
+                yield from self._overlapped(rank, index, item)
+                continue
+            sent = yield from self._action(rank, index, item, None)
             if sent is not None and self.work.blocking_p2p and not sent.processed:
                 yield sent
         self.position[rank] = len(self.actions[rank])
         yield from self._tail(rank)
         self.finished[rank] = True
+
+    def _action(
+        self, rank: int, index: int, action: Action, gpu: simpy.Resource | None
+    ) -> Generator[simpy.Event, Any, simpy.Event | None]:
+        """Run one action's segments (sharing ``gpu`` with an overlapped partner when given);
+        returns the event of the transfer it queued, if any."""
+        stage = self.work.stages[action.stage]
+        if action.kind is ActionKind.FORWARD:
+            self._add_memory(rank, stage.activation_bytes)
+        segments = getattr(stage, _SEGMENTS[action.kind])
+        release = None
+        if self.work.overlap_grad_reduce and (index, action.stage) in self.last_backward[rank]:
+            release = self._release_buckets(rank, action.stage, segments)
+        if gpu is None:
+            yield from self._segments(rank, segments, action.stage, action.microbatch)
+        else:
+            yield from self._shared_segments(rank, segments, action, gpu, stage.num_layers)
+        if release is not None:
+            release()
+        if action.kind in _FREES:
+            self._add_memory(rank, -stage.activation_bytes)
+        return self._hand_over(rank, action)
+
+    def _overlapped(self, rank: int, index: int, item: OverlapFB) -> _Process:
+        """Forward and backward of ``item`` as two processes on the rank's one GPU."""
+        gpu = self.gpu[rank]
+        if gpu is None:
+            gpu = self.gpu[rank] = simpy.Resource(self.env, capacity=1)
+        halves = [self.env.process(self._action(rank, index, a, gpu)) for a in item.parts]
+        yield self.env.all_of(halves)
+        if self.work.blocking_p2p:
+            for half in halves:
+                sent = half.value
+                if sent is not None and not sent.processed:
+                    yield sent
+
+    def _shared_segments(
+        self,
+        rank: int,
+        segments: Sequence[Segment],
+        action: Action,
+        gpu: simpy.Resource,
+        num_slices: int,
+    ) -> _Process:
+        """Segments of one half of an overlapped pair, cut into ``num_slices`` layer slices:
+        compute holds ``gpu``; communication runs beside the partner's compute and slows it
+        (``overlap_slowdown``) while in flight."""
+        env, slowdown = self.env, self.slowdown
+        stage, microbatch = action.stage, action.microbatch
+        for piece in range(num_slices):
+            for seg in segments:
+                duration_s = seg.duration_s / num_slices
+                if duration_s <= 0 and piece:
+                    continue
+                start = env.now
+                if seg.stream == tl.COMPUTE and duration_s > 0:
+                    with gpu.request() as turn:
+                        yield turn
+                        start = env.now
+                        if slowdown is not None:
+                            yield from slowdown.run(rank, duration_s)
+                        else:
+                            yield env.timeout(duration_s)
+                elif duration_s > 0:
+                    if slowdown is not None:
+                        slowdown.start(rank)
+                    yield from self._communicate(rank, seg, duration_s, seg.latency_s / num_slices)
+                    if slowdown is not None:
+                        slowdown.end(rank)
+                self.rows.append(
+                    (rank, seg.stream, seg.kind, stage, microbatch, start, env.now,
+                     seg.num_bytes / num_slices)
+                )  # fmt: skip
+
+    def _communicate(
+        self, rank: int, seg: Segment, duration_s: float, latency_s: float
+    ) -> _Process:
+        """A communication segment of ``duration_s`` (sharing its link when it names one)."""
+        links = self._links(rank, seg.link) if seg.link else ()
+        if not links:
+            yield self.env.timeout(duration_s)
+            return
+        transfer = self.network.start(links, duration_s=duration_s, latency_s=latency_s)
+        while not transfer.finished:
+            yield transfer.end_event
 
     def _segments(
         self, rank: int, segments: Sequence[Segment], stage: int, microbatch: int
@@ -198,8 +292,11 @@ class _Run:
         if key is None:
             return None
         signal, stage, _ = key
-        consumer = stage + 1 if signal is Signal.ACTIVATION else stage - 1
-        if not 0 <= consumer < self.work.num_stages:
+        graph = self.graph
+        consumer = (
+            graph.next_stage(stage) if signal is Signal.ACTIVATION else graph.previous_stage(stage)
+        )
+        if consumer is None:
             return None
         dst = self.work.rank_of_stage(consumer)
         if dst == rank:
@@ -293,7 +390,7 @@ class _Run:
         reduction on the dp stream, then the optimizer once the dp stream has carried it."""
         rank_work = self.work.ranks[rank]
         if not self.work.overlap_grad_reduce:
-            for stage in self.last_backward[rank].values():
+            for stage in self.last_backward[rank].values():  # in order of their last backward
                 for bucket in self.work.stages[stage].grad_buckets:
                     self._queue_dp(rank, bucket.segment, stage)
         for seg in rank_work.grad_sync:
@@ -315,7 +412,9 @@ class _Run:
             if self.position[rank] < len(self.actions[rank])
         ]
         waits = "; ".join(
-            describe_wait(self.actions[r][i], r, num_ranks=num_ranks, num_stages=num_stages)
+            describe_wait(
+                self.actions[r][i], r, num_ranks=num_ranks, num_stages=num_stages, graph=self.graph
+            )
             for r, i in stuck
         )
         table = format_grid(self.actions, flagged=stuck)
@@ -325,16 +424,21 @@ class _Run:
         )
 
 
-def _last_backwards(actions: PerRankActions, work: PipelineWork) -> list[dict[int, int]]:
-    """Per rank: {index of the stage's last B/W action: stage} for stages with grad buckets,
-    in list order (``check_structure`` keeps each stage's actions on its own rank)."""
+def _last_backwards(
+    actions: PerRankActions, work: PipelineWork
+) -> list[dict[tuple[int, int], int]]:
+    """Per rank: {(list index of the stage's last B/W action, stage): stage} for stages with
+    grad buckets, in list order (``check_structure`` keeps each stage's actions on its own
+    rank; an overlapped item holds at most one backward)."""
     out = []
     for rank_actions in actions:
         last: dict[int, int] = {}
-        for index, action in enumerate(rank_actions):
-            if action.kind in _FREES and work.stages[action.stage].grad_buckets:
-                last[action.stage] = index
-        out.append({index: stage for stage, index in sorted(last.items(), key=lambda x: x[1])})
+        for index, item in enumerate(rank_actions):
+            for action in parts(item):
+                if action.kind in _FREES and work.stages[action.stage].grad_buckets:
+                    last[action.stage] = index
+        ordered = sorted(last.items(), key=lambda x: x[1])
+        out.append({(index, stage): stage for stage, index in ordered})
     return out
 
 
@@ -356,7 +460,12 @@ def simulate(actions: PerRankActions, work: PipelineWork) -> SimResult:
         raise ScheduleError(
             f"{len(actions)} ranks of actions for a pipeline of {work.num_ranks} ranks"
         )
-    check_structure(actions, num_stages=work.num_stages, num_microbatches=work.num_microbatches)
+    check_structure(
+        actions,
+        num_stages=work.num_stages,
+        num_microbatches=work.num_microbatches,
+        placement=work.placement,
+    )
     run = _Run(actions, work)
     run.run()
     run.raise_if_stuck()

@@ -328,6 +328,7 @@ def declare_sources(network: Network, work: PipelineWork) -> None:
     ``("action", r)``: segments inside rank r's actions and optimizer (run one at a time);
     ``("dp", r)``: its dp stream; ``("send", r)``: its pp_send stream (sending half of r's
     link, receiving half of the neighbour's). Stages handed over on one rank send nothing."""
+    graph = work.graph
     for s, stage in enumerate(work.stages):
         r = work.rank_of_stage(s)
         for segs in (stage.forward, stage.backward, stage.backward_input, stage.backward_weight):
@@ -337,8 +338,11 @@ def declare_sources(network: Network, work: PipelineWork) -> None:
         for bucket in stage.grad_buckets:
             if bucket.segment.link:
                 network.declare(network.collective_links(r, bucket.segment.link), ("dp", r))
-        for p2p, consumer in ((stage.send_forward, s + 1), (stage.send_backward, s - 1)):
-            if p2p.link and 0 <= consumer < work.num_stages:
+        for p2p, consumer in (
+            (stage.send_forward, graph.next_stage(s)),
+            (stage.send_backward, graph.previous_stage(s)),
+        ):
+            if p2p.link and consumer is not None:
                 dst = work.rank_of_stage(consumer)
                 if dst != r:
                     network.declare(network.p2p_links(r, dst, p2p.link), ("send", r))

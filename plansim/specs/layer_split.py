@@ -7,6 +7,7 @@ from plansim.errors import SpecError, require_positive_int
 from plansim.specs.model import ModelSpec
 from plansim.specs.pipeline_layout import balanced_layout, layout_stage_layers
 from plansim.specs.plan import ParallelPlan
+from plansim.specs.stage_placement import StagePlacement
 
 __all__ = [
     "check_plan_divides_model",
@@ -93,6 +94,9 @@ def pipeline_layer_counts(num_layers: int, plan: ParallelPlan) -> tuple[int, ...
             (the vpp values that divide the layers per rank, or an uneven split).
     """
     require_positive_int("num_layers", num_layers)
+    if plan.schedule.placement is not StagePlacement.LOOP:  # V or dual: the rank's 2 chunks
+        stages = stage_layer_counts(num_layers, plan)
+        return tuple(sum(stages[s] for s in plan.stages_of_rank(r)) for r in range(plan.pp))
     if (
         plan.account_for_embedding_in_pipeline_split
         or plan.account_for_loss_in_pipeline_split
@@ -148,7 +152,7 @@ def pipeline_layer_counts(num_layers: int, plan: ParallelPlan) -> tuple[int, ...
 
 def stage_layer_counts(num_layers: int, plan: ParallelPlan) -> tuple[int, ...]:
     """Layers in each of the pp * vpp pipeline stages (model chunks), stage 0 first; stage s
-    sits on rank s mod pp.
+    sits on rank s mod pp (ZB-V, DualPipeV, DualPipe: ``ParallelPlan.stages_of_rank``).
 
     With ``account_for_embedding_in_pipeline_split`` / ``account_for_loss_in_pipeline_split``
     the embedding / the output layer and loss count as one slot each: L + e + l slots split
@@ -174,6 +178,13 @@ def stage_layer_counts(num_layers: int, plan: ParallelPlan) -> tuple[int, ...]:
         return named
     emb = int(plan.account_for_embedding_in_pipeline_split)
     loss = int(plan.account_for_loss_in_pipeline_split)
+    if not (emb or loss) and plan.schedule.placement is not StagePlacement.LOOP:
+        if num_layers % plan.num_stages:  # V / dual: an even split over the stages
+            raise SpecError(
+                f"num_layers({num_layers}) is not divisible by the {plan.num_stages} stages "
+                f"of schedule {plan.schedule.value} (pp({plan.pp}) * vpp({plan.vpp}))"
+            )
+        return (num_layers // plan.num_stages,) * plan.num_stages
     if not (emb or loss):  # stage s = chunk k * pp + rank r holds rank r's count / vpp
         per_rank = pipeline_layer_counts(num_layers, plan)
         return tuple(count // plan.vpp for count in per_rank) * plan.vpp

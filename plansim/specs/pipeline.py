@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from plansim.errors import SpecError, choice_error, require_positive_int
 from plansim.specs.choice_enum import ChoiceEnum
 from plansim.specs.pipeline_layout import expand_layout
+from plansim.specs.stage_placement import StagePlacement
 
 
 class Schedule(ChoiceEnum):
@@ -18,17 +19,49 @@ class Schedule(ChoiceEnum):
     ZB_H1 is the memory-efficient zero-bubble schedule of Qi et al. (ICLR 2024,
     arXiv:2401.10241, §2.1 "ZB-H1"): 1F1B with each backward split into input-gradient (I)
     and weight-gradient (W) actions, W deferred to fill the tail bubble; vpp == 1, pp > 1.
+    ZB_V is its V-shaped schedule (same paper, §6; torch ``ScheduleZBVZeroBubble``): two chunks
+    per rank placed as a V (vpp == 2, ``plansim.specs.stage_placement``). DUALPIPE_V is
+    DualPipe "cut in half" (torch ``ScheduleDualPipeV``): the V placement with a forward and
+    a backward chunk of two micro-batches run overlapped (vpp == 2, m >= 2 pp). DUALPIPE is
+    DeepSeek-V3's bidirectional schedule (arXiv:2412.19437 §3.2.1; deepseek-ai/DualPipe):
+    two copies of the model fed from both ends, the same overlap (vpp == 1, pp even, m even
+    and >= 2 pp).
     """
 
     GPIPE = "gpipe"
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED_1F1B = "interleaved-1f1b"
     ZB_H1 = "zb-h1"
+    ZB_V = "zb-v"
+    DUALPIPE_V = "dualpipev"
+    DUALPIPE = "dualpipe"
 
     @property
     def interleaved(self) -> bool:
-        """True when the schedule runs several model chunks (vpp > 1) per rank."""
+        """True when the schedule runs several model chunks (vpp > 1) per rank in Megatron's
+        looped placement (interleaved 1F1B)."""
         return self is Schedule.INTERLEAVED_1F1B
+
+    @property
+    def placement(self) -> StagePlacement:
+        """Where the schedule puts the stages (``plansim.specs.stage_placement``)."""
+        if self in (Schedule.ZB_V, Schedule.DUALPIPE_V):
+            return StagePlacement.V
+        if self is Schedule.DUALPIPE:
+            return StagePlacement.DUAL
+        return StagePlacement.LOOP
+
+    @property
+    def splits_backward(self) -> bool:
+        """True when the schedule runs backward-input (I) and backward-weight (W) actions
+        (the zero-bubble family and DualPipe's deferred weight gradients)."""
+        return self in (Schedule.ZB_H1, Schedule.ZB_V, Schedule.DUALPIPE_V, Schedule.DUALPIPE)
+
+    @property
+    def overlaps_forward_backward(self) -> bool:
+        """True when the schedule runs a forward and a backward chunk at once (DualPipe's
+        overlapped F&B; torch ``OVERLAP_F_B``)."""
+        return self in (Schedule.DUALPIPE_V, Schedule.DUALPIPE)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -40,6 +40,7 @@ from plansim.specs.sharding import (
     hsdp_problems,
     offload_devices,
 )
+from plansim.specs.stage_placement import StagePlacement, plan_stages_of_rank
 
 __all__ = [
     "GROUPS",
@@ -218,8 +219,26 @@ class ParallelPlan:
 
     @property
     def num_stages(self) -> int:
-        """Pipeline stages (model chunks) = pp * vpp."""
+        """Pipeline stages (model chunks) = pp * vpp, of one model copy (DualPipe holds two
+        copies of these stages: ``plansim.specs.stage_placement``)."""
         return self.dims.pp * self.dims.vpp
+
+    def stages_of_rank(self, rank: int) -> tuple[int, ...]:
+        """The plan stages (model chunks, ``0 .. num_stages - 1``) pipeline rank ``rank``
+        holds: ``rank, rank + pp, ...`` (looped), ``rank, 2 pp - 1 - rank`` (ZB-V,
+        DualPipeV), ``rank, pp - 1 - rank`` (DualPipe: one chunk of each model copy)."""
+        return plan_stages_of_rank(
+            self.pipeline.schedule.placement,
+            rank=rank,
+            num_ranks=self.dims.pp,
+            num_stages=self.num_stages,
+        )
+
+    def rank_holds_stage(self, rank: int, stage: int) -> bool:
+        """Whether pipeline rank ``rank`` holds plan stage ``stage`` (:meth:`stages_of_rank`)."""
+        if self.pipeline.schedule.placement is StagePlacement.LOOP:
+            return stage % self.dims.pp == rank
+        return stage in self.stages_of_rank(rank)
 
     def label(self) -> str:
         """Compact one-line description: the knobs that differ from the defaults, in a fixed
@@ -551,9 +570,13 @@ def _check_hsdp(plan: ParallelPlan) -> None:
 
 def _check_schedule(plan: ParallelPlan) -> None:
     """vpp, pp and micro-batch count against the schedule (Megatron-LM's rules; ZB-H1:
-    Qi et al. 2024 §2.1 needs a pipeline, pp > 1)."""
+    Qi et al. 2024 §2.1 needs a pipeline, pp > 1; the V and dual schedules:
+    :func:`_check_v_or_dual`)."""
     schedule, vpp, pp = plan.pipeline.schedule, plan.dims.vpp, plan.dims.pp
     name = schedule.value
+    if schedule.placement is not StagePlacement.LOOP:
+        _check_v_or_dual(plan)
+        return
     if not schedule.interleaved:
         if vpp != 1:
             raise SpecError(
@@ -577,6 +600,52 @@ def _check_schedule(plan: ParallelPlan) -> None:
             f"global_batch_size({plan.global_batch_size}) / (micro_batch_size"
             f"({plan.micro_batch_size}) * dp({plan.dp})) to be a multiple of pp({pp})"
         )
+
+
+def _check_v_or_dual(plan: ParallelPlan) -> None:
+    """ZB-V and DualPipeV: vpp == 2 and pp > 1 (torch's ``ScheduleZBVZeroBubble`` and
+    ``ScheduleDualPipeV`` take exactly two stages per rank), DualPipeV also m >= 2 pp (torch);
+    DualPipe: vpp == 1 (each of its two model copies splits into pp stages), an even pp and
+    an even m >= 2 pp (deepseek-ai/DualPipe's asserts)."""
+    schedule, vpp, pp, m = plan.schedule, plan.vpp, plan.pp, plan.num_microbatches
+    name = schedule.value
+    pipeline = plan.pipeline
+    if (pipeline.decoder_first_pipeline_num_layers, pipeline.decoder_last_pipeline_num_layers) != (
+        None,
+        None,
+    ):
+        raise SpecError(
+            f"schedule {name} splits the layers evenly over its stages: leave "
+            "decoder_first/last_pipeline_num_layers unset (account_for_*_in_pipeline_split "
+            "and pipeline_model_parallel_layout work per stage)"
+        )
+    batch = (
+        f"num_microbatches({m}) = global_batch_size({plan.global_batch_size}) / "
+        f"(micro_batch_size({plan.micro_batch_size}) * dp({plan.dp}))"
+    )
+    if schedule is Schedule.DUALPIPE:
+        if vpp != 1:
+            raise SpecError(
+                f"schedule {name} needs vpp == 1 (got vpp={vpp}): each rank holds one chunk of "
+                "each of the two model copies"
+            )
+        if pp < 2 or pp % 2:
+            raise SpecError(f"schedule {name} needs an even pp >= 2 (got pp={pp})")
+        if m % 2 or m < 2 * pp:
+            raise SpecError(
+                f"schedule {name} needs {batch} to be even and >= 2 * pp = {2 * pp}: half of "
+                "the micro-batches enter at each end of the pipeline"
+            )
+        return
+    if vpp != 2:
+        raise SpecError(
+            f"schedule {name} needs vpp == 2 (got vpp={vpp}): two model chunks per rank, "
+            "placed as a V"
+        )
+    if pp < 2:
+        raise SpecError(f"schedule {name} needs pp > 1 (got pp={pp})")
+    if schedule is Schedule.DUALPIPE_V and m < 2 * pp:
+        raise SpecError(f"schedule {name} needs {batch} >= the stages 2 * pp = {2 * pp}")
 
 
 def _check_uneven_split(plan: ParallelPlan) -> None:

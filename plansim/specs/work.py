@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from plansim.errors import SpecError
+from plansim.specs.stage_placement import StageGraph, StagePlacement
 
 #: Streams a rank has. Compute segments and blocking TP collectives run on "compute"/"tp"
 #: one after another (TP collectives block the compute stream, as in Megatron);
@@ -179,9 +180,12 @@ class StageWork:
             bucket is queued on the rank's ``dp`` stream once ready; otherwise all of them
             after the rank's last action. Empty: nothing reduced per stage (dp == 1, ZeRO-3,
             or a costing that puts the whole reduction in ``RankWork.grad_sync``).
+        num_layers: transformer layers of the stage: where a schedule overlaps a forward and
+            a backward chunk (DualPipe), the engine interleaves the two layer by layer, each
+            segment cut in this many equal slices (the repository overlaps per layer).
 
     Raises:
-        SpecError: grad_buckets' ready fractions decrease.
+        SpecError: grad_buckets' ready fractions decrease, or num_layers < 1.
     """
 
     forward: tuple[Segment, ...]
@@ -192,8 +196,13 @@ class StageWork:
     send_backward: P2P
     activation_bytes: float
     grad_buckets: tuple[GradBucket, ...] = ()
+    num_layers: int = 1
 
     def __post_init__(self) -> None:
+        if isinstance(self.num_layers, bool) or not isinstance(self.num_layers, int):
+            raise SpecError(f"stage num_layers must be an integer >= 1, got {self.num_layers!r}")
+        if self.num_layers < 1:
+            raise SpecError(f"stage num_layers must be >= 1, got {self.num_layers}")
         fractions = [bucket.ready_fraction for bucket in self.grad_buckets]
         if fractions != sorted(fractions):
             raise SpecError(
@@ -226,8 +235,10 @@ class RankWork:
 class PipelineWork:
     """All the work of one representative pipeline replica for one optimizer step.
 
-    Stage ``s`` (0 <= s < num_stages) lives on rank ``s % num_ranks`` (Megatron's interleaved
-    placement; with vpp = 1 stage s is rank s). With ``blocking_p2p`` a rank waits for each
+    Stage ``s`` (0 <= s < num_stages) lives on ``graph.rank_of_stage(s)``: rank
+    ``s % num_ranks`` with the default ``placement`` (Megatron's interleaved placement; with
+    vpp = 1 stage s is rank s), or the V / dual placement of ZB-V, DualPipeV and DualPipe
+    (``plansim.specs.stage_placement``). With ``blocking_p2p`` a rank waits for each
     of its sends to complete before its next action (synchronous point-to-point, as in
     Megatron-LM without ``--overlap-p2p-communication``); otherwise sends run beside compute.
     With ``overlap_grad_reduce`` the stages' gradient buckets start on the ``dp`` stream as
@@ -240,8 +251,9 @@ class PipelineWork:
 
     Raises:
         SpecError: stage count not a multiple of rank count, no micro-batches,
-            rank_nodes neither empty nor one non-negative node index per rank, or
-            overlap_slowdown outside [0, 1).
+            rank_nodes neither empty nor one non-negative node index per rank,
+            overlap_slowdown outside [0, 1), or a placement its stages or micro-batches do
+            not fit (``StageGraph``).
     """
 
     stages: tuple[StageWork, ...]
@@ -251,6 +263,7 @@ class PipelineWork:
     overlap_grad_reduce: bool = False
     rank_nodes: tuple[int, ...] = ()
     overlap_slowdown: float = 0.0
+    placement: StagePlacement = StagePlacement.LOOP
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.overlap_slowdown < 1.0:
@@ -269,6 +282,8 @@ class PipelineWork:
                 f"rank_nodes={self.rank_nodes} must give a node index >= 0 for each of the "
                 f"{len(self.ranks)} ranks (or be empty)"
             )
+        if self.placement is not StagePlacement.LOOP:
+            _ = self.graph  # its checks: two stages per rank; dual: an even micro-batch count
 
     @property
     def num_ranks(self) -> int:
@@ -280,9 +295,21 @@ class PipelineWork:
         """Model chunks (pp * vpp)."""
         return len(self.stages)
 
+    @property
+    def graph(self) -> StageGraph:
+        """Stages, ranks and micro-batch paths (``plansim.specs.stage_placement``)."""
+        return StageGraph(
+            placement=self.placement,
+            num_ranks=self.num_ranks,
+            num_stages=self.num_stages,
+            num_microbatches=self.num_microbatches,
+        )
+
     def rank_of_stage(self, stage: int) -> int:
         """Rank holding ``stage``."""
-        return stage % self.num_ranks
+        if self.placement is StagePlacement.LOOP:
+            return stage % self.num_ranks
+        return self.graph.rank_of_stage(stage)
 
     def node_of_rank(self, rank: int) -> int:
         """Node holding ``rank`` (``rank_nodes``, or the rank's own when empty)."""

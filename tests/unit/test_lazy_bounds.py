@@ -38,9 +38,11 @@ from tests.unit.test_planner_pruning import _uniform_work
 from tests.unit.test_work_memo import BASE, H100, MODEL
 
 A100 = load_profile("a100-sxm4-80gb")
+#: The looped schedules (V and dual placements: tests/unit/test_dualpipe.py).
+LOOPED = [s for s in Schedule if s.placement.value == "loop"]
 
 
-@pytest.mark.parametrize("schedule", list(Schedule))
+@pytest.mark.parametrize("schedule", LOOPED)
 def test_compute_bound_of_uniform_stages_is_the_last_rank_after_the_fill(
     schedule: Schedule,
 ) -> None:
