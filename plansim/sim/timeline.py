@@ -21,8 +21,10 @@ Rows are sorted by start_s, then rank, then stream (then end_s, kind, stage, mic
 so the order is total). **Pipeline work** rows are those on the ``compute`` or ``tp``
 stream with ``stage >= 0``: the segments of F/B/I/W actions (TP collectives block compute).
 Rows of one (rank, stream) do not overlap, except on ``pp_recv``, where a rank may receive
-from both neighbours at once, and on ``dp``, where a blocking in-action ``dp`` segment
-(ZeRO-3 gather) could meet a queued gradient bucket. Gradient-bucket rows on ``dp`` carry
+from both neighbours at once, on ``dp``, where a blocking in-action ``dp`` segment
+(ZeRO-3 gather) could meet a queued gradient bucket, and on ``tp`` inside DualPipe's
+overlapped F&B pairs, where both halves' collectives (all-to-alls) may run at once; their
+compute rows never overlap (the halves take the GPU in turns). Gradient-bucket rows on ``dp`` carry
 their stage with micro-batch -1. A communication row spans the transfer as it ran: when it
 shared a link with other transfers (``plansim.sim.links``) it lasts longer than its costed
 ``duration_s``; ``bytes`` stays what it moved.
