@@ -13,6 +13,7 @@ CLI starts.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import tempfile
@@ -131,7 +132,8 @@ def _checked_args(args: argparse.Namespace, device: str) -> tuple[Path, Hardware
     already there (None: a new file).
 
     Raises:
-        SpecError: --nproc 1 without an existing profile to merge into, a --timeout <= 0.
+        SpecError: --nproc 1 without an existing profile to merge into, a --timeout that is
+            not a positive finite number (nan, inf, <= 0).
         InputFileError: --out cannot be written.
     """
     _check_nproc(args.nproc, device)
@@ -143,8 +145,10 @@ def _checked_args(args: argparse.Namespace, device: str) -> tuple[Path, Hardware
             "e.g. a copy of hardware_profiles/h100-sxm5-80gb.yaml; its collectives and "
             "gpus_per_node are kept) or run 2 or more ranks"
         )
-    if args.timeout is not None and args.timeout <= 0:
-        raise SpecError(f"--timeout must be positive, got {args.timeout}")
+    if args.timeout is not None and not (0 < args.timeout < math.inf):
+        raise SpecError(
+            f"--timeout must be a positive, finite number of seconds, got {args.timeout}"
+        )
     return out, base
 
 

@@ -118,6 +118,35 @@ def test_simulate_interleaved(capsys: pytest.CaptureFixture[str]) -> None:
     assert interleaved["step_time_s"] < flat["step_time_s"]
 
 
+def test_simulate_v_and_dual_schedules_write_gantt_and_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = [*SIM[:-1], "256", "--recompute", "full", "--format", "json"]
+    results = {}
+    for schedule in ("zb-v", "dualpipev", "dualpipe"):
+        trace, plot = tmp_path / f"{schedule}.json", tmp_path / f"{schedule}.png"
+        argv = [*base, "--schedule", schedule, "--trace", str(trace), "--plot", str(plot)]
+        assert main(argv) == 0, capsys.readouterr().err
+        results[schedule] = json.loads(capsys.readouterr().out)
+        assert plot.stat().st_size > 10_000
+        events = json.loads(trace.read_text())["traceEvents"]
+        names = {e.get("name", "") for e in events}
+        assert any(n.startswith("F") or "forward" in n for n in names)
+    assert results["zb-v"]["plan"]["vpp"] == 2  # the V schedules' default
+    assert results["dualpipe"]["plan"]["vpp"] == 1
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "0"])
+def test_calibrate_refuses_a_timeout_that_is_no_deadline(
+    value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["calibrate", "--backend", "gloo", "--nproc", "2", "--timeout", value]
+    assert main([*argv, "--out", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "--timeout must be a positive, finite number of seconds" in err
+    assert not (tmp_path / "p.yaml").exists()
+
+
 def test_unknown_model_and_profile_list_known_names(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", *SIM[1:3], "--gpu", "tpu-v9", *SIM[5:]]) == 2
     err = capsys.readouterr().err
