@@ -24,6 +24,7 @@ import torch.distributed as dist
 from plansim.calibrate.plan import Item
 from plansim.schedule.builders import build_actions
 from plansim.specs.plan import Schedule
+from plansim.specs.stage_placement import StagePlacement
 
 #: Rows and width of one micro-batch of the chain's input.
 MICROBATCH_ROWS, WIDTH = 2, 8
@@ -43,9 +44,13 @@ def plansim_runtime(
     loss_fn: Callable[..., torch.Tensor],
 ) -> tuple[Any, dict[int, list[Any]]]:
     """torch's ``_PipelineScheduleRuntime`` over ``stages`` running plansim's action lists
-    (``plansim.schedule.builders.build_actions``, in torch's ``"0F1"`` alphabet) with
-    send/recv lowered by torch, gradients scaled by 1 / m; and those lists per rank as
-    torch ``_Action`` s. The runtime ``plansim validate`` drives and this item times."""
+    (``plansim.schedule.builders.build_actions``, in torch's ``"0F1"`` alphabet; DualPipeV's
+    overlaps as torch's ``OVERLAP_F_B`` actions with their two sub-actions) with send/recv
+    lowered by torch, gradients scaled by 1 / m; and those lists per rank as torch
+    ``_Action`` s. The runtime ``plansim validate`` drives and this item times.
+
+    The stages get the schedule's stage-to-rank mapping before the lowering, as torch's
+    ``ScheduleZBVZeroBubble`` and ``ScheduleDualPipeV`` set it (:func:`stage_to_rank`)."""
     from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
 
     lists = build_actions(schedule, num_ranks=num_ranks, num_microbatches=num_microbatches, vpp=vpp)
@@ -53,9 +58,32 @@ def plansim_runtime(
     runtime = _PipelineScheduleRuntime(  # type: ignore[no-untyped-call]
         stages, n_microbatches=num_microbatches, loss_fn=loss_fn, scale_grads=True
     )
+    mapping = stage_to_rank(schedule, num_ranks=num_ranks, num_stages=num_ranks * vpp)
+    runtime.stage_index_to_group_rank = mapping
+    for stage in stages:
+        stage.stage_index_to_group_rank = mapping
     runtime.pipeline_order = dict(order)
     runtime._prepare_schedule_with_comms(order)
     return runtime, order
+
+
+def stage_to_rank(schedule: Schedule, *, num_ranks: int, num_stages: int) -> dict[int, int]:
+    """``{stage: pipeline rank}`` of ``schedule``'s placement (torch
+    ``generate_stage_to_rank_mapping``, style ``"loop"`` or ``"v"``).
+
+    Raises:
+        ValueError: the dual placement (DualPipe), which torch's pipelining does not run.
+    """
+    from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
+
+    styles = {StagePlacement.LOOP: "loop", StagePlacement.V: "v"}
+    placement = schedule.placement
+    if placement not in styles:
+        raise ValueError(
+            f"schedule {schedule.value}: torch.distributed.pipelining has no "
+            f"{placement.value} stage placement (placements: loop, v)"
+        )
+    return generate_stage_to_rank_mapping(num_ranks, num_stages, style=styles[placement])
 
 
 def pipeline_chain(item: Item, *, device: torch.device, world: int) -> Callable[[], object]:

@@ -60,6 +60,7 @@ from plansim.validate.compare import (
 )
 from plansim.validate.refit import Refit, profile_path, refit
 from plansim.validate.result import QUIET_CPU_SHARE, MeasuredRun
+from plansim.validate.run_config import check_schedule_supported
 from plansim.validate.run_dtype import RUN_DTYPES, check_dtype_supported
 
 #: Backend -> device it runs on.
@@ -291,6 +292,7 @@ def run(args: argparse.Namespace) -> int:
     """
     plan = apply_plan_file(args) or plan_from_args(args)
     check_dtype_supported(args.dtype, plan)
+    check_schedule_supported(plan)
     model = scaled_model(args)
     require_plan_divides_model(plan, model)
     profile = load_profile(args.profile)

@@ -103,9 +103,11 @@ def stage_tensors(model: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[int
 
 
 def rank_tensors(model: ModelSpec, plan: ParallelPlan, *, pp_rank: int) -> tuple[int, ...]:
-    """Parameter tensors of pipeline rank ``pp_rank``: its stages pp_rank, pp_rank + pp, ..."""
+    """Parameter tensors of pipeline rank ``pp_rank``: its stages
+    (``ParallelPlan.stages_of_rank``: pp_rank, pp_rank + pp, ... looped; pp_rank and
+    2 pp - 1 - pp_rank under the V placement)."""
     out: tuple[int, ...] = ()
-    for stage in range(pp_rank, plan.num_stages, plan.pp):
+    for stage in plan.stages_of_rank(pp_rank):
         out += stage_tensors(model, plan, stage)
     return out
 

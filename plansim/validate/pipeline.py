@@ -1,14 +1,18 @@
 """Run the micro-batches of one step: torch.distributed.pipelining driven by OUR action lists.
 
-With pp > 1, every rank builds one ``PipelineStage`` per model chunk it holds and a
+With pp > 1, every rank builds one ``PipelineStage`` per model chunk it holds
+(``ParallelPlan.stages_of_rank``: looped, or the V of ZB-V and DualPipeV) and a
 ``_PipelineScheduleRuntime`` whose compute order is loaded from
 ``plansim.schedule.builders.build_actions`` (the simulator's lists, in torch's ``"0F1"``
-alphabet); torch lowers it with its own passes (send/recv, FSDP unshard/reshard, gradient
-reduction), so the executed order is the simulated order. The torch schedule class that
-matches the plan (``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B``,
-``ScheduleInterleavedZeroBubble``) is built too and its compute order compared with ours
-(:attr:`PipelineExecutor.torch_order`). With pp == 1 a plain loop runs forward and backward
-per micro-batch (the 1F1B order of one rank).
+alphabet; DualPipeV's overlapped pairs as torch's ``"(0F3;1B2)OVERLAP_F_B"``); torch lowers
+it with its own passes (send/recv, FSDP unshard/reshard, gradient reduction). Two checks,
+in :attr:`PipelineExecutor.torch_order`: the torch schedule class that matches the plan
+(``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B``,
+``ScheduleInterleavedZeroBubble``, ``ScheduleZBVZeroBubble``, ``ScheduleDualPipeV``) is built
+too and its compute order compared with ours (``matches``), and the compute the stages ran
+in each step, in order, with our list's actions (``executed_matches``; an overlap's two
+sub-actions run one after the other, torch's ``_perform_action``). With pp == 1 a plain loop
+runs forward and backward per micro-batch (the 1F1B order of one rank).
 
 Measured per action: forward (with the loss on the last stage), backward, or
 backward-input / backward-weight (zero bubble), FSDP's gradient reduction (``REDUCE_GRAD``,
@@ -23,7 +27,7 @@ they are those of the mean over the rank's batch (``scale_grads=True`` under pip
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -32,7 +36,6 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
 from plansim.calibrate.bench_pipeline import plansim_runtime
-from plansim.schedule.actions import ActionKind
 from plansim.specs.plan import ParallelPlan, Schedule
 from plansim.validate.measure import Recorder, wrap_method
 from plansim.validate.model import loss_fn
@@ -43,8 +46,11 @@ TORCH_SCHEDULES: dict[Schedule, tuple[str, bool]] = {
     Schedule.ONE_F_ONE_B: ("Schedule1F1B", True),
     Schedule.INTERLEAVED_1F1B: ("ScheduleInterleaved1F1B", False),
     Schedule.ZB_H1: ("ScheduleInterleavedZeroBubble", False),
+    Schedule.ZB_V: ("ScheduleZBVZeroBubble", False),
+    Schedule.DUALPIPE_V: ("ScheduleDualPipeV", False),
 }
 _BACKWARD_KIND = {True: "backward", False: "backward_input"}
+_BACKWARD_LETTER = {True: "B", False: "I"}
 #: Marker kinds of the moment a stage posts its sends (not Timeline rows: the runner pairs
 #: them with the receivers' waits, ``plansim.validate.runner``).
 SEND_POST = {"get_fwd_send_ops": "post_send_forward", "get_bwd_send_ops": "post_send_backward"}
@@ -78,11 +84,44 @@ class LoopExecutor:
         return [float(x) for x in losses]
 
 
-def _torch_compute_order(order: dict[int, list[Any]]) -> dict[int, list[str]]:
-    letters = {kind.value for kind in ActionKind}
+def compute_order(order: Mapping[int, Sequence[Any]]) -> dict[int, list[str]]:
+    """The compute items of torch ``_Action`` lists per rank as strings (``"0F1"``,
+    ``"(0F3;1B2)OVERLAP_F_B"``): F, B, I, W and OVERLAP_F_B (``_Action.is_compute_op``);
+    idle steps (None) and communication dropped."""
     return {
-        rank: [str(a) for a in actions if a is not None and a.computation_type.value in letters]
+        rank: [str(a) for a in actions if a is not None and a.is_compute_op]
         for rank, actions in order.items()
+    }
+
+
+def sub_action_order(actions: Sequence[Any]) -> list[str]:
+    """One rank's torch ``_Action`` list as the compute actions it runs, in order: an
+    ``OVERLAP_F_B`` item as its sub-actions (torch's runtime performs them one after the
+    other), communication dropped."""
+    out = []
+    for action in actions:
+        if action is None or not action.is_compute_op:
+            continue
+        out += [str(a) for a in action.sub_actions or (action,)]
+    return out
+
+
+def order_check(mine: Sequence[str], theirs: Sequence[str], *, label: str) -> dict[str, Any]:
+    """``{"matches": bool, "note"?: str}``: whether ``theirs`` is ``mine``, item for item. An
+    empty ``mine`` never matches (nothing was compared); the note names the first difference
+    and ``label`` (what was compared)."""
+    if list(mine) == list(theirs) and mine:
+        return {"matches": True}
+    if not mine:
+        return {"matches": False, "note": f"{label}: no actions to compare"}
+    at = next(
+        (i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b),
+        min(len(mine), len(theirs)),
+    )
+    return {
+        "matches": False,
+        "note": f"{label}: first difference at position {at}: ours {list(mine[at : at + 4])} "
+        f"vs {list(theirs[at : at + 4])} ({len(mine)} vs {len(theirs)} actions)",
     }
 
 
@@ -90,7 +129,8 @@ class PipelineExecutor:
     """pp > 1: ``_PipelineScheduleRuntime`` on our action lists, instrumented per action.
 
     Args:
-        modules: ``{stage index: module}`` of the chunks this rank holds (parallelized).
+        modules: ``{stage index: module}`` of the chunks this rank holds (parallelized;
+            ``plan.stages_of_rank(pp_rank)``).
         plan: the plan (pp, vpp, schedule, micro-batches).
         pp_rank: this rank's pipeline index; pp_group: the pipeline process group.
         device: torch device of the stages.
@@ -126,13 +166,19 @@ class PipelineExecutor:
             vpp=plan.vpp,
             loss_fn=loss_fn,
         )
-        self.torch_order = self._compare_with_torch(order, pp_rank=pp_rank)
+        self.pp_rank = pp_rank
+        self.torch_order = self._compare_with_torch(order)
+        #: the compute actions this rank must run each step, in order (our list)
+        self.expected = sub_action_order(order[pp_rank])
+        #: the compute actions the stages ran in the current step (``"0F1"``, ...)
+        self.executed: list[str] = []
+        self.steps_run = 0
         self.has_first = any(s.is_first for s in self.stages)
         self.has_last = any(s.is_last for s in self.stages)
         self._pending_wait: tuple[Any, Any] | None = None
         self._instrument()
 
-    def _compare_with_torch(self, ours: dict[int, list[Any]], *, pp_rank: int) -> dict[str, Any]:
+    def _compare_with_torch(self, ours: dict[int, list[Any]]) -> dict[str, Any]:
         """Build torch's own schedule class for the plan and compare its compute order."""
         from torch.distributed.pipelining import schedules
 
@@ -144,12 +190,22 @@ class PipelineExecutor:
             sched = cls(self.stages, n_microbatches=self.plan.num_microbatches, loss_fn=loss_fn)
         except (ValueError, RuntimeError, AssertionError) as exc:
             return {"schedule": name, "matches": None, "note": f"torch refused: {exc}"}
-        theirs = _torch_compute_order(sched.pipeline_order or {}).get(pp_rank, [])
-        mine = _torch_compute_order(ours)[pp_rank]
-        result: dict[str, Any] = {"schedule": name, "matches": theirs == mine}
-        if theirs != mine:
-            result["note"] = f"rank {pp_rank}: ours {mine} vs torch {theirs}"
-        return result
+        theirs = compute_order(sched.pipeline_order or {}).get(self.pp_rank, [])
+        mine = compute_order(ours)[self.pp_rank]
+        return {"schedule": name, **order_check(mine, theirs, label=f"rank {self.pp_rank} torch")}
+
+    def _check_executed(self) -> None:
+        """Compare the step's executed compute with our list: ``executed_matches`` in
+        :attr:`torch_order` (every step so far), ``executed_note`` (the first that differed)."""
+        label = f"rank {self.pp_rank} executed in step {self.steps_run}"
+        self.steps_run += 1
+        check = order_check(self.expected, self.executed, label=label)
+        if check["matches"]:
+            self.torch_order.setdefault("executed_matches", True)
+            return
+        if self.torch_order.get("executed_matches") is not False:
+            self.torch_order["executed_note"] = check["note"]
+        self.torch_order["executed_matches"] = False
 
     def _instrument(self) -> None:
         """Time each stage's forward/backward/weight-grad, the loss, recv waits, grad reduce."""
@@ -159,16 +215,21 @@ class PipelineExecutor:
 
             def fwd(orig: Callable[..., Any], mb: int, *a: Any, _i: int = idx, **k: Any) -> Any:
                 self._flush_wait("recv_forward", _i, mb)
+                self.executed.append(f"{_i}F{mb}")
                 with rec.interval(stream="compute", kind="forward", stage=_i, microbatch=mb):
                     return orig(mb, *a, **k)
 
             def bwd(orig: Callable[..., Any], mb: int, *a: Any, _i: int = idx, **k: Any) -> Any:
                 self._flush_wait("recv_backward", _i, mb)
-                kind = _BACKWARD_KIND[bool(k.get("full_backward", True))]
-                with rec.interval(stream="compute", kind=kind, stage=_i, microbatch=mb):
+                full = bool(k.get("full_backward", True))
+                self.executed.append(f"{_i}{_BACKWARD_LETTER[full]}{mb}")
+                with rec.interval(
+                    stream="compute", kind=_BACKWARD_KIND[full], stage=_i, microbatch=mb
+                ):
                     return orig(mb, *a, **k)
 
             def wgt(orig: Callable[..., Any], mb: int, *a: Any, _i: int = idx, **k: Any) -> Any:
+                self.executed.append(f"{_i}W{mb}")
                 with rec.interval(
                     stream="compute", kind="backward_weight", stage=_i, microbatch=mb
                 ):
@@ -248,6 +309,8 @@ class PipelineExecutor:
         losses: list[torch.Tensor] = []
         args = (tokens,) if self.has_first else ()
         kwargs: dict[str, Any] = {"target": targets, "losses": losses} if self.has_last else {}
+        self.executed = []
         with self._observe_waits():
             self.schedule.step(*args, return_outputs=False, **kwargs)
+        self._check_executed()
         return [float(x.detach()) for x in losses]

@@ -10,12 +10,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plansim.specs.model import ModelSpec
-from plansim.specs.plan import ParallelPlan
+from plansim.specs.plan import ParallelPlan, Schedule
+from plansim.specs.stage_placement import StagePlacement
 from plansim.validate.result import ValidateError
 from plansim.validate.run_dtype import check_dtype_supported
 
 BACKENDS = ("gloo", "nccl")
 DEVICES = ("cpu", "cuda")
+#: Schedules the runner executes: those torch.distributed.pipelining places (looped or V;
+#: ``plansim.validate.pipeline.TORCH_SCHEDULES`` names torch's class of each).
+RUN_SCHEDULES = tuple(s for s in Schedule if s.placement is not StagePlacement.DUAL)
+
+
+def check_schedule_supported(plan: ParallelPlan) -> None:
+    """Raise ValidateError naming ``schedule`` for a schedule the runner cannot execute:
+    DualPipe (two model copies fed from both ends) is not in torch.distributed.pipelining."""
+    if plan.schedule in RUN_SCHEDULES:
+        return
+    runs = ", ".join(s.value for s in RUN_SCHEDULES)
+    raise ValidateError(
+        f"schedule {plan.schedule.value!r} cannot be run by the validator: "
+        "torch.distributed.pipelining has no schedule with two model copies fed from both "
+        f"ends (DualPipe); choose one of: {runs}"
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,6 +80,7 @@ class RunConfig:
         if self.optimizer not in ("adamw", "sgd"):
             raise ValidateError(f"optimizer {self.optimizer!r}; choose one of: adamw, sgd")
         check_dtype_supported(self.dtype, self.plan)
+        check_schedule_supported(self.plan)
         if self.num_processes != self.plan.num_gpus:
             raise ValidateError(
                 f"num_processes({self.num_processes}) != plan dp*tp*pp*cp = {self.plan.num_gpus}"

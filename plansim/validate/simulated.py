@@ -317,7 +317,7 @@ def _with_per_step_units(
 
     ranks = []
     for r, rank in enumerate(work.ranks):
-        units = sum(layers[s] + 1 for s in range(r, plan.num_stages, plan.pp))
+        units = sum(layers[s] + 1 for s in plan.stages_of_rank(r))
         ranks.append(
             dataclasses.replace(
                 rank,

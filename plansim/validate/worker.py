@@ -133,7 +133,7 @@ class Trainer:
         expert_mesh = None if self.experts is None else self.experts.edp_mesh
         # bf16 without FSDP: bf16 weights, fp32 master weights (plansim.validate.mixed_precision)
         cast_model = dtype != "fp32" and not uses_fsdp(plan)
-        for stage in range(self.coords.pp, plan.num_stages, plan.pp):
+        for stage in plan.stages_of_rank(self.coords.pp):
             part = split_stage(full, model, plan, stage).to(self.device)
             if cast_model:
                 part = part.to(TORCH_DTYPES[dtype])
@@ -198,9 +198,10 @@ class Trainer:
 
     def _tied_group(self) -> Any:
         """Process group of the first and last pipeline ranks of this (dp, tp) position, which
-        hold the two copies of a tied embedding (Megatron-LM's embedding group)."""
+        hold the two copies of a tied embedding (Megatron-LM's embedding group); None where
+        one rank holds both (pp 1; the V placement: :meth:`_sum_local_tied_grads`)."""
         plan = self.plan
-        if not self.model_spec.tied_embeddings or plan.pp == 1:
+        if not self.model_spec.tied_embeddings or plan.pp == 1 or self._tied_local():
             return None
         mine = None
         stride = plan.tp * plan.dp
@@ -209,6 +210,28 @@ class Trainer:
             if self.coords.tp + plan.tp * self.coords.dp == base:
                 mine = group
         return mine if self.coords.pp in (0, plan.pp - 1) else None
+
+    def _tied_local(self) -> bool:
+        """True when one pipeline rank holds both copies of a tied embedding (pp > 1 under
+        the V placement of ZB-V and DualPipeV: rank 0 holds stages 0 and 2 pp - 1)."""
+        plan = self.plan
+        holds_both = plan.rank_holds_stage(0, plan.num_stages - 1)
+        return self.model_spec.tied_embeddings and plan.pp > 1 and holds_both
+
+    def _sum_local_tied_grads(self) -> None:
+        """Both copies of a tied embedding on this rank (:meth:`_tied_local`): each gets the
+        sum of their gradients, as the embedding group's all-reduce gives them elsewhere."""
+        first: Any = self.modules.get(0)
+        last: Any = self.modules.get(self.plan.num_stages - 1)
+        if first is None or last is None:
+            return
+        weights = [first.embedding.tokens.weight, last.head.output.weight]
+        if self.master is not None:
+            weights = [self.master.master_of(w) for w in weights]
+        grads = [local(w.grad) for w in weights]
+        total = grads[0] + grads[1]
+        for grad in grads:
+            grad.copy_(total)
 
     def _tied_weight(self) -> torch.Tensor | None:
         first: Any = self.modules.get(0)
@@ -225,6 +248,8 @@ class Trainer:
         losses = self.executor.step(tokens, targets)
         if self.master is not None:
             self.master.fold_in_grads()
+        if self._tied_local():
+            self._sum_local_tied_grads()
         if self.tied_group is not None:
             weight = self._tied_weight()
             if weight is not None and self.master is not None:
@@ -348,7 +373,7 @@ def run_rank(config: RunConfig, progress: Progress) -> dict[str, Any]:
         progress=progress,
     )
     progress("done")
-    holds_last = (plan.num_stages - 1) % plan.pp == coords.pp
+    holds_last = plan.rank_holds_stage(coords.pp, plan.num_stages - 1)
     return {
         "rank": dist.get_rank(),
         "coords": {"pp": coords.pp, "dp": coords.dp, "tp": coords.tp},

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from plansim.cli import main
+from plansim.cli import build_parser, main
 from plansim.commands import validate as cmd
 from plansim.io.profiles import list_profiles, load_profile, write_profile
 from plansim.sim import timeline as tl
@@ -20,6 +20,7 @@ from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan
 from plansim.validate.compare import simulate_plan
 from plansim.validate.result import MeasuredRun, ValidateError
+from plansim.validate.run_config import RunConfig
 from tests.unit.test_validate_compare import profile_with_fp32, scaled
 
 TINY = [
@@ -135,6 +136,31 @@ def test_bad_inputs_give_one_clear_line(
     folded = one_line_error(capsys, [*args_for(str(profile_file), out), "--ep", "2"])
     assert "plan.ep(2) * etp(1) = 2 does not divide tp(1) * cp(1) * dp(1) = 1" in folded
     assert not out.exists()  # nothing written, no process started
+
+
+def test_dualpipe_is_refused_with_the_schedules_it_runs(
+    tmp_path: Path, profile_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """DualPipe (two model copies fed from both ends) is not in torch.distributed.pipelining:
+    one line naming the schedule and those the validator runs, before any process starts;
+    the runner's RunConfig refuses it too."""
+    out = tmp_path / "out"
+    argv = [*args_for(str(profile_file), out), "--schedule", "dualpipe"]
+    err = one_line_error(capsys, argv)
+    assert "schedule 'dualpipe' cannot be run by the validator" in err
+    assert "choose one of: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-v, dualpipev" in err
+    assert not out.exists()
+    args = build_parser().parse_args(argv)
+    args.dtype = "fp32"
+    with pytest.raises(ValidateError, match="schedule 'dualpipe' cannot be run"):
+        RunConfig(
+            model=cmd.scaled_model(args),
+            plan=cmd.plan_from_args(args),
+            backend="gloo",
+            device="cpu",
+            num_processes=2,
+            num_steps=1,
+        )
 
 
 def test_writes_every_output_and_refits_the_profile(
