@@ -89,7 +89,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--tp", type=int, help="tensor-parallel size")
     p.add_argument("--pp", type=int, help="pipeline-parallel size")
     p.add_argument("--dp", type=int, default=None, help="data-parallel size (default: derived)")
-    p.add_argument("--vpp", type=int, default=1, help="model chunks per pipeline rank")
+    p.add_argument(
+        "--vpp",
+        type=int,
+        default=None,
+        help="model chunks per pipeline rank (default 2 with zb-v / dualpipev, else 1)",
+    )
     p.add_argument("--mbs", type=int, help="micro-batch size (sequences)")
     p.add_argument("--gbs", type=int, help="global batch size (sequences)")
     p.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 (default 0)")
@@ -250,8 +255,10 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
     Raises:
         SpecError: names the flags that disagree.
     """
-    for name in ("nproc", "tp", "pp", "vpp", "mbs", "gbs", "steps"):
+    for name in ("nproc", "tp", "pp", "mbs", "gbs", "steps"):
         require_positive_int(f"--{name}", getattr(args, name))
+    if args.vpp is not None:
+        require_positive_int("--vpp", args.vpp)
     if args.warmup_steps < 0:
         raise SpecError(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
     require_positive("--timeout", args.timeout)

@@ -28,6 +28,8 @@ Model (one representative pipeline replica, one optimizer step):
   ``StageWork.num_layers`` slices interleaved layer by layer, as the DualPipe repository
   overlaps them. Compute runs ``1 + overlap_slowdown`` times longer while the other's
   communication is in flight (the profile's overlap term). The item ends when both have.
+  Without ``work.overlap_fb`` the halves run one after the other (as torch's runtime does
+  without an overlap function).
 - Gradient reduction runs on the rank's ``dp`` stream, FIFO like ``pp_send``: the stages'
   ``grad_buckets``, then the rank's ``grad_sync`` segments. With
   ``work.overlap_grad_reduce`` (Megatron-LM ``--overlap-grad-reduce``; PyTorch DDP buckets,
@@ -189,7 +191,14 @@ class _Run:
         return self._hand_over(rank, action)
 
     def _overlapped(self, rank: int, index: int, item: OverlapFB) -> _Process:
-        """Forward and backward of ``item`` as two processes on the rank's one GPU."""
+        """Forward and backward of ``item`` as two processes on the rank's one GPU (or one
+        after the other without ``work.overlap_fb``)."""
+        if not self.work.overlap_fb:
+            for half in item.parts:
+                sent = yield from self._action(rank, index, half, None)
+                if sent is not None and self.work.blocking_p2p and not sent.processed:
+                    yield sent
+            return
         gpu = self.gpu[rank]
         if gpu is None:
             gpu = self.gpu[rank] = simpy.Resource(self.env, capacity=1)

@@ -247,7 +247,9 @@ class PipelineWork:
     ``rank_nodes`` gives the node of each rank, for the per-node host-memory link behind
     ``pcie`` transfers; empty: every rank on a node of its own. ``overlap_slowdown``: compute
     takes ``1 + overlap_slowdown`` times longer while its rank has asynchronous communication
-    in flight (``plansim.sim.overlap``); 0: no slowdown.
+    in flight (``plansim.sim.overlap``); 0: no slowdown. ``overlap_fb``: an overlapped F&B
+    item (DualPipe) runs its two halves at once (True), or, once both inputs are in, its
+    forward then its backward (False: torch's runtime without an overlap function).
 
     Raises:
         SpecError: stage count not a multiple of rank count, no micro-batches,
@@ -264,6 +266,7 @@ class PipelineWork:
     rank_nodes: tuple[int, ...] = ()
     overlap_slowdown: float = 0.0
     placement: StagePlacement = StagePlacement.LOOP
+    overlap_fb: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.overlap_slowdown < 1.0:

@@ -226,13 +226,18 @@ def _resimulated(
     simulator's default for 1F1B/GPipe is Megatron-LM's synchronous send (the sender waits
     for the transfer). Receives block in both. The extra all-reduces lengthen each stage's
     backward ``tp_comm`` segment by layers x extra x one all-reduce of the b*s*h activation
-    gradient on the TP group. Figures read from the events are replaced; MFU and HFU scale
-    with the step time.
+    gradient on the TP group. DualPipeV's overlapped pairs run their forward, then their
+    backward (``PipelineWork.overlap_fb`` False: torch's runtime performs an
+    ``OVERLAP_F_B``'s sub-actions in turn unless a custom overlap function is registered,
+    and the validator registers none). Figures read from the events are replaced; MFU and
+    HFU scale with the step time.
     """
     plan = ev.plan
     if executes_flat_all_reduce(plan):  # the run's all-reduce averages (ReduceOp.AVG)
         plan = plan.with_fields(ddp_impl=DdpImpl.AVERAGE_IN_COLLECTIVE)
-    work = dataclasses.replace(build_pipeline_work(model, plan, profile), blocking_p2p=False)
+    work = dataclasses.replace(
+        build_pipeline_work(model, plan, profile), blocking_p2p=False, overlap_fb=False
+    )
     if extra_all_reduces:
         work = _with_tp_all_reduces(work, model, plan, profile, extra_all_reduces)
     layers = stage_layer_counts(model.num_layers, plan)

@@ -398,3 +398,16 @@ def test_deepseek_v3_dualpipe_hides_part_of_its_all_to_all() -> None:
     rows = dual.result.timeline
     ep = rows[(rows[tl.KIND] == "ep_comm") & (rows[tl.RANK] == 1)]
     assert len(ep) > 0
+
+
+def test_without_an_overlap_function_the_halves_run_in_turn() -> None:
+    # torch's runtime performs an OVERLAP_F_B's sub-actions one after the other (the
+    # validator's simulation): nothing of the all-to-all hides, every pass pays it
+    p, m = 4, 16
+    kw = {"f": 1.0, "i": 1.0, "w": 1.0, "comm_s": 0.5, "num_layers": 4}
+    work = dataclasses.replace(uniform_work(Schedule.DUALPIPE, p, m, **kw), overlap_fb=False)
+    actions = build_actions(Schedule.DUALPIPE, num_ranks=p, num_microbatches=m)
+    in_turn = simulate(actions, work)
+    overlapped = simulate(actions, dataclasses.replace(work, overlap_fb=True))
+    assert in_turn.exposed_s_by_kind["ep_comm"] == pytest.approx(p * 2 * m * 0.5)
+    assert overlapped.step_time_s < in_turn.step_time_s
