@@ -194,8 +194,8 @@ class _Run:
         """Forward and backward of ``item`` as two processes on the rank's one GPU (or one
         after the other without ``work.overlap_fb``)."""
         if not self.work.overlap_fb:
-            for half in item.parts:
-                sent = yield from self._action(rank, index, half, None)
+            for part in item.parts:
+                sent = yield from self._action(rank, index, part, None)
                 if sent is not None and self.work.blocking_p2p and not sent.processed:
                     yield sent
             return
