@@ -199,7 +199,7 @@ def _fsdp2_problems(plan: ParallelPlan, model: ModelSpec, problems: Problems) ->
 def _schedule_problems(plan: ParallelPlan, problems: Problems) -> None:
     """Megatron-core's schedules (``megatron/core/pipeline_parallel/schedules.py``): 1F1B
     (also with pp 1) and interleaved 1F1B; no GPipe, no zero bubble."""
-    if plan.schedule in (Schedule.GPIPE, Schedule.ZB_H1):
+    if plan.schedule not in (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B):
         problems.add(
             "schedule",
             plan.schedule,

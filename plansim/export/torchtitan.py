@@ -164,6 +164,8 @@ _SCHEDULES = {
     Schedule.ONE_F_ONE_B: "1F1B",
     Schedule.INTERLEAVED_1F1B: "Interleaved1F1B",
     Schedule.ZB_H1: "InterleavedZeroBubble",
+    Schedule.ZB_V: "ZBVZeroBubble",
+    Schedule.DUALPIPE_V: "DualPipeV",
 }
 _AC_MODES = {
     Recompute.NONE: "none",
@@ -285,6 +287,13 @@ def _ddp_problems(plan: ParallelPlan, problems: Problems) -> None:
 
 def _other_problems(plan: ParallelPlan, problems: Problems) -> None:
     """Schedule, recompute, TP flavour, precision and attention."""
+    if plan.schedule not in _SCHEDULES:
+        problems.add(
+            "schedule",
+            plan.schedule,
+            "torch.distributed.pipelining (torchtitan's pipeline) has no schedule with two "
+            "model copies fed from both ends; its DualPipe is dualpipev",
+        )
     if plan.pp == 1 and plan.schedule is not Schedule.ONE_F_ONE_B:
         problems.add(
             "schedule",

@@ -712,6 +712,19 @@ def test_torchtitan_pipeline_with_an_uneven_split() -> None:
     assert config["activation_checkpoint"] == {"mode": "full", "early_stop": True}
 
 
+def test_torchtitan_v_schedules_and_dualpipe_refused() -> None:
+    base = dict(tp=1, pp=2, dp=8, global_batch_size=64, sequence_parallel=False)
+    base |= dict(zero3_param_fetch=Zero3ParamFetch.PER_STEP, recompute=Recompute.NONE)
+    for schedule, name in ((Schedule.ZB_V, "ZBVZeroBubble"), (Schedule.DUALPIPE_V, "DualPipeV")):
+        plan = _fsdp2_plan(**base, vpp=2, schedule=schedule)
+        par = _toml(export_plan(plan, LLAMA3_8B, to=ExportTarget.TORCHTITAN).text)
+        assert par["parallelism"]["pipeline_parallel_schedule"] == name
+    dual = _fsdp2_plan(**base, schedule=Schedule.DUALPIPE)
+    for target in (ExportTarget.TORCHTITAN, ExportTarget.MEGATRON):
+        message = _error(dual, LLAMA3_8B, target)
+        assert "schedule" in message and "dualpipe" in message
+
+
 def test_torchtitan_zero_bubble_ddp_hsdp_fp8_and_fp32() -> None:
     zb = _fsdp2_plan(
         tp=1,
