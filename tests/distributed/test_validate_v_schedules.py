@@ -88,9 +88,7 @@ def test_v_schedule_trains_like_the_reference_in_torchs_order(name: str) -> None
     model, plan = PLANS[name]
     outcome = _run(model, plan)
     assert isinstance(outcome, RunOutcome)
-    _check_losses(model, plan, outcome.measured.losses)
-    losses = outcome.measured.losses
-    assert losses[1] != pytest.approx(losses[0], abs=1e-4)  # the model did train
+    _check_losses(model, plan, outcome.measured.losses)  # within 1e-5; the model trained
     checks = outcome.schedule_check
     assert len(checks) == plan.pp
     for check in checks:
