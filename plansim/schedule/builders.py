@@ -17,6 +17,7 @@ To add a schedule: write a builder with the :data:`Builder` signature and regist
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 from plansim.errors import SpecError, require_positive_int
@@ -230,11 +231,12 @@ def _zb_v_rank(rank: int, num_ranks: int, num_microbatches: int) -> tuple[Action
     n = max(2 * p - 1, num_microbatches)  # enough virtual micro-batches to fill the V
     down, up = r, 2 * p - 1 - r  # the rank's chunk on the way down and on the way up
     out: list[Action] = []
-    count = {(down, _F): 0, (up, _F): 0, (down, _I): 0, (up, _I): 0, (down, _W): 0, (up, _W): 0}
+    count: Counter[tuple[int, ActionKind]] = Counter()
 
-    def add(stage: int, kind: ActionKind) -> None:
-        out.append(Action(stage=stage, kind=kind, microbatch=count[(stage, kind)]))
-        count[(stage, kind)] += 1
+    def add(stage: int, *kinds: ActionKind) -> None:
+        for kind in kinds:
+            out.append(Action(stage=stage, kind=kind, microbatch=count[(stage, kind)]))
+            count[(stage, kind)] += 1
 
     for _ in range(2 * (p - r) - 1):
         add(down, _F)
@@ -242,27 +244,19 @@ def _zb_v_rank(rank: int, num_ranks: int, num_microbatches: int) -> tuple[Action
         add(up, _F)
         add(down, _F)
     for _ in range(p - r):
-        add(up, _F)
-        add(up, _I)
-        add(up, _W)
+        add(up, _F, _I, _W)
     while count[(up, _F)] < count[(down, _F)] or count[(down, _F)] < n:
         if count[(down, _F)] < n:
             add(down, _F)
-        add(down, _I)
-        add(down, _W)
-        add(up, _F)
-        add(up, _I)
-        add(up, _W)
+        add(down, _I, _W)
+        add(up, _F, _I, _W)
     for _ in range(r):
         add(down, _I)
         add(up, _I)
     for _ in range(p - r):
-        add(down, _I)
-        add(down, _W)
-    while count[(up, _W)] < count[(up, _I)]:
-        add(up, _W)
-    while count[(down, _W)] < count[(down, _I)]:
-        add(down, _W)
+        add(down, _I, _W)
+    add(up, *[_W] * (count[(up, _I)] - count[(up, _W)]))
+    add(down, *[_W] * (count[(down, _I)] - count[(down, _W)]))
     return tuple(a for a in out if a.microbatch < num_microbatches)
 
 
