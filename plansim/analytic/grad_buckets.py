@@ -85,7 +85,7 @@ def _edges(counts: EdgeCounts, plan: ParallelPlan, *, stage: int) -> tuple[float
 def _moe_stage_parameters(model: ModelSpec, plan: ParallelPlan, *, stage: int) -> StageParams:
     """:func:`stage_parameters` of a model with experts or MLA (dense part)."""
     counts = count_moe_parameters(model)
-    rank = next(r for r in range(plan.pp) if plan.rank_holds_stage(r, stage))
+    rank = plan.rank_of_stage(stage)
     split = rank_parameter_split(model, plan, rank=rank)
     head, tail = _edges(counts, plan, stage=stage)
     rank_layers = pipeline_layer_counts(model.num_layers, plan)[rank]

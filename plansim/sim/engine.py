@@ -256,8 +256,12 @@ class _Run:
         if not links:
             yield self.env.timeout(duration_s)
             return
+        yield from self._on_links(links, duration_s, latency_s)
+
+    def _on_links(self, links: tuple[Link, ...], duration_s: float, latency_s: float) -> _Process:
+        """A transfer over ``links``, sharing them (``plansim.sim.links``)."""
         transfer = self.network.start(links, duration_s=duration_s, latency_s=latency_s)
-        while not transfer.finished:
+        while not transfer.finished:  # its end moves while it shares a link
             yield transfer.end_event
 
     def _segments(
@@ -276,11 +280,7 @@ class _Run:
                     else:
                         yield env.timeout(seg.duration_s)
                 else:
-                    transfer = self.network.start(
-                        links, duration_s=seg.duration_s, latency_s=seg.latency_s
-                    )
-                    while not transfer.finished:  # its end moves while it shares a link
-                        yield transfer.end_event
+                    yield from self._on_links(links, seg.duration_s, seg.latency_s)
             self.rows.append(
                 (rank, seg.stream, seg.kind, stage, microbatch, start, env.now, seg.num_bytes)
             )

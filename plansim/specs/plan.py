@@ -40,7 +40,7 @@ from plansim.specs.sharding import (
     hsdp_problems,
     offload_devices,
 )
-from plansim.specs.stage_placement import StagePlacement, plan_stages_of_rank
+from plansim.specs.stage_placement import StagePlacement, plan_stages_of_rank, rank_of_stage
 
 __all__ = [
     "GROUPS",
@@ -233,6 +233,10 @@ class ParallelPlan:
             num_ranks=self.dims.pp,
             num_stages=self.num_stages,
         )
+
+    def rank_of_stage(self, stage: int) -> int:
+        """The pipeline rank holding plan stage ``stage`` (DualPipe: the copy fed at rank 0)."""
+        return rank_of_stage(self.pipeline.schedule.placement, stage, num_ranks=self.dims.pp)
 
     def rank_holds_stage(self, rank: int, stage: int) -> bool:
         """Whether pipeline rank ``rank`` holds plan stage ``stage`` (:meth:`stages_of_rank`)."""

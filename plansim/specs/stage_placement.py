@@ -70,11 +70,7 @@ class StageGraph:
 
     def rank_of_stage(self, stage: int) -> int:
         """Rank holding work stage ``stage``."""
-        p = self.num_ranks
-        if self.placement is StagePlacement.LOOP:
-            return stage % p
-        copy, depth = divmod(stage, p)
-        return depth if copy == 0 else p - 1 - depth
+        return rank_of_stage(self.placement, stage, num_ranks=self.num_ranks)
 
     def previous_stage(self, stage: int) -> int | None:
         """The stage whose forward output feeds ``stage``; None at the start of a chain."""
@@ -98,6 +94,16 @@ class StageGraph:
     def stages_of_rank(self, rank: int) -> tuple[int, ...]:
         """Work stages on ``rank``, ascending."""
         return tuple(s for s in range(self.num_stages) if self.rank_of_stage(s) == rank)
+
+
+def rank_of_stage(placement: StagePlacement, stage: int, *, num_ranks: int) -> int:
+    """Rank holding work stage ``stage`` (module docstring): ``stage % p`` looped; depth d of
+    the first half (the V's way down, DualPipe's copy 0) on rank d, of the second half on
+    rank p - 1 - d. For a plan's stages (one copy) of the dual placement: rank ``stage``."""
+    if placement is StagePlacement.LOOP:
+        return stage % num_ranks
+    half, depth = divmod(stage, num_ranks)
+    return depth if half == 0 else num_ranks - 1 - depth
 
 
 def plan_stages_of_rank(

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from plansim.errors import SpecError
-from plansim.specs.stage_placement import StageGraph, StagePlacement
+from plansim.specs.stage_placement import StageGraph, StagePlacement, rank_of_stage
 
 #: Streams a rank has. Compute segments and blocking TP collectives run on "compute"/"tp"
 #: one after another (TP collectives block the compute stream, as in Megatron);
@@ -310,9 +310,7 @@ class PipelineWork:
 
     def rank_of_stage(self, stage: int) -> int:
         """Rank holding ``stage``."""
-        if self.placement is StagePlacement.LOOP:
-            return stage % self.num_ranks
-        return self.graph.rank_of_stage(stage)
+        return rank_of_stage(self.placement, stage, num_ranks=self.num_ranks)
 
     def node_of_rank(self, rank: int) -> int:
         """Node holding ``rank`` (``rank_nodes``, or the rank's own when empty)."""
