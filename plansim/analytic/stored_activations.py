@@ -182,9 +182,7 @@ def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, *, stage: int) 
     ``account_for_*_in_pipeline_split``, layers kept in bf16), in proportion to them. ZB-V,
     DualPipeV: stage s on rank s or 2 pp - 1 - s; DualPipe: the copy fed at rank 0's
     (``ParallelPlan.stages_of_rank``)."""
-    if plan.schedule.placement is StagePlacement.LOOP:
-        return _rank_activations(model, plan, rank=stage % plan.pp)[1][stage // plan.pp]
-    rank = next(r for r in range(plan.pp) if plan.rank_holds_stage(r, stage))
+    rank = plan.rank_of_stage(stage)
     return _rank_activations(model, plan, rank=rank)[1][plan.stages_of_rank(rank).index(stage)]
 
 
@@ -200,21 +198,29 @@ def stored_activation_bytes(
     does. ``memo``: a search's cache (one model); same result without."""
     per_mb, stored = _rank_activations(model, plan, rank=rank, memo=memo)
     if plan.schedule.placement is not StagePlacement.LOOP:
-        key = ("stored_replay", rank, plan.num_microbatches, *activation_key(plan), stored)
-        return memoised(memo, key, lambda: replayed_chunk_peak(plan, stored, rank=rank))
+        replay = ("stored_replay", plan.schedule, rank, plan.num_microbatches, plan.pp, stored)
+        return memoised(
+            memo, replay, lambda: replayed_chunk_peak(plan, stored, rank=rank, memo=memo)
+        )
     if len(set(stored)) == 1:
         return per_mb * microbatches_in_flight(plan, rank=rank)
     key = ("stored_peak", rank, plan.num_microbatches, *activation_key(plan))
     return memoised(memo, key, lambda: _replayed_peak(plan, stored, rank=rank))
 
 
-def replayed_chunk_peak(plan: ParallelPlan, stored: tuple[float, ...], *, rank: int) -> float:
+def replayed_chunk_peak(
+    plan: ParallelPlan, stored: tuple[float, ...], *, rank: int, memo: Memo | None = None
+) -> float:
     """Peak stored bytes of ``rank`` replaying its ZB-V / DualPipeV / DualPipe action list
     (``plansim.schedule.builders``): each forward stores its chunk's bytes (``stored``, the
     rank's two chunks in ``ParallelPlan.stages_of_rank`` order), each B or W frees them, an
-    overlapped pair's forward before its backward, as the event engine does."""
-    actions = build_actions(
-        plan.schedule, num_ranks=plan.pp, num_microbatches=plan.num_microbatches, vpp=plan.vpp
+    overlapped pair's forward before its backward, as the event engine does. ``memo``: a
+    search's cache, holding the lists once for all ranks."""
+    m, vpp = plan.num_microbatches, plan.vpp
+    actions = memoised(
+        memo,
+        ("actions", plan.schedule, plan.pp, m, vpp),
+        lambda: build_actions(plan.schedule, num_ranks=plan.pp, num_microbatches=m, vpp=vpp),
     )
     p, dual = plan.pp, plan.schedule.placement is StagePlacement.DUAL
     mine = plan.stages_of_rank(rank)  # work stage c p + d of DualPipe is plan stage d

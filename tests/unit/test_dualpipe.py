@@ -411,3 +411,13 @@ def test_without_an_overlap_function_the_halves_run_in_turn() -> None:
     overlapped = simulate(actions, dataclasses.replace(work, overlap_fb=True))
     assert in_turn.exposed_s_by_kind["ep_comm"] == pytest.approx(p * 2 * m * 0.5)
     assert overlapped.step_time_s < in_turn.step_time_s
+
+
+def test_a_search_memo_keeps_each_schedules_own_activation_peak() -> None:
+    from plansim.analytic.stored_activations import stored_activation_bytes
+
+    model, memo = resolve_model("llama3-8b"), {}
+    for schedule in (Schedule.ZB_V, Schedule.DUALPIPE_V):  # same fields but the schedule
+        plan = _plan(schedule, 4, 16, vpp=2)
+        alone = stored_activation_bytes(model, plan, rank=0)
+        assert stored_activation_bytes(model, plan, rank=0, memo=memo) == alone
