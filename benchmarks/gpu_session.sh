@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The checks a session lent one GPU runs: about 7 minutes on an H100 for all six steps, too
+# The checks to run on one lent GPU: about 7 minutes on an H100 for all six steps, too
 # close to the device tool's 10-minute limit per command for one call; run them as two,
 # STEPS="1 2 3" and then STEPS="1 4 5 6" (step 1, about 1.5 minutes, makes the profile the
 # others validate on).
@@ -34,7 +34,7 @@
 # 8. runs_<dtype>.csv   benchmarks/bench_layer_shapes.py --runs: every weight GEMM and attention
 #                       call of one layer of the published NeMo runs on this GPU kind
 #                       (benchmarks/published_runs/nemo_performance.csv), fp8 and bf16, against
-#                       the datasheet profile and the measured one (this session's step 1, else
+#                       the datasheet profile and the measured one (this run's step 1, else
 #                       the committed <base>-1gpu profile)
 # 9. sustained.csv      bench_gpu_mechanisms.py --part sustained: burst and sustained 8192^3
 #                       GEMM rate in fp32, bf16 and fp8 (15 s soaks)
