@@ -27,6 +27,7 @@ FILES = (
     ROOT / "benchmarks" / "published_runs" / "nemo_performance.csv",
     ROOT / "benchmarks" / "published_runs" / "mosaic_llm_foundry.csv",
     ROOT / "benchmarks" / "published_runs" / "other_frameworks.csv",
+    ROOT / "benchmarks" / "published_runs" / "bloom_layout_search.csv",
 )
 
 

@@ -80,6 +80,26 @@ def test_the_other_frameworks_rows_follow_from_their_sources_figures() -> None:
             assert layout == gpus, row.row_id
 
 
+def test_the_bloom_search_rows_agree_with_their_published_tflops() -> None:
+    """bloom_layout_search.csv: each row's TFLOPs (the source's Megatron-DeepSpeed formula,
+    96 B s L h^2 (1 + s / 6h + V / 16 L h) per iteration over GPUs x seconds, recompute
+    counted) follows from its step time, so shape, vocabulary, batch, GPUs and full recompute
+    are transcribed as the search ran them; every layout multiplies to the GPU count."""
+    _, rows = read_runs(EXTRA / "bloom_layout_search.csv")
+    assert [row.row_id for row in rows] == [f"B{i:04d}" for i in range(1, 99)]
+    for row in rows:
+        model = row_model(row, [])
+        h, layers, seq = model.hidden_size, model.num_layers, model.seq_length
+        batch, gpus = row.integer("global_batch_size_seqs"), row.integer("num_gpus")
+        flops = 96 * batch * seq * layers * h**2 * (1 + seq / (6 * h))
+        flops += 96 * batch * seq * layers * h**2 * model.vocab_size / (16 * layers * h)
+        tflops = flops / (gpus * row.number("step_time_s")) / 1e12
+        assert tflops == pytest.approx(row.number("tflops_per_gpu"), rel=1e-3), row.row_id
+        assert row.text("recompute") == "full"
+        layout = row.integer("tp") * row.integer("pp") * row.integer("cp") * row.integer("dp")
+        assert layout == gpus == 384, row.row_id
+
+
 def test_backtest_groups_the_errors_by_a_column(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
