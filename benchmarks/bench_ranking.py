@@ -72,8 +72,8 @@ def group_figures(group: pd.DataFrame) -> dict[str, float]:
     """Layouts, tau, weighted tau and regret (%) of one group of predicted rows."""
     keys = [c for c in LAYOUT_COLUMNS if c in group.columns]
     merged = (
-        group.astype({c: str for c in keys})
-        .groupby(keys)[["step_time_s", "predicted_step_time_s"]]
+        group.assign(**{c: group[c].map(str) for c in keys})
+        .groupby(keys, dropna=False)[["step_time_s", "predicted_step_time_s"]]
         .median()
     )
     measured = merged["step_time_s"].to_numpy(dtype=float)

@@ -51,6 +51,7 @@ from plansim.planner.run_space import row_space
 from plansim.planner.search import SearchResult, search
 from plansim.planner.sensitivity import sensitivity as plan_sensitivity
 from plansim.planner.space import SearchSpace
+from plansim.specs.cluster_network import with_node_nics
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 
@@ -132,6 +133,36 @@ class _Chosen:
     profile: HardwareProfile
 
 
+def _row_network(row: RunRow, profile: HardwareProfile, notes: list[str]) -> HardwareProfile:
+    """``profile`` with the row's stated cluster NICs (``nics_per_node`` and ``nic_gbit_per_s``,
+    the line rate of one NIC in Gb/s, e.g. 4 and 100 for Jean Zay's Omni-Path), through
+    ``plansim.specs.cluster_network.with_node_nics``; unchanged when the row states neither.
+
+    Raises:
+        Skip: one of the two cells without the other, or a line rate that is not a positive
+            number (names the columns).
+    """
+    nics = row.integer("nics_per_node")
+    gbit = row.number("nic_gbit_per_s")
+    if nics is None and gbit is None:
+        return profile
+    if nics is None or gbit is None:
+        raise Skip(
+            "nics_per_node and nic_gbit_per_s go together "
+            f"(got {row.text('nics_per_node')!r} and {row.text('nic_gbit_per_s')!r})"
+        )
+    if not math.isfinite(gbit) or gbit <= 0:
+        raise Skip(f"nic_gbit_per_s {gbit!r} is not a positive number of Gb/s")
+    fabric = row.text("fabric")
+    networked = with_node_nics(profile, nics_per_node=nics, nic_line_bits_per_s=gbit * 1e9)
+    notes.append(
+        f"cluster NICs {nics} x {gbit:g} Gb/s{' ' + fabric if fabric else ''} per "
+        f"{profile.gpus_per_node} GPUs: {networked.nic_bytes_per_s / 1e9:.3g} GB/s per GPU "
+        f"(profile {profile.nic_bytes_per_s / 1e9:.3g})"
+    )
+    return networked
+
+
 def _row_profile(row: RunRow, notes: list[str]) -> HardwareProfile:
     """The profile of the row's ``gpu_type``: a profile file or a shipped profile's exact
     name, or the datasheet profile its text names (``plansim.io.profile_names``: "A100 SXM4
@@ -171,7 +202,7 @@ def _row_setup(row: RunRow, notes: list[str]) -> tuple[ModelSpec, HardwareProfil
     """The row's model, profile and search space (HSDP rows: shard groups of one node)."""
     check_measurements(row)
     model = row_model(row, notes)
-    profile = _row_profile(row, notes)
+    profile = _row_network(row, _row_profile(row, notes), notes)
     space = row_space(row, notes)
     if is_hybrid_shard(row):  # HSDP: shard groups of one node (plansim.planner.hsdp)
         space = replace(space, hsdp_shard_gpus=profile.gpus_per_node, hsdp_only=True)
