@@ -8,6 +8,13 @@ best plan that no single 10% change dethrones is robust to the profile's likely 
 measured curve's run-to-run spread is a few percent; a datasheet-derived or assumed figure
 can be off by more, see each profile's ``provenance``). One-at-a-time perturbation of the
 model's inputs, as in :mod:`plansim.planner.sensitivity`.
+
+Ties: measured step times of one layout differ between repeats (a shared cluster, one
+iteration timed). In the BLOOM-176B layout search (``benchmarks/published_runs/
+bloom_layout_search.csv``: 12 layouts timed 2-5 times) the max/min spread of a layout's
+repeats is 0-7.6%, median 3.9% (:data:`RUN_TO_RUN_SPREAD_FRACTION`). Leading plans whose
+predicted steps lie within that of the best one's are a tie (:func:`tied_with_best`): a
+measurement could not tell them apart either.
 """
 
 from __future__ import annotations
@@ -21,6 +28,20 @@ from plansim.planner.sensitivity import SPEED_UP, Sensitivity, sensitivity
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 from plansim.specs.profile_terms import PROFILE_TERMS, faster
+
+#: Median max/min spread of repeated measurements of one layout in a published layout search
+#: (BLOOM-176B on 384 A100s, chronicles-prequel.md: 12 layouts timed 2-5 times, 0-7.6%).
+RUN_TO_RUN_SPREAD_FRACTION = 0.039
+
+
+def tied_with_best(ranked: Sequence[Evaluation]) -> tuple[str, ...]:
+    """Labels of the plans after the first of ``ranked`` (best first) whose predicted step
+    is within :data:`RUN_TO_RUN_SPREAD_FRACTION` of the first's; empty when none or fewer
+    than two plans."""
+    if len(ranked) < 2:
+        return ()
+    limit_s = ranked[0].step_time_s * (1.0 + RUN_TO_RUN_SPREAD_FRACTION)
+    return tuple(ev.plan.label() for ev in ranked[1:] if ev.step_time_s <= limit_s)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -119,11 +140,13 @@ class RankingTrust:
         best: :func:`plansim.planner.sensitivity.sensitivity` of the best plan.
         upsets: :func:`ranking_upsets` of the leading plans.
         labels: the leading plans' labels, best first.
+        tied: :func:`tied_with_best` of the leading plans.
     """
 
     best: Sensitivity
     upsets: tuple[Upset, ...]
     labels: tuple[str, ...]
+    tied: tuple[str, ...] = ()
 
 
 def ranking_trust(
@@ -142,4 +165,5 @@ def ranking_trust(
         best=best,
         upsets=ranking_upsets(model, ranked, profile, best=best),
         labels=tuple(ev.plan.label() for ev in ranked),
+        tied=tied_with_best(ranked),
     )

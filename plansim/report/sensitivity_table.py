@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from plansim.planner.lookups import OutOfRange
-from plansim.planner.robustness import RankingTrust, Upset
+from plansim.planner.robustness import RUN_TO_RUN_SPREAD_FRACTION, RankingTrust, Upset
 from plansim.planner.sensitivity import SPEED_UP, Sensitivity
 from plansim.report.tables import render
 from plansim.specs.profile_terms import PROFILE_TERMS, class_counts
@@ -122,6 +122,19 @@ def trust_text(trust: RankingTrust, *, profile_name: str) -> str:
         sensitivity_text(trust.best, profile_name=profile_name, whose="rank 1's step")
         + "\n"
         + robustness_lines(trust.upsets, num_plans=len(trust.labels), labels=trust.labels)
+        + tie_text(trust.tied)
+    )
+
+
+def tie_text(tied: Sequence[str]) -> str:
+    """The tie line of ``plansim plan --sensitivity`` ('' when rank 1 stands alone)."""
+    if not tied:
+        return ""
+    spread = f"{100 * RUN_TO_RUN_SPREAD_FRACTION:.1f}%"
+    shown = "".join(f"  {label}\n" for label in tied)
+    return (
+        f"\nA tie: {len(tied)} more plan(s) within {spread} of rank 1's step, the run-to-run "
+        f"spread of one layout's repeats in a published layout search; measure them too:\n" + shown
     )
 
 
@@ -144,4 +157,8 @@ def trust_dict(trust: RankingTrust) -> dict[str, object]:
     return {
         "sensitivity_of_best": sensitivity_dict(trust.best),
         "ranking_robustness": robustness_dict(trust.upsets, num_plans=len(trust.labels)),
+        "tied_with_best": {
+            "spread_fraction": RUN_TO_RUN_SPREAD_FRACTION,
+            "plans": list(trust.tied),
+        },
     }

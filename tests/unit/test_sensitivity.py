@@ -17,8 +17,9 @@ from plansim.commands.profiles import source_counts
 from plansim.errors import SpecError
 from plansim.io.profiles import list_profiles, load_profile
 from plansim.planner.evaluate import Evaluation, evaluate
-from plansim.planner.robustness import ranking_upsets
+from plansim.planner.robustness import RUN_TO_RUN_SPREAD_FRACTION, ranking_upsets, tied_with_best
 from plansim.planner.sensitivity import SPEED_UP, sensitivity
+from plansim.report.sensitivity_table import tie_text
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import OffloadDevice, ParallelPlan, Recompute, plan_from_fields
@@ -263,6 +264,21 @@ def test_a_clear_ranking_has_no_upset() -> None:
         ranking_upsets(WIDE, [], profile)
 
 
+def test_plans_within_the_run_to_run_spread_of_the_best_are_a_tie() -> None:
+    """pp2 and dp2 at gbs 32 differ by 0.3% (70.14 / 70.33 ms): a tie; tp2 is further off.
+    With the spread at 0 nothing ties; one plan alone ties with none."""
+    profile = round_profile(gpus_per_node=2)
+    ranked = _ranked(profile, 32)
+    tied = tied_with_best(ranked)
+    limit = ranked[0].step_time_s * (1 + RUN_TO_RUN_SPREAD_FRACTION)
+    assert tied == tuple(ev.plan.label() for ev in ranked[1:] if ev.step_time_s <= limit)
+    assert ranked[1].plan.label() in tied
+    assert ranked[2].step_time_s > limit and ranked[2].plan.label() not in tied
+    assert tied_with_best(ranked[:1]) == ()
+    assert "A tie: 1 more plan(s) within 3.9%" in tie_text(tied)
+    assert tie_text(()) == ""
+
+
 PLAN = [
     "plan", "--model", "llama3-8b", "--gpu", "h100-sxm5-80gb", "--gpus", "8", "--gbs", "16",
     "--top", "3", "--jobs", "1", "--sensitivity",
@@ -278,6 +294,8 @@ def test_plan_cli_reports_the_best_plan_and_the_ranking(capsys: pytest.CaptureFi
     assert main([*PLAN, "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["ranking_robustness"]["num_plans"] == 3
+    assert doc["tied_with_best"]["spread_fraction"] == RUN_TO_RUN_SPREAD_FRACTION
+    assert isinstance(doc["tied_with_best"]["plans"], list)
     assert isinstance(doc["out_of_range_lookups_of_best"], list)
     assert len(doc["sensitivity_of_best"]["terms"]) == len(PROFILE_TERMS)
 
