@@ -45,6 +45,7 @@ from plansim.specs.layer_split import stage_bf16_layers
 from plansim.specs.model import ModelSpec, is_dense
 from plansim.specs.plan import (
     DpSync,
+    Framework,
     OffloadDevice,
     ParallelPlan,
     Precision,
@@ -83,6 +84,34 @@ def plan_state_bytes(plan: ParallelPlan) -> StateBytesPerParam:
     ``--grad-reduce-in-bf16``: no fp32 main-gradient buffer)."""
     per_param = state_bytes_per_param(plan.precision)
     return replace(per_param, grad=2.0) if plan.grad_reduce_in_bf16 else per_param
+
+
+#: Frameworks whose bf16 training runs DeepSpeed's ``BF16_Optimizer`` (ZeRO 0/1).
+_DEEPSPEED_FRAMEWORKS = frozenset({Framework.DEEPSPEED, Framework.MEGATRON_DEEPSPEED})
+#: Bytes per parameter of the bf16 gradients (``param.grad``) that DeepSpeed's BF16_Optimizer
+#: keeps beside its fp32 accumulation buffer.
+BF16_LP_GRAD_BYTES = 2.0
+
+
+def memory_state_bytes(plan: ParallelPlan) -> StateBytesPerParam:
+    """Bytes per parameter the rank holds at its peak: :func:`plan_state_bytes`, plus, for
+    bf16 training on DeepSpeed (its pipeline engine or Megatron-DeepSpeed) with ZeRO 0 or 1,
+    the 16-bit gradients autograd writes: DeepSpeed's ``BF16_Optimizer`` accumulates them
+    into its fp32 gradient buffer after each micro-batch's backward but keeps them allocated
+    until the step (``PipelineEngine._exec_backward_pass``: ``update_hp_grads(
+    clear_lp_grads=False)``; ``clear_lp_grads`` runs in ``step``), so 2 + 4 bytes of gradient
+    per parameter, unsharded (BigScience's BLOOM search: the BF16 optimizer "is more memory
+    heavy ... not sharded across gpus", ``train/tr11-176B-ml/chronicles-prequel.md``).
+    Memory only: the traffic and time of the gradients stay :func:`plan_state_bytes`'s."""
+    per_param = plan_state_bytes(plan)
+    if (
+        plan.execution.framework in _DEEPSPEED_FRAMEWORKS
+        and plan.precision is Precision.BF16
+        and plan.zero_stage <= 1
+        and not plan.grad_reduce_in_bf16
+    ):
+        return replace(per_param, grad=per_param.grad + BF16_LP_GRAD_BYTES)
+    return per_param
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -207,7 +236,7 @@ def rank_model_states(
     optimizer shards expert states over the expert data-parallel group, arXiv:2504.14960
     §3). ``memo``: a search's cache (one model) for the parameter split."""
     fsdp = plan.use_torch_fsdp2  # PyTorch FSDP keeps fp32 training's states (plan docstring)
-    per_param = state_bytes_per_param(Precision.FP32) if fsdp else plan_state_bytes(plan)
+    per_param = state_bytes_per_param(Precision.FP32) if fsdp else memory_state_bytes(plan)
 
     def states(params: float, dp: int) -> ModelStates:
         return model_state_bytes(

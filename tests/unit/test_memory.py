@@ -9,7 +9,9 @@ import pytest
 from plansim.analytic.activations import full_layer_bytes, layer_activations
 from plansim.analytic.memory import (
     StateBytesPerParam,
+    memory_state_bytes,
     model_state_bytes,
+    plan_state_bytes,
     rank_parameters,
     state_bytes_per_param,
 )
@@ -19,6 +21,7 @@ from plansim.catalog import resolve_model
 from plansim.errors import SpecError
 from plansim.specs.plan import (
     AttentionKernel,
+    Framework,
     ParallelPlan,
     Precision,
     Recompute,
@@ -271,3 +274,28 @@ def test_korthikanti_table3_fits_only_with_sp_and_selective_or_full_recompute(
     assert not fits(Recompute.SELECTIVE, False)
     assert fits(Recompute.SELECTIVE, True)
     assert fits(Recompute.FULL, False)
+
+
+@pytest.mark.parametrize(
+    ("framework", "precision", "zero", "grad"),
+    [
+        (Framework.MEGATRON_DEEPSPEED, Precision.BF16, 1, 6.0),
+        (Framework.DEEPSPEED, Precision.BF16, 0, 6.0),
+        (Framework.MEGATRON_DEEPSPEED, Precision.FP16, 1, 2.0),
+        (Framework.MEGATRON_DEEPSPEED, Precision.BF16, 2, 4.0),
+        (Framework.MEGATRON_CORE, Precision.BF16, 1, 4.0),
+    ],
+)
+def test_deepspeed_bf16_optimizer_keeps_the_16_bit_gradients_too(
+    framework: Framework, precision: Precision, zero: int, grad: float
+) -> None:
+    """DeepSpeed's BF16_Optimizer (ZeRO 0/1) keeps autograd's bf16 .grad until the step
+    beside its fp32 buffer: 6 bytes of gradient per parameter in memory; the gradient bytes
+    the collectives move stay 4, and every other framework or stage is unchanged."""
+    plan = plan_from_fields(
+        dp=8, tp=4, pp=12, micro_batch_size=2, global_batch_size=2048,
+        precision=precision, zero_stage=zero, framework=framework,
+    )  # fmt: skip
+    assert memory_state_bytes(plan).grad == grad
+    assert plan_state_bytes(plan).grad == (2.0 if precision is Precision.FP16 else 4.0)
+    assert memory_state_bytes(plan).optimizer == plan_state_bytes(plan).optimizer
