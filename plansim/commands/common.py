@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from typing import Any
 
 from plansim.catalog import resolve_model
 from plansim.errors import SpecError
 from plansim.io.profiles import load_profile
+from plansim.specs.cluster_network import with_node_nics
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import DdpImpl, DpSync, OffloadDevice, Precision, Recompute, Schedule
@@ -84,6 +86,37 @@ def add_model_args(parser: argparse.ArgumentParser, *, required: bool = True) ->
         default="bf16",
         help="matmul precision (default bf16)",
     )
+    parser.add_argument(
+        "--nics-per-node",
+        type=bounded_int("--nics-per-node", 64),
+        default=None,
+        help="the cluster's inter-node NICs per node (with --nic-gbit-per-s; default: the "
+        "profile's network)",
+    )
+    parser.add_argument(
+        "--nic-gbit-per-s",
+        type=float,
+        default=None,
+        help="line rate of one NIC in Gb/s (e.g. 100 for Omni-Path, 400 for NDR)",
+    )
+
+
+def cluster_profile(args: argparse.Namespace, profile: HardwareProfile) -> HardwareProfile:
+    """``profile`` with the network of --nics-per-node and --nic-gbit-per-s
+    (``plansim.specs.cluster_network.with_node_nics``); unchanged without them.
+
+    Raises:
+        SpecError: one flag without the other, or a line rate that is not a positive number.
+    """
+    nics = getattr(args, "nics_per_node", None)
+    gbit = getattr(args, "nic_gbit_per_s", None)
+    if nics is None and gbit is None:
+        return profile
+    if nics is None or gbit is None:
+        raise SpecError("--nics-per-node and --nic-gbit-per-s go together: give both or neither")
+    if not math.isfinite(gbit) or gbit <= 0:
+        raise SpecError(f"--nic-gbit-per-s must be a positive number of Gb/s, got {gbit!r}")
+    return with_node_nics(profile, nics_per_node=nics, nic_line_bits_per_s=gbit * 1e9)
 
 
 def require_args(args: argparse.Namespace, flags: tuple[str, ...], *, unless: str) -> None:
@@ -126,7 +159,8 @@ def check_no_plan_flags(args: argparse.Namespace, defaults: dict[str, tuple[Any,
 
 def resolve(args: argparse.Namespace) -> tuple[ModelSpec, HardwareProfile]:
     """The model and profile named on the command line."""
-    return resolve_model(args.model, seq_length=args.seq_len), load_profile(args.gpu)
+    model = resolve_model(args.model, seq_length=args.seq_len)
+    return model, cluster_profile(args, load_profile(args.gpu))
 
 
 def add_dp_sync_args(parser: argparse.ArgumentParser, *, allow_all: bool) -> None:

@@ -278,6 +278,12 @@ def _check_args(args: argparse.Namespace) -> None:
         require_positive_int("--simulate-top", args.simulate_top)
         if args.exhaustive:
             raise SpecError("--simulate-top and --exhaustive exclude each other; give one")
+    if args.save_plan and args.nics_per_node is not None:
+        raise SpecError(
+            "--save-plan writes the profile by name, not the cluster's NICs: leave out "
+            "--nics-per-node/--nic-gbit-per-s, or put the network in a profile YAML "
+            "(nic_gb_per_s) and give it as --gpu"
+        )
     if args.sensitivity and args.format == "csv":
         raise SpecError(
             "--sensitivity reports in the table or in JSON, not in CSV: give --format table "

@@ -90,3 +90,40 @@ def test_stated_nics_slow_a_row_that_crosses_nodes(
     assert "nics_per_node and nic_gbit_per_s go together" in capsys.readouterr().out
     assert main(["backtest", str(_one_bloom_row(tmp_path, nic_gbit_per_s="0"))]) == 1
     assert "nic_gbit_per_s 0.0 is not a positive number of Gb/s" in capsys.readouterr().out
+
+
+def _step_s(argv: list[str], capsys: pytest.CaptureFixture[str]) -> float:
+    import json
+
+    assert main([*argv, "--format", "json"]) == 0
+    return float(json.loads(capsys.readouterr().out)["step_time_s"])
+
+
+def test_simulate_and_plan_take_the_cluster_nics(capsys: pytest.CaptureFixture[str]) -> None:
+    """--nics-per-node / --nic-gbit-per-s slow a layout whose DP crosses nodes; one without
+    the other, a zero rate, or with --save-plan is one clear error (exit 2)."""
+    sim = [
+        "simulate", "--model", "megatron-1.7b", "--gpu", "a100-sxm4-80gb", "--gpus", "32",
+        "--gbs", "64", "--tp", "1", "--pp", "1", "--mbs", "2",
+    ]  # fmt: skip
+    base = _step_s(sim, capsys)
+    slow = _step_s([*sim, "--nics-per-node", "4", "--nic-gbit-per-s", "100"], capsys)
+    assert slow > base
+    assert main([*sim, "--nics-per-node", "4"]) == 2
+    assert "--nics-per-node and --nic-gbit-per-s go together" in capsys.readouterr().err
+    assert main([*sim, "--nics-per-node", "4", "--nic-gbit-per-s", "0"]) == 2
+    assert "--nic-gbit-per-s must be a positive number" in capsys.readouterr().err
+    plan = [
+        "plan",
+        "--model",
+        "megatron-1.7b",
+        "--gpu",
+        "a100-sxm4-80gb",
+        "--gpus",
+        "32",
+        "--gbs",
+        "64",
+    ]
+    nics = ["--nics-per-node", "4", "--nic-gbit-per-s", "100"]
+    assert main([*plan, *nics, "--save-plan", "x.yaml"]) == 2
+    assert "--save-plan writes the profile by name" in capsys.readouterr().err
