@@ -6,7 +6,7 @@
 #
 # From the repository root on the GPU machine, with a simpy wheel carried in .whl/ (the
 # machine's image has torch, numpy, pandas, matplotlib, PyYAML and tqdm, not simpy; see
-# benchmarks/README.md "A session with a GPU"):
+# benchmarks/GPU_RUNS.md):
 #     bash benchmarks/gpu_session.sh            # all steps, into $OUT (the device tool's folder)
 #     STEPS="1 3 5" bash benchmarks/gpu_session.sh   # only these steps (1 is always needed
 #                                                    # by 3 and 5: they validate on its profile)
@@ -38,12 +38,12 @@
 #                       the committed <base>-1gpu profile)
 # 9. sustained.csv      bench_gpu_mechanisms.py --part sustained: burst and sustained 8192^3
 #                       GEMM rate in fp32, bf16 and fp8 (15 s soaks)
-# 10. session.log       everything printed
+# 10. steps.log         everything printed
 set -uo pipefail
-OUT=${OUT:-gpu-session-out}
+OUT=${OUT:-gpu-run-out}
 mkdir -p "$OUT"
 
-session() {
+run_steps() {
 if compgen -G ".whl/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/plansim-site .whl/*.whl || return 1
@@ -138,4 +138,4 @@ fi
 echo "== done: $(ls "$OUT" | tr '\n' ' ')"
 }
 
-session 2>&1 | tee "$OUT/session.log"
+run_steps 2>&1 | tee "$OUT/steps.log"
