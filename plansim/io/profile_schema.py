@@ -83,6 +83,9 @@ TOP_LEVEL_KEYS = (
     "sustained_matmul_fraction",
     "gpu_matmul_spread_fraction",
     "ampere_attention_fraction_of_peak",
+    "max_power_w",
+    "communication_power_w",
+    "idle_power_w",
     "inter_node_ring_scaling",
     "inter_node_message_scaling",
     "host",
@@ -101,6 +104,9 @@ OPTIONAL_TOP_LEVEL_KEYS = (
     "ampere_attention_fraction_of_peak",
     "inter_node_ring_scaling",
     "inter_node_message_scaling",
+    "max_power_w",
+    "communication_power_w",
+    "idle_power_w",
 )
 #: Optional top-level numbers (absent: the field's default).
 OPTIONAL_SCALARS = (
@@ -130,6 +136,9 @@ OPTIONAL_SCALARS = (
         _identity,
         _identity,
     ),
+    _Scalar("max_power_w", "max_power_w", _identity, _identity),
+    _Scalar("communication_power_w", "communication_power_w", _identity, _identity),
+    _Scalar("idle_power_w", "idle_power_w", _identity, _identity),
 )
 #: The optional ``host:`` section (ZeRO-Offload / ZeRO-Infinity): YAML key <->
 #: ``HostSpec`` field, in file order; provenance keys are ``host.<key>``.

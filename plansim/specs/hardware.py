@@ -153,6 +153,12 @@ class HardwareProfile:
             (FlashAttention-2 reaches 35% of an H100's, Shah et al. 2024, arXiv:2407.08608).
             Caps ``AttentionKernel.FLASH_TRITON`` calls (``plansim.analytic.op_overheads``).
             None (the default, a profile without the key): no cap.
+        max_power_w: the GPU's board power limit, watts (datasheet TDP, or measured): its
+            draw while kernels run (GEMM-bound training runs at the power limit: see
+            ``sustained_matmul_fraction``). None: the profile has no power figure.
+        communication_power_w, idle_power_w: measured draw while the GPU only communicates
+            and while it waits, watts; None: not measured (energy then prices those
+            activities at ``max_power_w``, an upper bound).
     """
 
     name: str
@@ -181,6 +187,9 @@ class HardwareProfile:
     inter_node_ring_fraction: Curve | None = None
     ampere_attention_fraction_of_peak: float | None = None
     inter_node_message_fraction: Curve | None = None
+    max_power_w: float | None = None
+    communication_power_w: float | None = None
+    idle_power_w: float | None = None
 
     def __post_init__(self) -> None:
         require_positive_int(f"{self.name}.gpus_per_node", self.gpus_per_node)
@@ -192,6 +201,11 @@ class HardwareProfile:
             "pcie_bytes_per_s",
         ):
             require_positive(f"{self.name}.{key}", getattr(self, key))
+        for key in ("max_power_w", "communication_power_w", "idle_power_w"):
+            if getattr(self, key) is not None:
+                require_positive(f"{self.name}.{key}", getattr(self, key))
+        if self.max_power_w is None and (self.communication_power_w or self.idle_power_w):
+            raise SpecError(f"{self.name}: communication_power_w and idle_power_w need max_power_w")
         for key, interval, inside in _FRACTIONS:
             value = getattr(self, key)
             if value is not None and not inside(value):

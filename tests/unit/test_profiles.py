@@ -418,7 +418,7 @@ def test_cli_list_prints_one_row_per_profile(capsys: pytest.CaptureFixture[str])
     assert [line.split()[0] for line in lines[1:]] == list(EVERY)
     a100 = next(line for line in lines if line.split()[0] == "a100-sxm4-80gb")
     assert a100.split()[1:7] == ["80.0", "73.3", "312", "2.039", "8", "23.5"]
-    assert "measured 4, datasheet 7, derived 10, assumption 6 NVIDIA A100" in a100
+    assert "measured 4, datasheet 8, derived 10, assumption 6 NVIDIA A100" in a100
 
 
 def test_cli_show_prints_numbers_with_provenance(capsys: pytest.CaptureFixture[str]) -> None:
