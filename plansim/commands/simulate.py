@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from plansim.commands.common import (
     resolve,
     shared_plan_fields,
 )
+from plansim.commands.run_options import RUN_FLAGS, RunInputs, add_run_args, run_inputs
 from plansim.commands.simulate_report import SimulateReport, json_text, rejected_text, table_text
 from plansim.errors import SpecError, require_positive_int
 from plansim.io.outputs import check_writable
@@ -33,6 +35,8 @@ from plansim.io.profiles import load_profile
 from plansim.planner.evaluate import Evaluation, Rejected, evaluate
 from plansim.planner.lookups import out_of_range, recording_profile
 from plansim.planner.sensitivity import sensitivity
+from plansim.planner.training_run import estimate_run
+from plansim.report.run_report import run_dict, run_text
 from plansim.report.trace import chrome_trace, write_trace
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import require_plan_divides_model
@@ -90,7 +94,17 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     out.add_argument("--plot", metavar="OUT.png", help="pipeline Gantt chart (PNG)")
     out.add_argument("--memory-plot", metavar="OUT.png", help="memory over time per rank (PNG)")
-    keep = ("plan", "gpu", "format", "sensitivity", "trace", "plot", "memory_plot")
+    add_run_args(p)
+    keep = (
+        "plan",
+        "gpu",
+        "format",
+        "sensitivity",
+        "trace",
+        "plot",
+        "memory_plot",
+        *RUN_FLAGS,
+    )
     p.set_defaults(func=run, plan_flag_defaults=plan_flag_defaults(p, keep=keep))
 
 
@@ -355,6 +369,7 @@ def run(args: argparse.Namespace) -> int:
     plan, model, profile = plan_and_context(args)
     outputs = _outputs(args)
     require_plan_divides_model(plan, model)
+    inputs = run_inputs(args, model=model, global_batch_size=plan.global_batch_size)
     recorded, lookups = recording_profile(profile)  # same prices, lookups logged
     # a trace or plot shows every micro-batch; the figures alone may come from the steady state
     outcome = evaluate(model, plan, recorded, whole=bool(outputs))
@@ -374,7 +389,38 @@ def run(args: argparse.Namespace) -> int:
         layer=layer_wall_times(model, plan, profile),
         sens=sensitivity(model, plan, profile, base=outcome) if args.sensitivity else None,
     )
-    sys.stdout.write(json_text(report) if args.format == "json" else table_text(report))
+    if inputs is None:
+        sys.stdout.write(json_text(report) if args.format == "json" else table_text(report))
+        return 0
+    return _whole_run(args, report, inputs)
+
+
+def _whole_run(args: argparse.Namespace, report: SimulateReport, inputs: RunInputs) -> int:
+    """Print the step report with the whole run (``--tokens``); exit 1 when a ramp phase
+    cannot run the layout."""
+    est = estimate_run(
+        report.model,
+        report.plan,
+        report.profile,
+        inputs.run,
+        failures=inputs.failures,
+        facility=inputs.facility,
+        prices=inputs.prices,
+    )
+    if isinstance(est, Rejected):
+        sys.stdout.write(rejected_text(est, args.format))
+        return 1
+    facility = inputs.facility is not None
+    if args.format == "json":
+        doc = json.loads(json_text(report))
+        doc["run"] = run_dict(est, facility=facility)
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        return 0
+    source = "" if inputs.failures is None else inputs.failures.source
+    sys.stdout.write(table_text(report))
+    sys.stdout.write(
+        run_text(est, tokens=inputs.run.tokens, facility=facility, failures_source=source)
+    )
     return 0
 
 

@@ -1,0 +1,105 @@
+"""The whole-run options of ``plansim plan`` and ``plansim simulate``: ``--tokens`` with the
+optional ``--ramp``, ``--failures``, ``--facility`` and ``--prices`` files."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from plansim.errors import SpecError
+from plansim.io.run_files import read_facility, read_failures, read_prices, read_ramp
+from plansim.specs.facility import Facility, PriceTable
+from plansim.specs.failure_model import FailureModel
+from plansim.specs.model import ModelSpec
+from plansim.specs.training_run import RampPhase, TrainingRun
+
+_FILE_FLAGS = ("ramp", "failures", "facility", "prices")
+#: The argparse destinations of the group (kept with a plan file).
+RUN_FLAGS = ("tokens", *_FILE_FLAGS)
+
+
+def add_run_args(parser: argparse.ArgumentParser) -> None:
+    """Add the whole-run group to ``parser``."""
+    g = parser.add_argument_group(
+        "whole run (time to train, goodput, energy, cost; needs --tokens)"
+    )
+    g.add_argument("--tokens", type=str, default=None, help="tokens to train, e.g. 15.6e12")
+    g.add_argument(
+        "--ramp",
+        type=Path,
+        metavar="FILE",
+        help="batch-size ramp YAML (phases, or Megatron's rampup_batch_size); default: the "
+        "--gbs batch throughout",
+    )
+    g.add_argument(
+        "--failures",
+        type=Path,
+        metavar="FILE",
+        help="failure model YAML (interruptions_per_gpu_hour, restart_min, "
+        "checkpoint_write_gb_per_s): adds goodput and the checkpoint interval",
+    )
+    g.add_argument(
+        "--facility",
+        type=Path,
+        metavar="FILE",
+        help="facility YAML (pue, host_power_w_per_node, network_power_w_per_gpu); default: "
+        "GPU energy only",
+    )
+    g.add_argument(
+        "--prices",
+        type=Path,
+        metavar="FILE",
+        help="prices YAML (usd_per_gpu_hour per profile name, optional usd_per_kwh); no "
+        "price is built in",
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunInputs:
+    """The whole-run inputs the flags name."""
+
+    run: TrainingRun
+    failures: FailureModel | None
+    facility: Facility | None
+    prices: PriceTable | None
+
+
+def _tokens(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise SpecError(
+            f"--tokens must be a number of tokens (e.g. 15.6e12), got {text!r}"
+        ) from None
+    if not math.isfinite(value) or value <= 0:
+        raise SpecError(f"--tokens must be a positive finite number of tokens, got {text!r}")
+    return value
+
+
+def run_inputs(
+    args: argparse.Namespace, *, model: ModelSpec, global_batch_size: int
+) -> RunInputs | None:
+    """The whole-run inputs, or None without ``--tokens``.
+
+    Raises:
+        SpecError: a run file without ``--tokens``, or a bad ``--tokens``.
+        InputFileError: a bad file (names the file and the key).
+    """
+    if args.tokens is None:
+        given = [f"--{flag}" for flag in _FILE_FLAGS if getattr(args, flag) is not None]
+        if given:
+            raise SpecError(f"{', '.join(given)} needs --tokens (the tokens to train)")
+        return None
+    tokens = _tokens(args.tokens)
+    if args.ramp is not None:
+        run = read_ramp(args.ramp, tokens=tokens, seq_length=model.seq_length)
+    else:
+        run = TrainingRun(tokens=tokens, phases=(RampPhase(global_batch_size=global_batch_size),))
+    return RunInputs(
+        run=run,
+        failures=None if args.failures is None else read_failures(args.failures),
+        facility=None if args.facility is None else read_facility(args.facility),
+        prices=None if args.prices is None else read_prices(args.prices),
+    )

@@ -1,0 +1,307 @@
+"""A whole training run: time to train, GPU-hours, goodput under failures, energy and cost.
+
+One layout runs every phase of the batch ramp (``plansim.specs.training_run``): each phase's
+step is simulated with that phase's global batch and sequence length (its micro-batch count
+changes; the layout must divide every phase's batch). The failure-free time of the run is
+
+    work_s = sum over phases of steps x (step time + data loading per step)
+             + evaluations x eval_s
+
+With a failure model (``plansim.specs.failure_model``), the run checkpoints every
+``interval`` seconds of work (Daly's optimum unless given) and its expected wall time is
+Daly's complete model (``plansim.analytic.goodput``), checked by a Monte Carlo over failure
+arrivals (``plansim.sim.failures``); goodput = work_s / wall_s. Energy: each phase's steps at
+the power of their simulated activities (``plansim.analytic.run_energy``), re-done work at the
+run's mean training power, checkpoint writes and restarts at idle power, then the facility's
+host, network and PUE when one is given. Cost: GPU-hours x the price of the profile's
+GPU-hour, plus facility kWh x the price of a kWh when the table has one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from plansim.analytic.goodput import GoodputEstimate, goodput
+from plansim.analytic.moe_counts import count_moe_parameters
+from plansim.analytic.run_energy import (
+    JOULES_PER_KWH,
+    PowerDraw,
+    StepActivity,
+    checkpoint_bytes,
+    facility_energy_j,
+    power_draw,
+    step_gpu_energy_j,
+)
+from plansim.errors import SpecError
+from plansim.planner.evaluate import Evaluation, Rejected, evaluate
+from plansim.sim.failures import MonteCarloGoodput, monte_carlo_goodput
+from plansim.specs.facility import Facility, PriceTable
+from plansim.specs.failure_model import SECONDS_PER_HOUR, FailureModel
+from plansim.specs.hardware import HardwareProfile
+from plansim.specs.model import ModelSpec
+from plansim.specs.plan import ParallelPlan
+from plansim.specs.training_run import TrainingRun, steps_in_phase
+
+SECONDS_PER_DAY = 86400.0
+#: Monte Carlo trials of a run's failure arrivals (its 95% CI is printed with the result).
+MONTE_CARLO_TRIALS = 2000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PhaseEstimate:
+    """One phase of the ramp as simulated.
+
+    Attributes:
+        tokens: tokens the phase trains; steps: optimizer steps (whole).
+        global_batch_size, seq_length: the phase's batch and sequence length.
+        evaluation: the simulated step of the phase's plan.
+        activity: seconds of one step by activity (per GPU, mean over pipeline ranks).
+        work_s: steps x (step time + data loading per step).
+    """
+
+    tokens: float
+    steps: int
+    global_batch_size: int
+    seq_length: int
+    evaluation: Evaluation
+    activity: StepActivity
+    work_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunEstimate:
+    """A whole run of one layout.
+
+    Attributes:
+        num_gpus: GPUs of the job.
+        phases: per ramp phase.
+        work_s: failure-free seconds (module formula), evaluations included.
+        wall_s: expected wall seconds (= work_s without a failure model).
+        goodput: Daly's expectation, or None without a failure model.
+        monte_carlo: the Monte Carlo check of it, or None.
+        checkpoint_bytes, checkpoint_s: one checkpoint and its blocking write time.
+        gpu_energy_j: the GPUs' joules; energy_j: with the facility's host, network and PUE
+            (equal to gpu_energy_j without a facility); None when the profile has no power.
+        power: the power figures used, or None.
+        cost_usd: dollars, or None without a price table.
+    """
+
+    num_gpus: int
+    phases: tuple[PhaseEstimate, ...]
+    work_s: float
+    wall_s: float
+    goodput: GoodputEstimate | None
+    monte_carlo: MonteCarloGoodput | None
+    checkpoint_bytes: float
+    checkpoint_s: float | None
+    gpu_energy_j: float | None
+    energy_j: float | None
+    power: PowerDraw | None
+    cost_usd: float | None
+
+    @property
+    def days(self) -> float:
+        """Expected wall time in days."""
+        return self.wall_s / SECONDS_PER_DAY
+
+    @property
+    def gpu_hours(self) -> float:
+        """GPUs x expected wall hours."""
+        return self.num_gpus * self.wall_s / SECONDS_PER_HOUR
+
+    @property
+    def energy_mwh(self) -> float | None:
+        """Facility energy (GPU energy without a facility) in MWh."""
+        return None if self.energy_j is None else self.energy_j / JOULES_PER_KWH / 1e3
+
+
+def step_activity(ev: Evaluation) -> StepActivity:
+    """Seconds of one simulated step by activity, per GPU as the mean over pipeline ranks:
+    the compute stream's kernels, exposed communication (``SimResult.exposed_s_by_kind``)
+    and the rest (idle); they add up to the step time."""
+    busy = ev.result.compute_busy_s
+    ranks = len(busy)
+    compute_s = sum(busy) / ranks
+    comm_s = sum(ev.exposed_comm_s_by_kind.values()) / ranks
+    idle_s = max(ev.step_time_s - compute_s - comm_s, 0.0)
+    return StepActivity(compute_s=compute_s, communication_s=comm_s, idle_s=idle_s)
+
+
+def simulate_phases(
+    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, run: TrainingRun
+) -> tuple[PhaseEstimate, ...] | Rejected:
+    """Every phase of ``run`` with ``plan``'s layout; a Rejected (its reason naming the
+    phase) when the layout cannot run one of them.
+
+    Raises:
+        SpecError: as ``evaluate``.
+    """
+    out: list[PhaseEstimate] = []
+    cache: dict[tuple[int, int], Evaluation | Rejected] = {}
+    for i, (phase, tokens) in enumerate(zip(run.phases, run.phase_tokens(), strict=True)):
+        seq = model.seq_length if phase.seq_length is None else phase.seq_length
+        gbs = phase.global_batch_size
+        key = (gbs, seq)
+        if key not in cache:
+            cache[key] = _phase_step(model, plan, profile, gbs=gbs, seq=seq, index=i)
+        ev = cache[key]
+        if isinstance(ev, Rejected):
+            return ev
+        steps = steps_in_phase(tokens, global_batch_size=gbs, seq_length=seq)
+        out.append(
+            PhaseEstimate(
+                tokens=tokens,
+                steps=steps,
+                global_batch_size=gbs,
+                seq_length=seq,
+                evaluation=ev,
+                activity=step_activity(ev),
+                work_s=steps * (ev.step_time_s + run.data_loading_s_per_step),
+            )
+        )
+    return tuple(out)
+
+
+def _phase_step(
+    model: ModelSpec,
+    plan: ParallelPlan,
+    profile: HardwareProfile,
+    *,
+    gbs: int,
+    seq: int,
+    index: int,
+) -> Evaluation | Rejected:
+    """The simulated step of phase ``index`` (batch ``gbs``, sequence ``seq``)."""
+    where = f"ramp phase {index} (global batch {gbs}, seq {seq})"
+    per_step = plan.micro_batch_size * plan.dp
+    if gbs % per_step:
+        reason = (
+            f"{where}: the global batch does not split into micro-batches of "
+            f"{plan.micro_batch_size} over dp {plan.dp}"
+        )
+        return Rejected(plan=plan, category="ramp", reason=reason)
+    phase_model = model if seq == model.seq_length else dataclasses.replace(model, seq_length=seq)
+    try:
+        phase_plan = plan.with_fields(global_batch_size=gbs)
+        ev = evaluate(phase_model, phase_plan, profile)
+    except SpecError as exc:  # the layout cannot take this phase's batch or sequence
+        return Rejected(plan=plan, category="ramp", reason=f"{where}: {exc}")
+    if isinstance(ev, Rejected):
+        return Rejected(
+            plan=plan,
+            category=ev.category,
+            reason=f"{where}: {ev.reason}",
+            need_bytes=ev.need_bytes,
+        )
+    return ev
+
+
+def estimate_run(
+    model: ModelSpec,
+    plan: ParallelPlan,
+    profile: HardwareProfile,
+    run: TrainingRun,
+    *,
+    failures: FailureModel | None = None,
+    facility: Facility | None = None,
+    prices: PriceTable | None = None,
+) -> RunEstimate | Rejected:
+    """The whole run of ``plan``'s layout (module docstring); a Rejected when a phase cannot
+    run.
+
+    Raises:
+        SpecError: the price table has no price for the profile; as ``evaluate``.
+    """
+    phases = simulate_phases(model, plan, profile, run)
+    if isinstance(phases, Rejected):
+        return phases
+    evals = 0 if run.eval_interval_tokens is None else int(run.tokens // run.eval_interval_tokens)
+    work_s = sum(p.work_s for p in phases) + evals * run.eval_s
+    ckpt_bytes = checkpoint_bytes(count_moe_parameters(model).total_with_mtp, plan.precision)
+    estimate, mc, ckpt_s = _failures(work_s, ckpt_bytes, plan.num_gpus, failures)
+    wall_s = work_s if estimate is None else estimate.wall_s
+    power = power_draw(profile) if profile.max_power_w is not None else None
+    gpu_j = None
+    if power is not None:
+        gpu_j = _gpu_energy_j(phases, estimate, failures, power, plan)
+        overhead_s = work_s - sum(p.steps * p.evaluation.step_time_s for p in phases)
+        gpu_j += overhead_s * power.idle_w * plan.num_gpus  # data loading and evaluations
+    energy_j = gpu_j
+    if gpu_j is not None and facility is not None:
+        energy_j = facility_energy_j(
+            gpu_j,
+            wall_s=wall_s,
+            num_gpus=plan.num_gpus,
+            gpus_per_node=profile.gpus_per_node,
+            facility=facility,
+        )
+    cost = None
+    if prices is not None:
+        cost = plan.num_gpus * wall_s / SECONDS_PER_HOUR * prices.gpu_hour_usd(profile.name)
+        if prices.usd_per_kwh is not None and energy_j is not None:
+            cost += energy_j / JOULES_PER_KWH * prices.usd_per_kwh
+    return RunEstimate(
+        num_gpus=plan.num_gpus,
+        phases=phases,
+        work_s=work_s,
+        wall_s=wall_s,
+        goodput=estimate,
+        monte_carlo=mc,
+        checkpoint_bytes=ckpt_bytes,
+        checkpoint_s=ckpt_s,
+        gpu_energy_j=gpu_j,
+        energy_j=energy_j,
+        power=power,
+        cost_usd=cost,
+    )
+
+
+def _failures(
+    work_s: float, ckpt_bytes: float, num_gpus: int, failures: FailureModel | None
+) -> tuple[GoodputEstimate | None, MonteCarloGoodput | None, float | None]:
+    """Daly's expectation, its Monte Carlo check and the checkpoint write seconds."""
+    if failures is None or work_s <= 0:
+        return None, None, None
+    ckpt_s = ckpt_bytes / failures.checkpoint_write_bytes_per_s
+    mtbf_s = failures.mtbf_s(num_gpus)
+    interval = failures.checkpoint_interval_s
+    estimate = goodput(
+        work_s=work_s,
+        checkpoint_s=ckpt_s,
+        restart_s=failures.restart_s,
+        mtbf_s=mtbf_s,
+        interval_s=None if interval is None else min(interval, work_s),
+    )
+    mc = monte_carlo_goodput(
+        work_s=work_s,
+        interval_s=estimate.interval_s,
+        checkpoint_s=ckpt_s,
+        restart_s=failures.restart_s,
+        mtbf_s=mtbf_s,
+        num_trials=MONTE_CARLO_TRIALS,
+        seed=0,
+    )
+    return estimate, mc, ckpt_s
+
+
+def _gpu_energy_j(
+    phases: tuple[PhaseEstimate, ...],
+    estimate: GoodputEstimate | None,
+    failures: FailureModel | None,
+    power: PowerDraw,
+    plan: ParallelPlan,
+) -> float:
+    """GPU joules: the phases' steps at their activities' power; with failures, re-done work
+    at the mean training power and checkpoints and restarts at idle power. Data loading and
+    evaluations are the caller's (idle power: the GPUs wait on the input pipeline, and an
+    evaluation's forward passes are a small share of a run)."""
+    n = plan.num_gpus
+    train_j = sum(p.steps * step_gpu_energy_j(p.activity, power, num_gpus=n) for p in phases)
+    work_s = sum(p.steps * p.evaluation.step_time_s for p in phases)
+    if estimate is None or failures is None or work_s <= 0:
+        return train_j
+    restarts_s = estimate.expected_failures * failures.restart_s
+    rework_s = max(estimate.lost_s - restarts_s, 0.0)
+    idle_s = estimate.checkpoint_s_total + restarts_s
+    return train_j * (1 + rework_s / work_s) + idle_s * power.idle_w * n
