@@ -50,9 +50,44 @@ def bounded_int(flag: str, maximum: int) -> Callable[[str], int]:
 gpu_count = bounded_int("--gpus", MAX_GPUS)
 
 
-def add_model_args(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
+def doubling_range(flag: str, text: str) -> tuple[int, ...]:
+    """``A:B`` as A, 2A, 4A, ... up to B (GPU counts of a scaling study).
+
+    Raises:
+        SpecError: not two positive integers A <= B within 1..MAX_GPUS (names ``flag``).
+    """
+    low_text, _, high_text = text.partition(":")
+    if not (low_text.isdigit() and high_text.isdigit()):
+        raise SpecError(
+            f"{flag}: {text!r}: a range A:B (A, 2A, 4A, ... up to B) takes two positive integers"
+        )
+    low, high = int(low_text), int(high_text)
+    if not 1 <= low <= high <= MAX_GPUS:
+        raise SpecError(f"{flag}: {text!r}: a range A:B needs 1 <= A <= B <= {MAX_GPUS:,}")
+    counts = []
+    while low <= high:
+        counts.append(low)
+        low *= 2
+    return tuple(counts)
+
+
+def gpu_count_or_range(text: str) -> int | tuple[int, ...]:
+    """An argparse type for ``plansim plan --gpus``: a count, or ``A:B``
+    (:func:`doubling_range`)."""
+    if ":" not in text:
+        return gpu_count(text)
+    try:
+        return doubling_range("--gpus", text)
+    except SpecError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_model_args(
+    parser: argparse.ArgumentParser, *, required: bool = True, gpu_range: bool = False
+) -> None:
     """--model, --gpu/--profile, --gpus, --gbs, --seq-len, --precision; ``required`` False
-    where a plan file may give them (the command then checks :func:`require_args`)."""
+    where a plan file may give them (the command then checks :func:`require_args`);
+    ``gpu_range``: --gpus may be a range A:B (:func:`gpu_count_or_range`)."""
     parser.add_argument(
         "--model",
         required=required,
@@ -66,7 +101,11 @@ def add_model_args(parser: argparse.ArgumentParser, *, required: bool = True) ->
         help="hardware profile name (see 'plansim profiles list') or a YAML path",
     )
     parser.add_argument(
-        "--gpus", type=gpu_count, required=required, help=f"number of GPUs (1 to {MAX_GPUS:,})"
+        "--gpus",
+        type=gpu_count_or_range if gpu_range else gpu_count,
+        required=required,
+        help=f"number of GPUs (1 to {MAX_GPUS:,})"
+        + ("; A:B: each of A, 2A, 4A, ... up to B (one best plan per count)" if gpu_range else ""),
     )
     parser.add_argument(
         "--gbs",

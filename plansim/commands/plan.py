@@ -8,6 +8,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import pandas as pd
+
 from plansim.analytic.sustained import dtype_pace_fraction
 from plansim.commands.common import (
     add_bf16_layer_args,
@@ -18,7 +20,9 @@ from plansim.commands.common import (
     resolve,
 )
 from plansim.commands.empty_search import empty_search_lines
+from plansim.commands.plan_counts import check_range_args, run_counts
 from plansim.commands.plan_space import add_constraint_args, search_spaces
+from plansim.commands.run_options import RunInputs, add_run_args, run_inputs
 from plansim.errors import SpecError, require_positive_int
 from plansim.io.outputs import check_writable
 from plansim.io.plan_file import PlanFile, write_plan_file
@@ -29,6 +33,8 @@ from plansim.planner.progress import progress_bar
 from plansim.planner.robustness import ranking_trust
 from plansim.planner.search import SearchResult, search
 from plansim.planner.space import SearchSpace
+from plansim.planner.training_run import Objective, RunEstimate, estimate_run, rank_runs
+from plansim.report.run_report import run_columns
 from plansim.report.sensitivity_table import (
     outside_dicts,
     outside_text,
@@ -55,7 +61,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "the reason), simulate the best candidates as events, and rank them by step time. "
         "Exit status 0 with a feasible plan, 1 when no layout is feasible, 2 for bad input.",
     )
-    add_model_args(p)
+    add_model_args(p, gpu_range=True)
     p.add_argument("--top", type=int, default=10, help="rows to show (default 10)")
     p.add_argument("--format", choices=["table", "json", "csv"], default="table")
     add_search_args(p)
@@ -75,9 +81,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--plot",
         metavar="OUT.png",
-        help="step time vs peak memory of the simulated plans, Pareto front marked (PNG)",
+        help="step time vs peak memory of the simulated plans, Pareto front marked (PNG); "
+        "with --gpus A:B, days to train vs cost of each count's plan",
     )
     add_save_plan_args(p)
+    add_run_args(p)
+    p.add_argument(
+        "--objective",
+        choices=[o.value for o in Objective],
+        default=Objective.STEP_TIME.value,
+        help="rank the search's --top plans (found by step time) by step time (default), "
+        "or, with --tokens, by the whole run's expected time to train, cost (needs --prices) "
+        "or energy",
+    )
     p.add_argument(
         "--sensitivity",
         action="store_true",
@@ -270,8 +286,12 @@ def _check_args(args: argparse.Namespace) -> None:
     Raises:
         SpecError: a count is not a positive integer, or two flags exclude each other.
     """
-    for name in ("gpus", "gbs", "top", "rank"):
+    for name in ("gbs", "top", "rank"):
         require_positive_int(f"--{name}", getattr(args, name))
+    if isinstance(args.gpus, tuple):
+        check_range_args(args)
+    else:
+        require_positive_int("--gpus", args.gpus)
     if args.rank != 1 and not args.save_plan:
         raise SpecError(f"--rank {args.rank} says which plan --save-plan writes: give --save-plan")
     if args.simulate_top is not None:
@@ -283,6 +303,11 @@ def _check_args(args: argparse.Namespace) -> None:
             "--save-plan writes the profile by name, not the cluster's NICs: leave out "
             "--nics-per-node/--nic-gbit-per-s, or put the network in a profile YAML "
             "(nic_gb_per_s) and give it as --gpu"
+        )
+    if args.objective != Objective.STEP_TIME.value and args.tokens is None:
+        raise SpecError(
+            f"--objective {args.objective} ranks by the whole run: give --tokens (the tokens "
+            "to train)"
         )
     if args.sensitivity and args.format == "csv":
         raise SpecError(
@@ -298,6 +323,10 @@ def run(args: argparse.Namespace) -> int:
     plot = check_writable(args.plot, label="--plot") if args.plot else None
     saved = check_writable(args.save_plan, label="--save-plan") if args.save_plan else None
     model, profile = resolve(args)
+    inputs = run_inputs(args, model=model, global_batch_size=args.gbs)
+    if isinstance(args.gpus, tuple):
+        assert inputs is not None  # check_range_args asked for --tokens
+        return run_counts(args, model, profile, inputs, jobs=jobs, plot=plot)
     unconstrained, space = search_spaces(args, model, profile)
     result = search(
         model,
@@ -313,8 +342,9 @@ def run(args: argparse.Namespace) -> int:
     )
     if plot is not None:
         _write_pareto(plot, result, args=args, model=model, profile=profile)
+    ranked, runs = _whole_runs(args, model, profile, result.ranked[: args.top], inputs)
     if saved is not None:
-        save_ranked_plan(saved, result.ranked[: args.top], rank=args.rank, args=args)
+        save_ranked_plan(saved, ranked, rank=args.rank, args=args)
     out = sys.stdout
     leading = result.ranked[: min(args.top, ROBUSTNESS_PLANS)]
     trust = ranking_trust(model, leading, profile) if args.sensitivity and leading else None
@@ -322,11 +352,13 @@ def run(args: argparse.Namespace) -> int:
     outside = out_of_range_lookups(model, leading[0].plan, profile) if read_outside else ()
     if args.format == "json":
         doc = _json_doc(args, model, profile, result)
+        doc["plans"] = [_plan_json(ev, est) for ev, est in zip(ranked, runs, strict=True)]
+        doc["objective"] = args.objective
         doc["out_of_range_lookups_of_best"] = outside_dicts(outside)
         doc.update(trust_dict(trust) if trust is not None else {})
         out.write(json.dumps(doc, indent=2) + "\n")
         return _exit_status(result)
-    table = ranked_table(result.ranked[: args.top])
+    table = _with_run_columns(ranked_table(ranked), runs) if inputs else ranked_table(ranked)
     if args.format == "csv":
         out.write(render(table, "csv"))
         return _exit_status(result)
@@ -339,6 +371,48 @@ def run(args: argparse.Namespace) -> int:
     if trust is not None:
         out.write(trust_text(trust, profile_name=profile.name))
     return _exit_status(result)
+
+
+def _whole_runs(
+    args: argparse.Namespace,
+    model: ModelSpec,
+    profile: HardwareProfile,
+    ranked: Sequence[Evaluation],
+    inputs: RunInputs | None,
+) -> tuple[list[Evaluation], list[RunEstimate | None]]:
+    """The ranked plans in ``--objective`` order with their whole runs (None each without
+    ``--tokens``, or where the layout cannot take a ramp phase)."""
+    if inputs is None:
+        return list(ranked), [None] * len(ranked)
+    runs: list[RunEstimate | None] = []
+    for ev in ranked:
+        est = estimate_run(
+            model,
+            ev.plan,
+            profile,
+            inputs.run,
+            failures=inputs.failures,
+            facility=inputs.facility,
+            prices=inputs.prices,
+        )
+        runs.append(est if isinstance(est, RunEstimate) else None)
+    order = rank_runs(ranked, runs, Objective(args.objective))
+    return [ranked[i] for i in order], [runs[i] for i in order]
+
+
+def _with_run_columns(table: pd.DataFrame, runs: Sequence[RunEstimate | None]) -> pd.DataFrame:
+    """The ranked table with the whole-run columns (empty where the run has no estimate)."""
+    columns = [run_columns(est) if est is not None else {} for est in runs]
+    extra = pd.DataFrame(columns, index=table.index).dropna(axis=1, how="all")
+    return pd.concat([table, extra], axis=1)
+
+
+def _plan_json(ev: Evaluation, est: RunEstimate | None) -> dict[str, object]:
+    """One plan of the JSON document, with its whole run when there is one."""
+    doc = evaluation_dict(ev)
+    if est is not None:
+        doc["run"] = run_columns(est)
+    return doc
 
 
 def _exit_status(result: SearchResult) -> int:

@@ -66,6 +66,18 @@ class RunInputs:
     prices: PriceTable | None
 
 
+def check_run_flags(args: argparse.Namespace) -> None:
+    """Refuse run files given without ``--tokens``.
+
+    Raises:
+        SpecError: names the files given and asks for --tokens.
+    """
+    if args.tokens is None:
+        given = [f"--{flag}" for flag in _FILE_FLAGS if getattr(args, flag) is not None]
+        if given:
+            raise SpecError(f"{', '.join(given)} needs --tokens (the tokens to train)")
+
+
 def _tokens(text: str) -> float:
     try:
         value = float(text)
@@ -88,9 +100,7 @@ def run_inputs(
         InputFileError: a bad file (names the file and the key).
     """
     if args.tokens is None:
-        given = [f"--{flag}" for flag in _FILE_FLAGS if getattr(args, flag) is not None]
-        if given:
-            raise SpecError(f"{', '.join(given)} needs --tokens (the tokens to train)")
+        check_run_flags(args)
         return None
     tokens = _tokens(args.tokens)
     if args.ramp is not None:

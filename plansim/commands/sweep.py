@@ -10,12 +10,24 @@ from pathlib import Path
 
 import pandas as pd
 
-from plansim.commands.common import MAX_GPUS, comma_items
+from plansim.catalog import resolve_model
+from plansim.commands.common import MAX_GPUS, comma_items, doubling_range
 from plansim.commands.plan import add_search_args, resolve_jobs
+from plansim.commands.run_options import add_run_args, check_run_flags, run_inputs
 from plansim.errors import PlansimError, SpecError, require_positive_int
 from plansim.io.outputs import check_writable, write_bytes_atomic
 from plansim.planner.progress import progress_bar
-from plansim.planner.sweep import EXECUTORS, SweepSettings, check_names, run_sweep, sweep_grid
+from plansim.planner.sweep import (
+    EXECUTORS,
+    OBJECTIVE_PLANS,
+    RUN_COLUMNS,
+    SweepCell,
+    SweepSettings,
+    check_names,
+    run_sweep,
+    sweep_grid,
+)
+from plansim.planner.training_run import Objective
 from plansim.report.tables import render
 from plansim.specs.plan import AttentionKernel, Precision
 
@@ -35,7 +47,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument("--model", required=True, help="comma-separated presets or config.json paths")
     p.add_argument("--gpu", "--profile", dest="gpu", required=True, help="comma-separated profiles")
-    p.add_argument("--gpus", required=True, help="comma-separated GPU counts")
+    p.add_argument(
+        "--gpus",
+        required=True,
+        help="comma-separated GPU counts; A:B is A, 2A, 4A, ... up to B (e.g. 1024:16384)",
+    )
     p.add_argument("--gbs", required=True, help="comma-separated global batch sizes (sequences)")
     p.add_argument("--seq-len", type=int, default=None, help="override sequence length")
     p.add_argument("--precision", choices=[x.value for x in Precision], default="bf16")
@@ -48,12 +64,27 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="where cells run: local processes (default), a Dask or a Ray cluster",
     )
     add_search_args(p)
+    add_run_args(p)
+    p.add_argument(
+        "--objective",
+        choices=[o.value for o in Objective],
+        default=Objective.STEP_TIME.value,
+        help="with --tokens: pick each cell's plan among its "
+        f"{OBJECTIVE_PLANS} fastest by the whole run's time to train, cost or energy "
+        "(default: the fastest step)",
+    )
+    p.add_argument(
+        "--plot",
+        metavar="OUT.png",
+        help="with --tokens: days to train vs cost (GPU-hours without --prices) of the "
+        "cells, coloured by GPU count, Pareto front marked (PNG)",
+    )
     p.set_defaults(func=run)
 
 
 def _counts(option: str, text: str) -> list[int]:
     values = []
-    for item in comma_items(option, text):
+    for item in _expand_ranges(option, comma_items(option, text)):
         try:
             value = int(item)
         except ValueError:
@@ -63,6 +94,24 @@ def _counts(option: str, text: str) -> list[int]:
             raise SpecError(f"--gpus: {value} is above the {MAX_GPUS:,} GPUs a plan may have")
         values.append(value)
     return values
+
+
+def _expand_ranges(option: str, items: list[str]) -> list[str]:
+    """Items with each ``A:B`` replaced by A, 2A, 4A, ... up to B (``--gpus`` only;
+    ``common.doubling_range``).
+
+    Raises:
+        SpecError: a range elsewhere or a bad range.
+    """
+    out: list[str] = []
+    for item in items:
+        if ":" not in item:
+            out.append(item)
+        elif option != "--gpus":
+            raise SpecError(f"{option}: {item!r}: a range A:B is for --gpus only")
+        else:
+            out.extend(str(n) for n in doubling_range(option, item))
+    return out
 
 
 def _check_out(path: str) -> Path:
@@ -86,11 +135,8 @@ def run(args: argparse.Namespace) -> int:
         _counts("--gpus", args.gpus),
         _counts("--gbs", args.gbs),
     )
-    settings = SweepSettings(
-        seq_length=args.seq_len,
-        precision=Precision(args.precision),
-        attention=AttentionKernel(args.attention),
-    )
+    settings = _settings(args, cells)
+    plot = _check_plot(args)
     check_names(cells, settings)
     jobs = resolve_jobs(args.jobs)
     bar = progress_bar(forced=args.progress)
@@ -117,6 +163,74 @@ def run(args: argparse.Namespace) -> int:
         data = buf.getvalue()
     write_bytes_atomic(out, data, label="--out")
     columns = ["model", "gpu", "num_gpus", "global_batch_size", "status", "plan", "step_time_s"]
+    if settings.runs is not None:
+        columns += [c for c in RUN_COLUMNS if table[c].notna().any()]
     sys.stdout.write(render(table[columns], "table"))
+    if plot is not None:
+        _write_run_pareto(plot, rows, priced=settings.prices is not None)
     sys.stdout.write(f"\n{len(rows)} cells; wrote {out}\n")
     return 0
+
+
+def _settings(args: argparse.Namespace, cells: list[SweepCell]) -> SweepSettings:
+    """The cells' shared settings, with each model's whole run when ``--tokens`` is given.
+
+    Raises:
+        SpecError, InputFileError: as ``run_options.run_inputs`` (per model: a ramp file's
+            sequence length defaults to the model's).
+    """
+    base = {
+        "seq_length": args.seq_len,
+        "precision": Precision(args.precision),
+        "attention": AttentionKernel(args.attention),
+    }
+    if args.tokens is None:
+        if args.objective != Objective.STEP_TIME.value:
+            raise SpecError(f"--objective {args.objective} ranks by the whole run: give --tokens")
+        check_run_flags(args)
+        return SweepSettings(**base)
+    runs = {}
+    inputs = None
+    for cell in cells:
+        key = (cell.model, cell.global_batch_size)
+        model = resolve_model(cell.model, seq_length=args.seq_len)
+        inputs = run_inputs(args, model=model, global_batch_size=cell.global_batch_size)
+        assert inputs is not None
+        runs[key] = inputs.run
+    assert inputs is not None
+    return SweepSettings(
+        **base,
+        runs=runs,
+        failures=inputs.failures,
+        facility=inputs.facility,
+        prices=inputs.prices,
+        objective=Objective(args.objective),
+    )
+
+
+def _check_plot(args: argparse.Namespace) -> Path | None:
+    if args.plot is None:
+        return None
+    if args.tokens is None:
+        raise SpecError("--plot draws days to train vs cost: give --tokens")
+    return check_writable(args.plot, label="--plot")
+
+
+def _write_run_pareto(path: Path, rows: list[dict[str, object]], *, priced: bool) -> None:
+    """The sweep's time-to-train vs cost plot (one point per cell with a run)."""
+    from plansim.report.plots import RunPoint, plot_run_pareto  # matplotlib only here
+
+    cost_key = "cost_usd" if priced else "gpu_hours"
+    points = [
+        RunPoint(
+            num_gpus=int(str(row["num_gpus"])),
+            days=float(str(row["days"])),
+            cost=float(str(row[cost_key])),
+            label=f"tp{row['tp']} pp{row['pp']} dp{row['dp']}",
+        )
+        for row in rows
+        if row.get("days") is not None
+    ]
+    title = ", ".join(sorted({f"{row['model']} on {row['gpu']}" for row in rows}))
+    plot_run_pareto(points, path, title=title, cost_label="cost (USD)" if priced else "GPU-hours")
+    sys.stderr.write(f"plansim: wrote --plot {path}\n")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
@@ -21,10 +21,23 @@ from typing import Any
 from plansim.catalog import resolve_model
 from plansim.errors import PlansimError, choice_error
 from plansim.io.profiles import load_profile
+from plansim.planner.evaluate import Evaluation
 from plansim.planner.parallel import map_in_order
 from plansim.planner.search import search
 from plansim.planner.space import SearchSpace
+from plansim.planner.training_run import (
+    Objective,
+    RunEstimate,
+    estimate_run,
+    rank_runs,
+    run_columns,
+)
+from plansim.specs.facility import Facility, PriceTable
+from plansim.specs.failure_model import FailureModel
+from plansim.specs.hardware import HardwareProfile
+from plansim.specs.model import ModelSpec
 from plansim.specs.plan import AttentionKernel, ExecutionSpec, Precision
+from plansim.specs.training_run import TrainingRun
 from plansim.units import bytes_to_gib
 
 EXECUTORS = ("local", "dask", "ray")
@@ -40,13 +53,25 @@ class SweepCell:
     global_batch_size: int
 
 
+#: Plans per cell whose whole runs ``--objective`` compares (the best by step time first).
+OBJECTIVE_PLANS = 5
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SweepSettings:
-    """What every cell shares: sequence length override, precision, attention kernel."""
+    """What every cell shares: sequence length override, precision, attention kernel, and
+    for whole runs (``runs`` given) the run of each model and batch (keyed by the model
+    name as the grid gives it and the global batch size), failures, facility, prices and
+    the objective that picks a cell's plan among its :data:`OBJECTIVE_PLANS` fastest."""
 
     seq_length: int | None = None
     precision: Precision = Precision.BF16
     attention: AttentionKernel = AttentionKernel.FLASH
+    runs: Mapping[tuple[str, int], TrainingRun] | None = None
+    failures: FailureModel | None = None
+    facility: Facility | None = None
+    prices: PriceTable | None = None
+    objective: Objective = Objective.STEP_TIME
 
 
 def sweep_grid(
@@ -78,16 +103,17 @@ def run_cell(cell: SweepCell, settings: SweepSettings) -> dict[str, Any]:
     space = SearchSpace(
         precision=settings.precision, execution=ExecutionSpec(attention=settings.attention)
     )
+    whole_run = settings.runs is not None
     result = search(
         model,
         profile,
         num_gpus=cell.num_gpus,
         global_batch_size=cell.global_batch_size,
         space=space,
-        top_k=1,
+        top_k=OBJECTIVE_PLANS if whole_run else 1,
     )
     row: dict[str, Any] = {**asdict(cell), "status": "ok" if result.ranked else "no feasible plan"}
-    best = result.ranked[0] if result.ranked else None
+    best, est = _best(cell, settings, model, profile, result.ranked)
     plan = best.plan if best else None
     row.update(
         plan=plan.label() if plan else "",
@@ -110,7 +136,56 @@ def run_cell(cell: SweepCell, settings: SweepSettings) -> dict[str, Any]:
         num_simulated=result.num_simulated,
         rejections="; ".join(f"{n} {c}" for c, n in result.rejection_counts.items()),
     )
+    if whole_run:
+        row.update(_run_row(est))
     return row
+
+
+def _best(
+    cell: SweepCell,
+    settings: SweepSettings,
+    model: ModelSpec,
+    profile: HardwareProfile,
+    ranked: Sequence[Evaluation],
+) -> tuple[Evaluation | None, RunEstimate | None]:
+    """The cell's plan (the fastest, or the best of the fastest by the objective for whole
+    runs) and its whole run (None without runs or when its layout cannot take the ramp)."""
+    if not ranked:
+        return None, None
+    if settings.runs is None:
+        return ranked[0], None
+    run = settings.runs[(cell.model, cell.global_batch_size)]
+    estimates = []
+    for ev in ranked:
+        est = estimate_run(
+            model,
+            ev.plan,
+            profile,
+            run,
+            failures=settings.failures,
+            facility=settings.facility,
+            prices=settings.prices,
+        )
+        estimates.append(est if isinstance(est, RunEstimate) else None)
+    first = rank_runs(ranked, estimates, settings.objective)[0]
+    return ranked[first], estimates[first]
+
+
+#: The whole-run columns of a sweep row (``training_run.run_columns``), empty without a run.
+RUN_COLUMNS = (
+    "days",
+    "gpu_hours",
+    "energy_mwh",
+    "cost_usd",
+    "goodput_pct",
+    "checkpoint_interval_min",
+)
+
+
+def _run_row(est: RunEstimate | None) -> dict[str, Any]:
+    if est is None:
+        return dict.fromkeys(RUN_COLUMNS)
+    return dict(run_columns(est))
 
 
 def run_sweep(

@@ -20,6 +20,7 @@ GPU-hour, plus facility kWh x the price of a kWh when the table has one.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from plansim.analytic.goodput import GoodputEstimate, goodput
@@ -36,6 +37,7 @@ from plansim.analytic.run_energy import (
 from plansim.errors import SpecError
 from plansim.planner.evaluate import Evaluation, Rejected, evaluate
 from plansim.sim.failures import MonteCarloGoodput, monte_carlo_goodput
+from plansim.specs.choice_enum import ChoiceEnum
 from plansim.specs.facility import Facility, PriceTable
 from plansim.specs.failure_model import SECONDS_PER_HOUR, FailureModel
 from plansim.specs.hardware import HardwareProfile
@@ -305,3 +307,68 @@ def _gpu_energy_j(
     rework_s = max(estimate.lost_s - restarts_s, 0.0)
     idle_s = estimate.checkpoint_s_total + restarts_s
     return train_j * (1 + rework_s / work_s) + idle_s * power.idle_w * n
+
+
+def run_columns(est: RunEstimate) -> dict[str, float | int | None]:
+    """The run columns of a ranked table, sweep row or JSON plan (days, GPU-hours, MWh,
+    dollars, percent, minutes): ``days``, ``gpu_hours``,
+    ``energy_mwh``, ``cost_usd`` (None without prices), ``goodput_pct`` and
+    ``checkpoint_interval_min`` (None without a failure model)."""
+    gp = est.goodput
+    return {
+        "days": round(est.days, 2),
+        "gpu_hours": round(est.gpu_hours),
+        "energy_mwh": None if est.energy_mwh is None else round(est.energy_mwh, 1),
+        "cost_usd": None if est.cost_usd is None else round(est.cost_usd),
+        "goodput_pct": None if gp is None else round(100 * gp.goodput_fraction, 2),
+        "checkpoint_interval_min": None if gp is None else round(gp.interval_s / 60.0, 2),
+    }
+
+
+class Objective(ChoiceEnum):
+    """What ``plansim plan --objective`` ranks plans by (lowest first)."""
+
+    STEP_TIME = "step-time"  # simulated seconds per step (the search's own order)
+    TIME_TO_TRAIN = "time-to-train"  # expected wall time of the whole run
+    COST = "cost"  # dollars of the whole run (needs a price table)
+    ENERGY = "energy"  # joules of the whole run (needs the profile's power)
+
+
+def objective_value(objective: Objective, ev: Evaluation, est: RunEstimate | None) -> float:
+    """The quantity ``objective`` ranks by for one plan; ``inf`` when its run cannot be
+    estimated (a ramp phase the layout cannot take), so such plans rank last.
+
+    Raises:
+        SpecError: cost without a price table, energy without a power figure.
+    """
+    if objective is Objective.STEP_TIME:
+        return ev.step_time_s
+    if est is None:
+        return float("inf")
+    if objective is Objective.TIME_TO_TRAIN:
+        return est.wall_s
+    if objective is Objective.COST:
+        if est.cost_usd is None:
+            raise SpecError("--objective cost needs --prices (a price per GPU-hour)")
+        return est.cost_usd
+    if est.energy_j is None:
+        raise SpecError("--objective energy needs a hardware profile with max_power_w")
+    return est.energy_j
+
+
+def rank_runs(
+    evaluations: Sequence[Evaluation],
+    estimates: Sequence[RunEstimate | None],
+    objective: Objective,
+) -> list[int]:
+    """Indices of ``evaluations`` ordered by ``objective`` (ties: the step-time order they
+    came in, so the order is deterministic).
+
+    Raises:
+        SpecError: as :func:`objective_value`.
+    """
+    keys = [
+        (objective_value(objective, ev, est), i)
+        for i, (ev, est) in enumerate(zip(evaluations, estimates, strict=True))
+    ]
+    return [i for _, i in sorted(keys)]

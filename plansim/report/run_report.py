@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from plansim.planner.training_run import RunEstimate
+from plansim.planner.training_run import RunEstimate, run_columns
 from plansim.report.tables import render
 
 SECONDS_PER_MINUTE = 60.0
@@ -20,21 +20,7 @@ def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def run_columns(est: RunEstimate) -> dict[str, Any]:
-    """The run columns of a ranked table or JSON row: ``days``, ``gpu_hours``,
-    ``energy_mwh``, ``cost_usd`` (None without prices), ``goodput_pct`` and
-    ``checkpoint_interval_min`` (None without a failure model)."""
-    gp = est.goodput
-    return {
-        "days": round(est.days, 2),
-        "gpu_hours": round(est.gpu_hours),
-        "energy_mwh": _round(est.energy_mwh, 1),
-        "cost_usd": None if est.cost_usd is None else round(est.cost_usd),
-        "goodput_pct": None if gp is None else round(100 * gp.goodput_fraction, 2),
-        "checkpoint_interval_min": None
-        if gp is None
-        else round(gp.interval_s / SECONDS_PER_MINUTE, 2),
-    }
+__all__ = ["energy_scope", "phase_table", "run_columns", "run_dict", "run_text"]
 
 
 def energy_scope(est: RunEstimate, *, facility: bool) -> str:

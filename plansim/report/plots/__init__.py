@@ -1,4 +1,5 @@
-"""Plots (the only module importing matplotlib): pipeline Gantt chart, memory over time, Pareto.
+"""Plots (the only module importing matplotlib): pipeline Gantt chart, memory over time, Pareto
+(step time vs memory; time to train vs cost).
 
 Rendering uses matplotlib's object API with the Agg canvas (no pyplot, no global figure
 state), matplotlib's default style with fixed sizes and DPI, and PNGs saved without the
@@ -13,9 +14,11 @@ from plansim.report.plots._common import KIND_STYLES
 from plansim.report.plots.gantt import gantt_figure, plot_gantt
 from plansim.report.plots.memory import memory_figure, plot_memory
 from plansim.report.plots.pareto import pareto_figure, pareto_front, plot_pareto
+from plansim.report.plots.run_pareto import RunPoint, plot_run_pareto, run_pareto_figure
 
 __all__ = [
     "KIND_STYLES",
+    "RunPoint",
     "gantt_figure",
     "memory_figure",
     "pareto_figure",
@@ -23,4 +26,6 @@ __all__ = [
     "plot_gantt",
     "plot_memory",
     "plot_pareto",
+    "plot_run_pareto",
+    "run_pareto_figure",
 ]
