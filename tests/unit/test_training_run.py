@@ -284,3 +284,80 @@ def test_llama3_405b_gpu_hours_within_15_percent_of_its_model_card() -> None:
     assert isinstance(est, RunEstimate)
     assert est.gpu_hours == pytest.approx(30.84e6, rel=0.15)
     assert est.goodput is not None and est.goodput.goodput_fraction > 0.9  # Llama 3: > 90%
+
+
+# ------------------------------------------------------------------------- plan and sweep
+PLAN = ["plan", "--model", "megatron-1.7b", "--gpu", "h100-sxm5-80gb", "--gbs", "64", "--top", "3"]
+PRICES = str(EXAMPLES / "prices.example.yaml")
+
+
+def test_plan_tokens_adds_run_columns_and_orders_by_the_objective(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = [*PLAN, "--gpus", "8", "--tokens", "1e10", "--prices", PRICES, "--format", "json"]
+    assert main([*argv, "--objective", "cost"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["objective"] == "cost"
+    costs = [p["run"]["cost_usd"] for p in doc["plans"]]
+    assert costs == sorted(costs) and len(costs) == 3
+    # GPU-hours x $2 (the example's H100 price), rounded to dollars
+    for p in doc["plans"]:
+        assert p["run"]["cost_usd"] == pytest.approx(2.0 * p["run"]["gpu_hours"], abs=2)
+    assert main([*PLAN, "--gpus", "8", "--tokens", "1e10"]) == 0
+    header = capsys.readouterr().out.splitlines()[2]
+    assert "days" in header and "gpu_hours" in header and "cost_usd" not in header
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--gpus", "8", "--objective", "time-to-train"], "give --tokens"),
+        (
+            ["--gpus", "8", "--tokens", "1e10", "--objective", "cost"],
+            "--objective cost needs --prices",
+        ),
+        (["--gpus", "8:16"], "--gpus A:B compares whole runs over GPU counts: give --tokens"),
+        (["--gpus", "8:16", "--tokens", "1e10", "--save-plan", "x.yaml"], "--save-plan is for one"),
+    ],
+)
+def test_plan_run_flags_refuse_what_they_cannot_answer(
+    extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*PLAN, *extra]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_bad_gpu_range_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:  # argparse's own usage error
+        main([*PLAN, "--gpus", "16:8", "--tokens", "1e10"])
+    assert exc.value.code == 2
+    assert "a range A:B needs 1 <= A <= B" in capsys.readouterr().err
+
+
+def test_plan_over_a_gpu_range_gives_one_run_per_count_and_its_pareto_plot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plot = tmp_path / "runs.png"
+    argv = [*PLAN, "--gpus", "8:16", "--tokens", "1e10", "--prices", PRICES, "--plot", str(plot)]
+    assert main([*argv, "--format", "json"]) == 0
+    counts = json.loads(capsys.readouterr().out)["counts"]
+    assert [c["gpus"] for c in counts] == [8, 16]
+    # twice the GPUs: close to half the days (data parallelism), never less than half
+    assert 0.5 <= counts[1]["days"] / counts[0]["days"] < 0.6
+    first = plot.read_bytes()
+    assert first.startswith(b"\x89PNG")
+    assert main(argv) == 0
+    assert plot.read_bytes() == first  # same inputs, byte-identical plot
+
+
+def test_sweep_tokens_writes_the_run_columns(tmp_path: Path) -> None:
+    out = tmp_path / "sweep.csv"
+    argv = ["sweep", "--model", "megatron-1.7b", "--gpu", "h100-sxm5-80gb", "--gpus", "8:16"]
+    argv += ["--gbs", "64", "--tokens", "1e10", "--out", str(out), "--jobs", "1"]
+    assert main(argv) == 0
+    import pandas as pd
+
+    table = pd.read_csv(out)
+    assert table["num_gpus"].tolist() == [8, 16]
+    assert table["days"].notna().all() and table["gpu_hours"].notna().all()
+    assert table["cost_usd"].isna().all()  # no --prices: no cost
