@@ -21,6 +21,7 @@ from plansim.commands.common import (
 )
 from plansim.commands.empty_search import empty_search_lines
 from plansim.commands.plan_counts import check_range_args, run_counts
+from plansim.commands.plan_phases import phase_plans, phase_plans_dict, phase_plans_text
 from plansim.commands.plan_space import add_constraint_args, search_spaces
 from plansim.commands.run_options import RunInputs, add_run_args, run_inputs
 from plansim.errors import SpecError, require_positive_int
@@ -33,7 +34,12 @@ from plansim.planner.progress import progress_bar
 from plansim.planner.robustness import ranking_trust
 from plansim.planner.search import SearchResult, search
 from plansim.planner.space import SearchSpace
-from plansim.planner.training_run import Objective, RunEstimate, estimate_run, rank_runs
+from plansim.planner.training_run import (
+    Objective,
+    RunEstimate,
+    estimate_runs,
+    order_by_objective,
+)
 from plansim.report.run_report import run_columns
 from plansim.report.sensitivity_table import (
     outside_dicts,
@@ -342,7 +348,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if plot is not None:
         _write_pareto(plot, result, args=args, model=model, profile=profile)
-    ranked, runs = _whole_runs(args, model, profile, result.ranked[: args.top], inputs)
+    ranked, runs, run_notes = _whole_runs(args, model, profile, result.ranked[: args.top], inputs)
+    per_phase = None if inputs is None else phase_plans(args, model, profile, inputs, jobs=jobs)
     if saved is not None:
         save_ranked_plan(saved, ranked, rank=args.rank, args=args)
     out = sys.stdout
@@ -354,6 +361,8 @@ def run(args: argparse.Namespace) -> int:
         doc = _json_doc(args, model, profile, result)
         doc["plans"] = [_plan_json(ev, est) for ev, est in zip(ranked, runs, strict=True)]
         doc["objective"] = args.objective
+        if per_phase is not None:
+            doc["per_phase_plans"] = phase_plans_dict(per_phase)
         doc["out_of_range_lookups_of_best"] = outside_dicts(outside)
         doc.update(trust_dict(trust) if trust is not None else {})
         out.write(json.dumps(doc, indent=2) + "\n")
@@ -365,6 +374,9 @@ def run(args: argparse.Namespace) -> int:
     out.write(_heading(args, model, profile, space))
     out.write(render(table, "table") if len(table) else "no feasible plan\n")
     out.write(_summary(result, global_batch_size=args.gbs))
+    out.write("".join(f"{note}\n" for note in run_notes))
+    if per_phase is not None:
+        out.write(phase_plans_text(per_phase))
     if result.num_candidates == 0:
         out.write(_empty_search_text(args, space, unconstrained, num_layers=model.num_layers))
     out.write(outside_text(outside, profile_name=profile.name, reader=" by rank 1's pricing"))
@@ -379,25 +391,29 @@ def _whole_runs(
     profile: HardwareProfile,
     ranked: Sequence[Evaluation],
     inputs: RunInputs | None,
-) -> tuple[list[Evaluation], list[RunEstimate | None]]:
+) -> tuple[list[Evaluation], list[RunEstimate | None], list[str]]:
     """The ranked plans in ``--objective`` order with their whole runs (None each without
-    ``--tokens``, or where the layout cannot take a ramp phase)."""
+    ``--tokens``, or where the layout cannot take a ramp phase) and a note for each of
+    those."""
     if inputs is None:
-        return list(ranked), [None] * len(ranked)
-    runs: list[RunEstimate | None] = []
-    for ev in ranked:
-        est = estimate_run(
-            model,
-            ev.plan,
-            profile,
-            inputs.run,
-            failures=inputs.failures,
-            facility=inputs.facility,
-            prices=inputs.prices,
-        )
-        runs.append(est if isinstance(est, RunEstimate) else None)
-    order = rank_runs(ranked, runs, Objective(args.objective))
-    return [ranked[i] for i in order], [runs[i] for i in order]
+        return list(ranked), [None] * len(ranked), []
+    outcomes = estimate_runs(
+        model,
+        ranked,
+        profile,
+        inputs.run,
+        failures=inputs.failures,
+        facility=inputs.facility,
+        prices=inputs.prices,
+    )
+    pairs = order_by_objective(ranked, outcomes, Objective(args.objective))
+    notes = [
+        f"  rank {rank}: no run: {outcome.reason}"
+        for rank, (_, outcome) in enumerate(pairs, start=1)
+        if not isinstance(outcome, RunEstimate)
+    ]
+    runs = [o if isinstance(o, RunEstimate) else None for _, o in pairs]
+    return [ev for ev, _ in pairs], runs, notes
 
 
 def _with_run_columns(table: pd.DataFrame, runs: Sequence[RunEstimate | None]) -> pd.DataFrame:

@@ -25,8 +25,8 @@ from plansim.planner.search import search
 from plansim.planner.training_run import (
     Objective,
     RunEstimate,
-    estimate_run,
-    rank_runs,
+    estimate_runs,
+    order_by_objective,
     run_columns,
 )
 from plansim.report.tables import render
@@ -110,20 +110,17 @@ def _best_of_count(
     ranked = result.ranked[: args.top]
     if not ranked:
         return None, None
-    runs: list[RunEstimate | None] = []
-    for ev in ranked:
-        est = estimate_run(
-            model,
-            ev.plan,
-            profile,
-            inputs.run,
-            failures=inputs.failures,
-            facility=inputs.facility,
-            prices=inputs.prices,
-        )
-        runs.append(est if isinstance(est, RunEstimate) else None)
-    first = rank_runs(ranked, runs, Objective(args.objective))[0]
-    return ranked[first], runs[first]
+    outcomes = estimate_runs(
+        model,
+        ranked,
+        profile,
+        inputs.run,
+        failures=inputs.failures,
+        facility=inputs.facility,
+        prices=inputs.prices,
+    )
+    best, outcome = order_by_objective(ranked, outcomes, Objective(args.objective))[0]
+    return best, outcome if isinstance(outcome, RunEstimate) else None
 
 
 def _row(num_gpus: int, ev: Evaluation | None, est: RunEstimate | None) -> dict[str, object]:

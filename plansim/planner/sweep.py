@@ -28,8 +28,8 @@ from plansim.planner.space import SearchSpace
 from plansim.planner.training_run import (
     Objective,
     RunEstimate,
-    estimate_run,
-    rank_runs,
+    estimate_runs,
+    order_by_objective,
     run_columns,
 )
 from plansim.specs.facility import Facility, PriceTable
@@ -154,21 +154,17 @@ def _best(
         return None, None
     if settings.runs is None:
         return ranked[0], None
-    run = settings.runs[(cell.model, cell.global_batch_size)]
-    estimates = []
-    for ev in ranked:
-        est = estimate_run(
-            model,
-            ev.plan,
-            profile,
-            run,
-            failures=settings.failures,
-            facility=settings.facility,
-            prices=settings.prices,
-        )
-        estimates.append(est if isinstance(est, RunEstimate) else None)
-    first = rank_runs(ranked, estimates, settings.objective)[0]
-    return ranked[first], estimates[first]
+    outcomes = estimate_runs(
+        model,
+        ranked,
+        profile,
+        settings.runs[(cell.model, cell.global_batch_size)],
+        failures=settings.failures,
+        facility=settings.facility,
+        prices=settings.prices,
+    )
+    best, outcome = order_by_objective(ranked, outcomes, settings.objective)[0]
+    return best, outcome if isinstance(outcome, RunEstimate) else None
 
 
 #: The whole-run columns of a sweep row (``training_run.run_columns``), empty without a run.

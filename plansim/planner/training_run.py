@@ -20,7 +20,7 @@ GPU-hour, plus facility kWh x the price of a kWh when the table has one.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from plansim.analytic.goodput import GoodputEstimate, goodput
@@ -130,17 +130,33 @@ def step_activity(ev: Evaluation) -> StepActivity:
     return StepActivity(compute_s=compute_s, communication_s=comm_s, idle_s=idle_s)
 
 
+def phase_keys(model: ModelSpec, run: TrainingRun) -> tuple[tuple[int, int], ...]:
+    """The distinct (global batch size, sequence length) of the run's phases, in order."""
+    keys = (
+        (p.global_batch_size, model.seq_length if p.seq_length is None else p.seq_length)
+        for p in run.phases
+    )
+    return tuple(dict.fromkeys(keys))
+
+
 def simulate_phases(
-    model: ModelSpec, plan: ParallelPlan, profile: HardwareProfile, run: TrainingRun
+    model: ModelSpec,
+    plan: ParallelPlan,
+    profile: HardwareProfile,
+    run: TrainingRun,
+    *,
+    phase_steps: Mapping[tuple[int, int], Evaluation] | None = None,
 ) -> tuple[PhaseEstimate, ...] | Rejected:
     """Every phase of ``run`` with ``plan``'s layout; a Rejected (its reason naming the
-    phase) when the layout cannot run one of them.
+    phase) when the layout cannot run one of them. ``phase_steps``: steps already simulated
+    per (global batch, sequence length) (:func:`phase_keys`), e.g. each phase's own best
+    plan, used instead of ``plan`` for those phases.
 
     Raises:
         SpecError: as ``evaluate``.
     """
     out: list[PhaseEstimate] = []
-    cache: dict[tuple[int, int], Evaluation | Rejected] = {}
+    cache: dict[tuple[int, int], Evaluation | Rejected] = dict(phase_steps or {})
     for i, (phase, tokens) in enumerate(zip(run.phases, run.phase_tokens(), strict=True)):
         seq = model.seq_length if phase.seq_length is None else phase.seq_length
         gbs = phase.global_batch_size
@@ -208,14 +224,15 @@ def estimate_run(
     failures: FailureModel | None = None,
     facility: Facility | None = None,
     prices: PriceTable | None = None,
+    phase_steps: Mapping[tuple[int, int], Evaluation] | None = None,
 ) -> RunEstimate | Rejected:
     """The whole run of ``plan``'s layout (module docstring); a Rejected when a phase cannot
-    run.
+    run. ``phase_steps``: as :func:`simulate_phases` (each phase its own plan).
 
     Raises:
         SpecError: the price table has no price for the profile; as ``evaluate``.
     """
-    phases = simulate_phases(model, plan, profile, run)
+    phases = simulate_phases(model, plan, profile, run, phase_steps=phase_steps)
     if isinstance(phases, Rejected):
         return phases
     evals = 0 if run.eval_interval_tokens is None else int(run.tokens // run.eval_interval_tokens)
@@ -318,7 +335,7 @@ def run_columns(est: RunEstimate) -> dict[str, float | int | None]:
     return {
         "days": round(est.days, 2),
         "gpu_hours": round(est.gpu_hours),
-        "energy_mwh": None if est.energy_mwh is None else round(est.energy_mwh, 1),
+        "energy_mwh": None if est.energy_mwh is None else round(est.energy_mwh, 3),
         "cost_usd": None if est.cost_usd is None else round(est.cost_usd),
         "goodput_pct": None if gp is None else round(100 * gp.goodput_fraction, 2),
         "checkpoint_interval_min": None if gp is None else round(gp.interval_s / 60.0, 2),
@@ -372,3 +389,41 @@ def rank_runs(
         for i, (ev, est) in enumerate(zip(evaluations, estimates, strict=True))
     ]
     return [i for _, i in sorted(keys)]
+
+
+def estimate_runs(
+    model: ModelSpec,
+    evaluations: Sequence[Evaluation],
+    profile: HardwareProfile,
+    run: TrainingRun,
+    *,
+    failures: FailureModel | None = None,
+    facility: Facility | None = None,
+    prices: PriceTable | None = None,
+) -> list[RunEstimate | Rejected]:
+    """:func:`estimate_run` of each evaluated plan's layout, in order.
+
+    Raises:
+        SpecError: as :func:`estimate_run`.
+    """
+    return [
+        estimate_run(
+            model, ev.plan, profile, run, failures=failures, facility=facility, prices=prices
+        )
+        for ev in evaluations
+    ]
+
+
+def order_by_objective(
+    evaluations: Sequence[Evaluation],
+    outcomes: Sequence[RunEstimate | Rejected],
+    objective: Objective,
+) -> list[tuple[Evaluation, RunEstimate | Rejected]]:
+    """The plans with their runs, best first by ``objective`` (:func:`rank_runs`; a plan
+    whose run was rejected ranks last).
+
+    Raises:
+        SpecError: as :func:`objective_value`.
+    """
+    runs = [o if isinstance(o, RunEstimate) else None for o in outcomes]
+    return [(evaluations[i], outcomes[i]) for i in rank_runs(evaluations, runs, objective)]

@@ -361,3 +361,22 @@ def test_sweep_tokens_writes_the_run_columns(tmp_path: Path) -> None:
     assert table["num_gpus"].tolist() == [8, 16]
     assert table["days"].notna().all() and table["gpu_hours"].notna().all()
     assert table["cost_usd"].isna().all()  # no --prices: no cost
+
+
+def test_plan_ramp_puts_each_phase_on_its_own_fastest_plan(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ramp = _write(
+        tmp_path,
+        "phases:\n  - {until_tokens: 2.0e9, global_batch_size: 64, seq_length: 1024}\n"
+        "  - {global_batch_size: 64}\n",
+    )
+    argv = [*PLAN, "--gpus", "8", "--tokens", "1e10", "--ramp", str(ramp), "--format", "json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    phases = doc["per_phase_plans"]["phases"]
+    assert [(p["global_batch_size"], p["seq_length"]) for p in phases] == [(64, 1024), (64, 2048)]
+    own = doc["per_phase_plans"]["run"]["days"]
+    # each phase on its fastest plan is never slower than one layout for the whole ramp
+    assert len(doc["plans"]) == 3 and all("run" in p for p in doc["plans"])
+    assert own <= min(p["run"]["days"] for p in doc["plans"])
