@@ -23,7 +23,7 @@ from plansim.commands.empty_search import empty_search_lines
 from plansim.commands.plan_counts import check_range_args, run_counts
 from plansim.commands.plan_phases import phase_plans, phase_plans_dict, phase_plans_text
 from plansim.commands.plan_space import add_constraint_args, search_spaces
-from plansim.commands.run_options import RunInputs, add_run_args, run_inputs
+from plansim.commands.run_options import RunInputs, add_objective_arg, add_run_args, run_inputs
 from plansim.errors import SpecError, require_positive_int
 from plansim.io.outputs import check_writable
 from plansim.io.plan_file import PlanFile, write_plan_file
@@ -34,12 +34,7 @@ from plansim.planner.progress import progress_bar
 from plansim.planner.robustness import ranking_trust
 from plansim.planner.search import SearchResult, search
 from plansim.planner.space import SearchSpace
-from plansim.planner.training_run import (
-    Objective,
-    RunEstimate,
-    estimate_runs,
-    order_by_objective,
-)
+from plansim.planner.training_run import Objective, RunEstimate, order_by_objective
 from plansim.report.run_report import run_columns
 from plansim.report.sensitivity_table import (
     outside_dicts,
@@ -92,11 +87,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     add_save_plan_args(p)
     add_run_args(p)
-    p.add_argument(
-        "--objective",
-        choices=[o.value for o in Objective],
-        default=Objective.STEP_TIME.value,
-        help="rank the search's --top plans (found by step time) by step time (default), "
+    add_objective_arg(
+        p,
+        help_text="rank the search's --top plans (found by step time) by step time (default), "
         "or, with --tokens, by the whole run's expected time to train, cost (needs --prices) "
         "or energy",
     )
@@ -397,15 +390,7 @@ def _whole_runs(
     those."""
     if inputs is None:
         return list(ranked), [None] * len(ranked), []
-    outcomes = estimate_runs(
-        model,
-        ranked,
-        profile,
-        inputs.run,
-        failures=inputs.failures,
-        facility=inputs.facility,
-        prices=inputs.prices,
-    )
+    outcomes = inputs.estimates(model, ranked, profile)
     pairs = order_by_objective(ranked, outcomes, Objective(args.objective))
     notes = [
         f"  rank {rank}: no run: {outcome.reason}"

@@ -17,18 +17,12 @@ from pathlib import Path
 import pandas as pd
 
 from plansim.commands.plan_space import search_spaces
-from plansim.commands.run_options import RunInputs
+from plansim.commands.run_options import RunInputs, write_run_plot
 from plansim.errors import SpecError
 from plansim.planner.evaluate import Evaluation
 from plansim.planner.progress import progress_bar
 from plansim.planner.search import search
-from plansim.planner.training_run import (
-    Objective,
-    RunEstimate,
-    estimate_runs,
-    order_by_objective,
-    run_columns,
-)
+from plansim.planner.training_run import Objective, RunEstimate, order_by_objective, run_columns
 from plansim.report.tables import render
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
@@ -80,7 +74,9 @@ def run_counts(
         )
         sys.stdout.write(render(table.dropna(axis=1, how="all"), "table"))
     if plot is not None:
-        _plot(plot, rows, title=f"{model.name} on {profile.name}", priced=inputs.prices is not None)
+        write_run_plot(
+            plot, rows, title=f"{model.name} on {profile.name}", priced=inputs.prices is not None
+        )
     return 0 if any(row["days"] is not None for row in rows) else 1
 
 
@@ -110,22 +106,14 @@ def _best_of_count(
     ranked = result.ranked[: args.top]
     if not ranked:
         return None, None
-    outcomes = estimate_runs(
-        model,
-        ranked,
-        profile,
-        inputs.run,
-        failures=inputs.failures,
-        facility=inputs.facility,
-        prices=inputs.prices,
-    )
+    outcomes = inputs.estimates(model, ranked, profile)
     best, outcome = order_by_objective(ranked, outcomes, Objective(args.objective))[0]
     return best, outcome if isinstance(outcome, RunEstimate) else None
 
 
 def _row(num_gpus: int, ev: Evaluation | None, est: RunEstimate | None) -> dict[str, object]:
     row: dict[str, object] = {
-        "gpus": num_gpus,
+        "num_gpus": num_gpus,
         "plan": "no feasible plan" if ev is None else ev.plan.label(),
         "step_time_s": None if ev is None else round(ev.step_time_s, 3),
         "mfu_pct": None if ev is None else round(100 * ev.mfu, 1),
@@ -135,22 +123,3 @@ def _row(num_gpus: int, ev: Evaluation | None, est: RunEstimate | None) -> dict[
     else:
         row.update(run_columns(est))
     return row
-
-
-def _plot(path: Path, rows: list[dict[str, object]], *, title: str, priced: bool) -> None:
-    """Days vs cost (GPU-hours without prices) of the counts that have a run."""
-    from plansim.report.plots import RunPoint, plot_run_pareto  # matplotlib only here
-
-    key = "cost_usd" if priced else "gpu_hours"
-    points = [
-        RunPoint(
-            num_gpus=int(str(row["gpus"])),
-            days=float(str(row["days"])),
-            cost=float(str(row[key])),
-            label=str(row["plan"]).split(" mbs")[0],
-        )
-        for row in rows
-        if row["days"] is not None
-    ]
-    plot_run_pareto(points, path, title=title, cost_label="cost (USD)" if priced else "GPU-hours")
-    sys.stderr.write(f"plansim: wrote --plot {path}\n")

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from plansim.errors import SpecError
 from plansim.io.run_files import read_facility, read_failures, read_prices, read_ramp
+from plansim.planner.evaluate import Evaluation, Rejected
+from plansim.planner.training_run import Objective, RunEstimate, estimate_runs
 from plansim.specs.facility import Facility, PriceTable
 from plansim.specs.failure_model import FailureModel
+from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 from plansim.specs.training_run import RampPhase, TrainingRun
 
@@ -64,6 +69,52 @@ class RunInputs:
     failures: FailureModel | None
     facility: Facility | None
     prices: PriceTable | None
+
+    def estimates(
+        self, model: ModelSpec, evaluations: Sequence[Evaluation], profile: HardwareProfile
+    ) -> list[RunEstimate | Rejected]:
+        """The whole run of each evaluated plan's layout (``training_run.estimate_runs``)."""
+        return estimate_runs(
+            model,
+            evaluations,
+            profile,
+            self.run,
+            failures=self.failures,
+            facility=self.facility,
+            prices=self.prices,
+        )
+
+
+def add_objective_arg(parser: argparse.ArgumentParser, *, help_text: str) -> None:
+    """``--objective`` (:class:`Objective`, default step-time)."""
+    parser.add_argument(
+        "--objective",
+        choices=[o.value for o in Objective],
+        default=Objective.STEP_TIME.value,
+        help=help_text,
+    )
+
+
+def write_run_plot(
+    path: Path, rows: Sequence[Mapping[str, object]], *, title: str, priced: bool
+) -> None:
+    """Days to train vs cost (GPU-hours without prices) of the rows that have a run (keys
+    ``num_gpus``, ``plan``, ``days``, ``cost_usd``, ``gpu_hours``), noted on stderr."""
+    from plansim.report.plots import RunPoint, plot_run_pareto  # matplotlib only here
+
+    key = "cost_usd" if priced else "gpu_hours"
+    points = [
+        RunPoint(
+            num_gpus=int(str(row["num_gpus"])),
+            days=float(str(row["days"])),
+            cost=float(str(row[key])),
+            label=str(row["plan"]).split(" mbs")[0],
+        )
+        for row in rows
+        if row.get("days") is not None
+    ]
+    plot_run_pareto(points, path, title=title, cost_label="cost (USD)" if priced else "GPU-hours")
+    sys.stderr.write(f"plansim: wrote --plot {path}\n")
 
 
 def check_run_flags(args: argparse.Namespace) -> None:

@@ -13,7 +13,13 @@ import pandas as pd
 from plansim.catalog import resolve_model
 from plansim.commands.common import MAX_GPUS, comma_items, doubling_range
 from plansim.commands.plan import add_search_args, resolve_jobs
-from plansim.commands.run_options import add_run_args, check_run_flags, run_inputs
+from plansim.commands.run_options import (
+    add_objective_arg,
+    add_run_args,
+    check_run_flags,
+    run_inputs,
+    write_run_plot,
+)
 from plansim.errors import PlansimError, SpecError, require_positive_int
 from plansim.io.outputs import check_writable, write_bytes_atomic
 from plansim.planner.progress import progress_bar
@@ -65,11 +71,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     add_search_args(p)
     add_run_args(p)
-    p.add_argument(
-        "--objective",
-        choices=[o.value for o in Objective],
-        default=Objective.STEP_TIME.value,
-        help="with --tokens: pick each cell's plan among its "
+    add_objective_arg(
+        p,
+        help_text="with --tokens: pick each cell's plan among its "
         f"{OBJECTIVE_PLANS} fastest by the whole run's time to train, cost or energy "
         "(default: the fastest step)",
     )
@@ -167,7 +171,8 @@ def run(args: argparse.Namespace) -> int:
         columns += [c for c in RUN_COLUMNS if table[c].notna().any()]
     sys.stdout.write(render(table[columns], "table"))
     if plot is not None:
-        _write_run_pareto(plot, rows, priced=settings.prices is not None)
+        title = ", ".join(sorted({f"{row['model']} on {row['gpu']}" for row in rows}))
+        write_run_plot(plot, rows, title=title, priced=settings.prices is not None)
     sys.stdout.write(f"\n{len(rows)} cells; wrote {out}\n")
     return 0
 
@@ -214,23 +219,3 @@ def _check_plot(args: argparse.Namespace) -> Path | None:
     if args.tokens is None:
         raise SpecError("--plot draws days to train vs cost: give --tokens")
     return check_writable(args.plot, label="--plot")
-
-
-def _write_run_pareto(path: Path, rows: list[dict[str, object]], *, priced: bool) -> None:
-    """The sweep's time-to-train vs cost plot (one point per cell with a run)."""
-    from plansim.report.plots import RunPoint, plot_run_pareto  # matplotlib only here
-
-    cost_key = "cost_usd" if priced else "gpu_hours"
-    points = [
-        RunPoint(
-            num_gpus=int(str(row["num_gpus"])),
-            days=float(str(row["days"])),
-            cost=float(str(row[cost_key])),
-            label=f"tp{row['tp']} pp{row['pp']} dp{row['dp']}",
-        )
-        for row in rows
-        if row.get("days") is not None
-    ]
-    title = ", ".join(sorted({f"{row['model']} on {row['gpu']}" for row in rows}))
-    plot_run_pareto(points, path, title=title, cost_label="cost (USD)" if priced else "GPU-hours")
-    sys.stderr.write(f"plansim: wrote --plot {path}\n")

@@ -341,7 +341,7 @@ def test_plan_over_a_gpu_range_gives_one_run_per_count_and_its_pareto_plot(
     argv = [*PLAN, "--gpus", "8:16", "--tokens", "1e10", "--prices", PRICES, "--plot", str(plot)]
     assert main([*argv, "--format", "json"]) == 0
     counts = json.loads(capsys.readouterr().out)["counts"]
-    assert [c["gpus"] for c in counts] == [8, 16]
+    assert [c["num_gpus"] for c in counts] == [8, 16]
     # twice the GPUs: close to half the days (data parallelism), never less than half
     assert 0.5 <= counts[1]["days"] / counts[0]["days"] < 0.6
     first = plot.read_bytes()
