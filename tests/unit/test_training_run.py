@@ -380,3 +380,19 @@ def test_plan_ramp_puts_each_phase_on_its_own_fastest_plan(
     # each phase on its fastest plan is never slower than one layout for the whole ramp
     assert len(doc["plans"]) == 3 and all("run" in p for p in doc["plans"])
     assert own <= min(p["run"]["days"] for p in doc["plans"])
+
+
+def test_the_readme_run_table_is_the_benchmarks_output(capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's whole-run table is printed by benchmarks/bench_training_run.py, not typed."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location(
+        "bench_training_run", root / "benchmarks" / "bench_training_run.py"
+    )
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.main()
+    printed = capsys.readouterr().out.rstrip("\n")
+    assert "```text\n" + printed + "\n```" in (root / "README.md").read_text(encoding="utf-8")
