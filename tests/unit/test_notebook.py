@@ -120,3 +120,11 @@ def test_what_the_answer_rests_on(executed: Any) -> None:
     assert "curves read outside their measured points" in text or "read inside" in text
     assert "ranking under single-term profile errors" in text
     assert "the top 5 plans simulated again" in text
+
+
+def test_the_whole_run(executed: Any) -> None:
+    """The whole-run section trains 1e12 tokens on the best plan and reports days, GPU-hours,
+    goodput (with its Monte Carlo check) and energy."""
+    text = _text(_tagged(executed, "whole_run"))
+    assert "1e+12 tokens:" in text and "GPU-hours" in text
+    assert "goodput" in text and "Monte Carlo" in text and "MWh" in text
