@@ -33,13 +33,13 @@ Dependent Computation via Decomposition in Large Deep Learning Models") hides th
 profile's ``overlap_compute_slowdown_fraction`` (compute slows while communication shares
 the GPU; Lee et al. 2025).
 
-Limit, known (session 16; ``benchmarks/published_runs/README.md``): with the overlap on, two
-sources come out about 10% fast. NVIDIA's performance recipes run most tp > 1 layouts of the
-NeMo / Megatron-Bridge tables with TP overlap; offered it, those rows move 3-15 points faster
-(mean signed -4.0% -> -10.7%), and GPT-3 175B on 96 H100s (Megatron-LM README, flag on,
-47% MFU) comes out at 62% with tp 8. Either the exposed collectives above are priced too high
-or the overlap hides too much of them; a layer measured with and without
-``--tp-comm-overlap`` on a GPU would say which.
+Limit, known (``benchmarks/published_runs/README.md``, "Tensor-parallel communication"): with
+the overlap on, two sources come out about 10% fast. NVIDIA's performance recipes run most
+tp > 1 layouts of the NeMo / Megatron-Bridge tables with TP overlap; offered it, those rows
+move 3-15 points faster (mean signed -4.0% -> -10.7%), and GPT-3 175B on 96 H100s
+(Megatron-LM README, flag on, 47% MFU) comes out at 62% with tp 8. Either the exposed
+collectives above are priced too high or the overlap hides too much of them; a layer measured
+with and without ``--tp-comm-overlap`` on a GPU would say which.
 """
 
 from __future__ import annotations

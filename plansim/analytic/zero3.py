@@ -118,16 +118,17 @@ fetches parameters (``plan.zero3_param_fetch``):
   the measured runs paid a cost the code does not show (the SC21 authors' DeepSpeed
   configuration is not published). This mode gathers every tensor synchronously and stands
   in for that cost; it is not a faithful account of the released code. Where it still
-  falls short (session 15): with compute as plansim prices it, the rest of each measured
-  step fits a + b n over the data-parallel size n with a = 19 s, b = 22 ms per rank (175B,
-  384-1536 GPUs) and a = 83 s, b = 27 ms (530B, 640-2240 GPUs); this mode gives a = 9.7 /
-  29 s and b = 30 / 33 ms. The per-rank term is about right; the term that scales with
-  the bytes is 2-3x short (the runs moved their 3 x 2 B per parameter at 40-55 GB/s per GPU
-  where NCCL's ring over 8 HDR NICs per node gives about 110), so the 530B rows, where bytes
-  dominate, came out about 20% fast. Part of the lower rate is the ring's loss of bandwidth
-  with the node count (N16; ``comm`` and the profile's ``inter_node_ring_fraction``: 0.72 of
-  the line rate from 128 nodes on, held there), which since session 19 takes the 530B rows
-  to -14..-17%; the rest has no cited mechanism.
+  falls short: with compute as plansim prices it, the rest of each measured step fits
+  a + b n over the data-parallel size n with a = 19 s, b = 22 ms per rank (175B, 384-1536
+  GPUs) and a = 83 s, b = 27 ms (530B, 640-2240 GPUs); this mode at a flat ring rate gives
+  a = 9.7 / 29 s and b = 30 / 33 ms. The per-rank term is about right; the term that scales
+  with the bytes is 2-3x short (the runs moved their 3 x 2 B per parameter at 40-55 GB/s per
+  GPU where NCCL's ring over 8 HDR NICs per node gives about 110), so at that rate the 530B
+  rows, where bytes dominate, come out about 20% fast. Part of the lower rate is the ring's
+  loss of bandwidth with the node count (N16; ``comm`` and the profile's
+  ``inter_node_ring_fraction``: 0.72 of the line rate from 128 nodes on, held there), which
+  on its own takes the 530B rows from about -20% to -14..-17%; the rest has no cited
+  mechanism.
 
 Parameter tensors of one layer follow Megatron-LM's modules: fused QKV weight (and bias),
 attention output projection, first MLP matrix (up, or fused gate+up for SwiGLU) and second

@@ -69,9 +69,10 @@ def run_plan(plan: ParallelPlan, profile: HardwareProfile, *, dtype: str) -> Par
     Full recompute is torch's non-reentrant ``checkpoint_wrapper``, which stops early
     (``ParallelPlan.recompute_early_stop``). On a GPU the model's ``nn.LayerNorm`` /
     ``nn.RMSNorm`` backward is two kernels, the weight gradients' (``GammaBetaBackward``,
-    session 29's H100 kernel profile) re-reading dy and x after the input gradient's, so
-    ``persist_layer_norm`` is off there; torch's CPU kernel computes both in one pass over
-    each row (``LayerNormBackwardKernelImpl``), so a serial-host profile keeps the plan's.
+    the H100 kernel profile in ``benchmarks/gpu_runs/h100-2026-11-27-bf16/``) re-reading dy
+    and x after the input gradient's, so ``persist_layer_norm`` is off there; torch's CPU
+    kernel computes both in one pass over each row (``LayerNormBackwardKernelImpl``), so a
+    serial-host profile keeps the plan's.
 
     Raises:
         ValidateError: ``dtype`` is not a precision plansim models, or ``profile`` has no

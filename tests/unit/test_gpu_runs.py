@@ -49,8 +49,8 @@ def test_the_h100_validations_peak_memory_within_five_percent(run: str) -> None:
     assert abs(row["peak memory now error % (worst rank)"]) < 5.0
 
 
-#: bf16 mixed-precision validations (plansim.validate.mixed_precision) of the second H100
-#: session: measured ms, and the simulated error on the recalibrated profile.
+#: bf16 mixed-precision validations (plansim.validate.mixed_precision) of the second lent H100
+#: (``h100-2026-11-27-bf16``): measured ms, and the simulated error on the recalibrated profile.
 BF16_VALIDATIONS = {
     "validate_bf16_gpt-h2048-none": (69.1, 6.2),
     "validate_bf16_gpt-h2048-full": (85.5, -0.2),
@@ -79,11 +79,12 @@ def test_the_h100_bf16_validations_stay_within_fifteen_percent(run: str) -> None
     assert abs(row["peak memory now error % (worst rank)"]) < 3.0
 
 
-#: The third H100 session's validations (the same runs on the code of session 31): measured
-#: ms. ``devtime/`` ran after the calibration timed GPU calls behind a device-side wait, with
-#: its profile (now ``hardware_profiles/h100-sxm5-80gb-1gpu.yaml``); its full-recompute run's
-#: forward measured 32.8 ms where the same run measured 18.9 ms an hour before and 26.0 ms
-#: in session 29 (the backward 49.6, 51.0 and 50.1 ms): the measurement moves, not the model.
+#: The validations of the third lent H100 (``h100-2026-11-27-nemo-layers``: the same runs
+#: again, on that run's code): measured ms. ``devtime/`` ran after the calibration timed GPU
+#: calls behind a device-side wait, with its profile (now
+#: ``hardware_profiles/h100-sxm5-80gb-1gpu.yaml``); its full-recompute run's forward measured
+#: 32.8 ms where the same run measured 18.9 ms an hour before and 26.0 ms on the second H100
+#: (the backward 49.6, 51.0 and 50.1 ms): the measurement moves, not the model.
 THIRD_VALIDATIONS = {
     "validate_fp32_gpt-h2048-none": 571.9,
     "validate_fp32_gpt-h2048-full": 676.5,
@@ -98,10 +99,10 @@ THIRD_VALIDATIONS = {
 
 
 @pytest.mark.parametrize("run", sorted(THIRD_VALIDATIONS))
-def test_the_third_h100_sessions_validations_stay_within_fifteen_percent(run: str) -> None:
+def test_the_third_h100_validations_stay_within_fifteen_percent(run: str) -> None:
     """Re-simulated on the committed profile: fp32 +0.8 / +1.2%, bf16 +5.2 / +7.3 / +0.9 /
-    -6.0%, devtime +5.9 / -7.4 / +2.4% (the wall-time profile of session 29: +0.9 / +1.6,
-    +6.3 / +7.4 / +1.5 / -5.6, +6.9 / -7.3 / +3.0%)."""
+    -6.0%, devtime +5.9 / -7.4 / +2.4% (the second H100's wall-time profile,
+    ``h100-2026-11-27-bf16``: +0.9 / +1.6, +6.3 / +7.4 / +1.5 / -5.6, +6.9 / -7.3 / +3.0%)."""
     tool = _module("resimulate_validation")
     row = tool.resimulate(THIRD_RUNS / run, PROFILE)
     assert row["step measured ms"] == pytest.approx(THIRD_VALIDATIONS[run], abs=0.05)

@@ -182,9 +182,10 @@ def test_term_sources_follow_the_plan_dtype() -> None:
         "nic_latency_us",
         *(f"intra_node.{c}.latency_us" for c in profile.intra_node),
     }
-    # Every provenance key of a shipped profile that prices time belongs to some term.
+    # Every provenance key of a shipped profile that prices time belongs to some term
+    # (capacity and power price memory and energy, not time).
     priced = set().union(*(term_sources(profile, t, dtype="bf16") for t in PROFILE_TERMS))
-    capacity = {"hbm_capacity_gib", "memory_reserve_gib", "gpus_per_node"}
+    capacity = {"hbm_capacity_gib", "memory_reserve_gib", "gpus_per_node", "max_power_w"}
     rest = {k for k in profile.provenance if not k.endswith((".fp16", ".tf32", ".fp32"))}
     assert rest - priced - capacity == {"overlap_compute_slowdown_fraction"}
 
