@@ -259,3 +259,28 @@ def all_to_all_time_s(profile: HardwareProfile, *, message_bytes: float, span: G
     remote_volume = message_bytes * (n - m) / n
     nic = profile.nic_bytes_per_s * profile.message_busbw_fraction(message_bytes)
     return curve.latency_s + profile.nic_latency_s + max(intra_s, remote_volume / nic)
+
+
+def deduplicated_all_to_all_time_s(
+    profile: HardwareProfile,
+    *,
+    network_bytes: float,
+    nvlink_bytes: float,
+    message_bytes: float,
+    span: GroupSpan,
+) -> float:
+    """Seconds of one node-deduplicated dispatch or combine (DeepEP's internode kernels,
+    DeepSeek-V3 arXiv:2412.19437 §3.2.2) over a group with ``span``: ``network_bytes`` each
+    rank sends to other nodes (once per destination node, through its own NIC rail, to the
+    GPU of the same in-node index) and ``nvlink_bytes`` it moves inside nodes (forwarding to
+    the experts), the two at once, the slower setting the time; the NVLink side at the
+    profile's all-to-all (or all-gather) bus bandwidth for ``message_bytes``, the network at
+    ``nic_bytes_per_s`` x the multi-node message fraction. Inside one node it is the plain
+    all-to-all of ``message_bytes`` (:func:`all_to_all_time_s`). alpha: the curve's latency
+    plus ``nic_latency_s``."""
+    if span.num_nodes == 1 or message_bytes <= 0:
+        return all_to_all_time_s(profile, message_bytes=message_bytes, span=span)
+    curve = profile.intra_node.get(ALL_TO_ALL) or profile.intra_node[Collective.ALL_GATHER.value]
+    intra_s = nvlink_bytes / curve.busbw_bytes_per_s(message_bytes)
+    nic = profile.nic_bytes_per_s * profile.message_busbw_fraction(message_bytes)
+    return curve.latency_s + profile.nic_latency_s + max(intra_s, network_bytes / nic)

@@ -29,7 +29,12 @@ import dataclasses
 from dataclasses import dataclass
 
 from plansim.analytic import flops as fl
-from plansim.analytic.comm import Collective, all_to_all_time_s, collective_time_s
+from plansim.analytic.comm import (
+    Collective,
+    all_to_all_time_s,
+    collective_time_s,
+    deduplicated_all_to_all_time_s,
+)
 from plansim.analytic.eager_elementwise import eager_extra_traffic
 from plansim.analytic.elementwise import (
     QUANTIZED_ELEMENT_BYTES,
@@ -40,7 +45,11 @@ from plansim.analytic.elementwise import (
 )
 from plansim.analytic.memory import plan_state_bytes
 from plansim.analytic.moe_layer import (
+    FP8_DISPATCH_ELEMENT_BYTES,
     ROUTING_KERNELS,
+    TOKEN_ELEMENT_BYTES,
+    ExpertTraffic,
+    dedup_traffic,
     dense_proxy,
     expert_traffic,
     layer_kind_gemms,
@@ -56,9 +65,10 @@ from plansim.analytic.recompute_modules import UP_GEMMS
 from plansim.analytic.recompute_modules import recompute_s as module_recompute_s
 from plansim.analytic.ring_attention import ring_attention_times
 from plansim.analytic.tp_comm import tp_pass_times
+from plansim.specs.execution import MoeTokenDispatcher
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec, is_dense
-from plansim.specs.plan import AttentionKernel, ParallelPlan, Recompute
+from plansim.specs.plan import AttentionKernel, ParallelPlan, Precision, Recompute
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -495,7 +505,6 @@ def moe_pass_extras(
     launches = ROUTING_KERNELS * profile.kernel_launch_s
     route_fwd = traffic.routing_bytes / profile.elementwise_bytes_per_s(backward=False)
     route_bwd = traffic.routing_bytes / profile.elementwise_bytes_per_s(backward=True)
-    a2a = all_to_all_time_s(profile, message_bytes=traffic.dispatch_bytes, span=groups.ep)
     etp = plan.dims.expert_tensor_parallel_size
     etp_s = 0.0
     if etp > 1:
@@ -504,18 +513,75 @@ def moe_pass_extras(
             etp_s += collective_time_s(
                 profile, collective=kind, message_bytes=traffic.etp_gather_bytes, span=span
             )
-    ep_pass = 2.0 * a2a + etp_s
-    sent = 2.0 * traffic.dispatch_bytes * (plan.ep - 1) / plan.ep
-    sent += 2.0 * traffic.etp_gather_bytes * (etp - 1) / etp
+    ep = _ep_passes(model, plan, profile, groups, traffic)
+    etp_sent = 2.0 * traffic.etp_gather_bytes * (etp - 1) / etp
     full = plan.recompute is Recompute.FULL
     return dataclasses.replace(
         times,
         forward_s=times.forward_s + route_fwd + launches,
         backward_input_s=times.backward_input_s + route_bwd + launches,
         recompute_s=times.recompute_s + (route_fwd + launches if full else 0.0),
-        ep_forward_s=ep_pass,
-        ep_backward_s=ep_pass,
-        ep_recompute_s=ep_pass if full else 0.0,
-        ep_forward_bytes=sent,
-        ep_backward_bytes=sent,
+        ep_forward_s=ep.forward_s + etp_s,
+        ep_backward_s=ep.backward_s + etp_s,
+        ep_recompute_s=ep.forward_s + etp_s if full else 0.0,
+        ep_forward_bytes=ep.forward_bytes + etp_sent,
+        ep_backward_bytes=ep.backward_bytes + etp_sent,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _EpPasses:
+    """Seconds and bytes sent of a MoE layer's dispatch + combine in forward and backward."""
+
+    forward_s: float
+    backward_s: float
+    forward_bytes: float
+    backward_bytes: float
+
+
+def _ep_passes(
+    model: ModelSpec,
+    plan: ParallelPlan,
+    profile: HardwareProfile,
+    groups: LayoutGroups,
+    traffic: ExpertTraffic,
+) -> _EpPasses:
+    """Dispatch and combine of one MoE layer: two all-to-alls of ``dispatch_bytes`` a pass
+    (Megatron-Core's alltoall dispatcher), or with ``MoeTokenDispatcher.DEEPEP`` over more
+    than one node the node-deduplicated transfers of ``moe_layer.dedup_traffic``
+    (``comm.deduplicated_all_to_all_time_s``), the forward dispatch in fp8 when the plan
+    trains in fp8 or fp4 (``moe_layer.FP8_DISPATCH_ELEMENT_BYTES``), the rest in bf16."""
+    span = groups.ep
+    if plan.moe_token_dispatcher_type is not MoeTokenDispatcher.DEEPEP or span.num_nodes == 1:
+        a2a = all_to_all_time_s(profile, message_bytes=traffic.dispatch_bytes, span=span)
+        sent = 2.0 * traffic.dispatch_bytes * (plan.ep - 1) / plan.ep
+        return _EpPasses(
+            forward_s=2 * a2a, backward_s=2 * a2a, forward_bytes=sent, backward_bytes=sent
+        )
+
+    def one(element_bytes: float) -> tuple[float, float]:
+        t = dedup_traffic(
+            model,
+            plan,
+            num_nodes=span.num_nodes,
+            members_per_node=span.members_per_node,
+            element_bytes=element_bytes,
+        )
+        seconds = deduplicated_all_to_all_time_s(
+            profile,
+            network_bytes=t.network_bytes,
+            nvlink_bytes=t.nvlink_bytes,
+            message_bytes=traffic.dispatch_bytes,
+            span=span,
+        )
+        return seconds, t.network_bytes + t.nvlink_bytes
+
+    low = plan.precision in (Precision.FP8, Precision.FP4)
+    dispatch = one(FP8_DISPATCH_ELEMENT_BYTES if low else TOKEN_ELEMENT_BYTES)
+    bf16 = one(TOKEN_ELEMENT_BYTES)
+    return _EpPasses(
+        forward_s=dispatch[0] + bf16[0],
+        backward_s=2 * bf16[0],
+        forward_bytes=dispatch[1] + bf16[1],
+        backward_bytes=2 * bf16[1],
     )

@@ -74,8 +74,12 @@ from plansim.specs.moe import MoESpec
 from plansim.specs.plan import DpSync, OffloadDevice, ParallelPlan
 
 #: Bytes of one dispatched or combined token element: 16-bit (Megatron-Core dispatches bf16
-#: activations; DeepEP's fp8 dispatch is not modelled).
+#: activations).
 TOKEN_ELEMENT_BYTES = 2.0
+#: Bytes of one fp8-dispatched element with its scale: 1 byte plus one fp32 scale per 128
+#: elements (DeepSeek-V3 §3.3.2: activations before the up-projections quantized in 1 x 128
+#: tiles and dispatched in fp8; the combine stays bf16).
+FP8_DISPATCH_ELEMENT_BYTES = 1.0 + 4.0 / 128
 #: Bytes per router probability (fp32, Megatron ``--moe-router-dtype fp32``) and per
 #: routing-map entry (bool).
 ROUTER_PROB_BYTES = 4.0
@@ -386,3 +390,68 @@ def _moe(model: ModelSpec) -> MoESpec:
     if model.moe is None:
         raise SpecError(f"{model.name} has no routed experts (model.moe is None)")
     return model.moe
+
+
+def expected_nodes_per_token(model: ModelSpec, *, num_nodes: int) -> float:
+    """Expected number of the EP group's ``num_nodes`` nodes (experts spread evenly, E /
+    num_nodes each) a token's top_k experts sit on, for uniform routing:
+
+    * group-limited routing whose groups lie inside nodes (``router.num_groups`` a multiple of
+      ``num_nodes``, c groups per node; DeepSeek-V3: 8 groups on 8 nodes, 4 per token): the
+      token picks G of g groups, so a node is missed with probability C(g - c, G) / C(g, G);
+    * otherwise k distinct experts of E: a node is missed with probability
+      C(E - E/num_nodes, k) / C(E, k).
+
+    Expected nodes = num_nodes x (1 - P(missed)) (DeepSeek-V3 §3.2.2: at most 4 nodes a
+    token, 3.2 experts a node on average). A model without experts: 0."""
+    moe = model.moe
+    if moe is None or num_nodes < 1:
+        return 0.0
+    experts, k = moe.num_experts, moe.top_k
+    groups, per_token = moe.router.num_groups, moe.router.groups_per_token
+    if groups > 1 and groups % num_nodes == 0:
+        groups_per_node = groups // num_nodes
+        missed = math.comb(groups - groups_per_node, per_token) / math.comb(groups, per_token)
+    else:
+        experts_per_node = round(experts / num_nodes)
+        missed = math.comb(experts - experts_per_node, k) / math.comb(experts, k)
+    return num_nodes * (1.0 - missed)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DedupTraffic:
+    """Bytes one rank moves in one node-deduplicated dispatch (or combine).
+
+    Attributes:
+        network_bytes: sent to other nodes, once per (token, destination node).
+        nvlink_bytes: moved inside nodes to the experts' GPUs.
+    """
+
+    network_bytes: float
+    nvlink_bytes: float
+
+
+def dedup_traffic(
+    model: ModelSpec,
+    plan: ParallelPlan,
+    *,
+    num_nodes: int,
+    members_per_node: int,
+    element_bytes: float,
+) -> DedupTraffic:
+    """:class:`DedupTraffic` of one MoE layer's dispatch or combine for one micro-batch: T
+    tokens (x the load imbalance) each sent to the expected remote nodes,
+    :func:`expected_nodes_per_token` x (num_nodes - 1) / num_nodes (a token's own node is as
+    likely as any), h elements of ``element_bytes`` each; inside nodes every (token, expert)
+    row whose expert sits on another GPU of the node, k x (m - 1) / m of the rows, m the
+    EP ranks per node."""
+    moe = _moe(model)
+    tokens = rank_tokens(model, plan) * plan.expert_load_imbalance
+    row_bytes = element_bytes * model.hidden_size
+    remote_nodes = (
+        expected_nodes_per_token(model, num_nodes=num_nodes) * (num_nodes - 1) / num_nodes
+    )
+    inside = moe.top_k * (members_per_node - 1) / members_per_node
+    return DedupTraffic(
+        network_bytes=tokens * remote_nodes * row_bytes, nvlink_bytes=tokens * inside * row_bytes
+    )

@@ -11,6 +11,7 @@ from plansim.catalog import resolve_model
 from plansim.errors import SpecError
 from plansim.io.profiles import load_profile
 from plansim.specs.cluster_network import with_node_nics
+from plansim.specs.execution import MoeTokenDispatcher
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import DdpImpl, DpSync, OffloadDevice, Precision, Recompute, Schedule
@@ -80,6 +81,20 @@ def gpu_count_or_range(text: str) -> int | tuple[int, ...]:
         return doubling_range("--gpus", text)
     except SpecError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_dispatcher_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--moe-token-dispatcher-type`` (Megatron-Core's flag; ``deepep`` for ``flex`` with
+    ``--moe-enable-deepep``)."""
+    parser.add_argument(
+        "--moe-token-dispatcher-type",
+        choices=[d.value for d in MoeTokenDispatcher],
+        default=MoeTokenDispatcher.ALLTOALL.value,
+        help="models with experts: the token dispatcher: alltoall (Megatron-Core's, default: "
+        "one network row per token and remote expert) or deepep (DeepEP, flex with "
+        "--moe-enable-deepep, as DeepSeek-V3 trained: one row per token and remote node, "
+        "forwarded over NVLink; fp8 dispatch with --precision fp8)",
+    )
 
 
 def add_model_args(

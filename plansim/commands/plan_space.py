@@ -11,6 +11,7 @@ from typing import Any
 
 from plansim.analytic.offload import offload_choices
 from plansim.commands.common import (
+    add_dispatcher_arg,
     bf16_layers_from_args,
     choice_list_arg,
     dp_syncs_from_args,
@@ -19,6 +20,7 @@ from plansim.commands.common import (
 from plansim.errors import SpecError
 from plansim.planner.enumerate import divisors
 from plansim.planner.space import SearchSpace
+from plansim.specs.execution import MoeTokenDispatcher
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import (
@@ -63,6 +65,7 @@ def add_constraint_args(p: argparse.ArgumentParser) -> None:
         help="models with experts: expert tensor-parallel sizes, comma-separated, 'tp' for "
         "etp = tp (default: 1, as Megatron-Bridge's MoE recipes set it)",
     )
+    add_dispatcher_arg(p)
     p.add_argument(
         "--expert-load-imbalance",
         type=float,
@@ -173,12 +176,14 @@ def expert_space(space: SearchSpace, model: ModelSpec, args: argparse.Namespace)
     Raises:
         SpecError: an expert flag is given for a dense model, or a value is not allowed.
     """
+    dispatcher = MoeTokenDispatcher(args.moe_token_dispatcher_type)
     given = args.ep is not None or args.etp is not None or args.expert_load_imbalance != 1.0
+    given = given or dispatcher is not MoeTokenDispatcher.ALLTOALL
     if model.moe is None:
         if given:
             raise SpecError(
-                f"--ep / --etp / --expert-load-imbalance need a model with experts; "
-                f"{model.name} is dense"
+                f"--ep / --etp / --expert-load-imbalance / --moe-token-dispatcher-type need a "
+                f"model with experts; {model.name} is dense"
             )
         return space
     imbalance = args.expert_load_imbalance
@@ -204,6 +209,7 @@ def expert_space(space: SearchSpace, model: ModelSpec, args: argparse.Namespace)
         ep=eps,
         etp=etps,
         expert_load_imbalance=args.expert_load_imbalance,
+        execution=replace(space.execution, moe_token_dispatcher_type=dispatcher),
         zero_stages=zero,
         offloads=((OffloadDevice.NONE, OffloadDevice.NONE),),
         sequence_parallel=(True,),  # Megatron-Core needs it with tp > 1 and experts

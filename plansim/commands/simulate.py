@@ -11,6 +11,7 @@ from plansim.analytic.layer_timing import layer_wall_times
 from plansim.catalog import resolve_model
 from plansim.commands.common import (
     add_bf16_layer_args,
+    add_dispatcher_arg,
     add_dp_sync_args,
     add_eager_elementwise_arg,
     add_model_args,
@@ -38,6 +39,7 @@ from plansim.planner.sensitivity import sensitivity
 from plansim.planner.training_run import estimate_run
 from plansim.report.run_report import run_dict, run_text
 from plansim.report.trace import chrome_trace, write_trace
+from plansim.specs.execution import MoeTokenDispatcher
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import require_plan_divides_model
 from plansim.specs.model import ModelSpec
@@ -192,6 +194,7 @@ def _add_framework_args(g: argparse._ArgumentGroup) -> None:
         "RMSNorm and the MLA up-projections)",
     )
     g.add_argument("--ep", type=int, default=1, help="expert-parallel size (models with experts)")
+    add_dispatcher_arg(g)
     g.add_argument(
         "--etp",
         type=int,
@@ -271,6 +274,7 @@ def plan_from_args(args: argparse.Namespace) -> ParallelPlan:
         ep=args.ep,
         etp=args.etp,
         expert_load_imbalance=args.expert_load_imbalance,
+        moe_token_dispatcher_type=MoeTokenDispatcher(args.moe_token_dispatcher_type),
         pipeline_model_parallel_layout=args.pipeline_model_parallel_layout,
         precision=Precision(args.precision),
         attention=AttentionKernel(args.attention),

@@ -54,6 +54,7 @@ or refused.
 from __future__ import annotations
 
 from plansim.export.common import Problems, check_fits
+from plansim.specs.execution import MoeTokenDispatcher
 from plansim.specs.model import Activation, ModelSpec, Normalization, PositionEmbedding
 from plansim.specs.plan import (
     AttentionKernel,
@@ -121,7 +122,7 @@ def _arguments(plan: ParallelPlan, model: ModelSpec) -> list[Arg]:
         *_precision_args(plan),
         *_overlap_args(plan),
         *_kernel_args(plan),
-        *_model_args(model),
+        *_model_args(model, plan),
     ]
 
 
@@ -371,7 +372,7 @@ def _kernel_args(plan: ParallelPlan) -> list[Arg]:
     return args
 
 
-def _model_args(model: ModelSpec) -> list[Arg]:
+def _model_args(model: ModelSpec, plan: ParallelPlan) -> list[Arg]:
     args: list[Arg] = [
         ("--num-layers", str(model.num_layers)),
         ("--hidden-size", str(model.hidden_size)),
@@ -401,12 +402,20 @@ def _model_args(model: ModelSpec) -> list[Arg]:
         args += [("--hidden-dropout", "0.0"), ("--attention-dropout", "0.0")]
     if model.kv_channels is not None:
         args.append(("--kv-channels", str(model.kv_channels)))
-    return args + _moe_model_args(model)
+    return args + _moe_model_args(model, plan)
 
 
-def _moe_model_args(model: ModelSpec) -> list[Arg]:
+def _dispatcher_args(plan: ParallelPlan) -> list[Arg]:
+    """``--moe-token-dispatcher-type alltoall``, or ``flex`` with ``--moe-enable-deepep``."""
+    if plan.moe_token_dispatcher_type is MoeTokenDispatcher.DEEPEP:
+        return [("--moe-token-dispatcher-type", "flex"), ("--moe-enable-deepep",)]
+    return [("--moe-token-dispatcher-type", "alltoall")]
+
+
+def _moe_model_args(model: ModelSpec, plan: ParallelPlan) -> list[Arg]:
     """Megatron-Core's MoE, MLA and MTP arguments (``--num-experts``, ``--moe-router-topk``,
-    ``--moe-ffn-hidden-size``, ``--moe-layer-freq`` as a per-layer list, ...)."""
+    ``--moe-ffn-hidden-size``, ``--moe-layer-freq`` as a per-layer list, the token
+    dispatcher, ...)."""
     args: list[Arg] = []
     moe = model.moe
     if moe is not None:
@@ -418,7 +427,7 @@ def _moe_model_args(model: ModelSpec) -> list[Arg]:
             ("--moe-ffn-hidden-size", str(moe.expert_ffn_hidden_size)),
             ("--moe-router-score-function", moe.router.score.value),
             ("--moe-layer-freq", freq),
-            ("--moe-token-dispatcher-type", "alltoall"),
+            *_dispatcher_args(plan),
             ("--moe-grouped-gemm",),
         ]
         if moe.num_shared_experts:

@@ -6,7 +6,9 @@ for (``plansim.catalog.MOE_PRESETS``; the row's sequence length replaces the pre
 the layout it ran: tp, pp, cp, virtual pipeline size, ep, etp, micro-batch and global
 batch. That layout is simulated as Megatron-Core runs it (distributed optimizer, ZeRO-1;
 gradient reduction and parameter gathers overlapped; sequence parallel with tp > 1;
-interleaved 1F1B with a virtual pipeline size, else 1F1B; Megatron's uneven first/last
+interleaved 1F1B with a virtual pipeline size, else 1F1B, DualPipe where the row names it
+(simulated as DualPipeV over twice the stages); the dispatcher deduplicated per node for
+DeepSeek's own framework, Megatron-Core's all-to-all otherwise; Megatron's uneven first/last
 stage split where the layers do not divide into the stages), with forced-balance routing
 (the Megatron-Bridge rows' footnote, ``expert_load_imbalance`` 1.0). Cells the source left
 blank are searched or assumed, and the note says so.
@@ -33,6 +35,7 @@ from plansim.io.profiles import load_profile
 from plansim.io.runs import RunRow
 from plansim.planner.evaluate import OUT_OF_MEMORY, Evaluation, Rejected, evaluate
 from plansim.planner.prediction import MEMORY_MODEL_SLACK, OVER_MEMORY, Prediction
+from plansim.specs.execution import MoeTokenDispatcher
 from plansim.specs.layer_split import uneven_split_fields
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan, Precision, Recompute, Schedule, plan_from_fields
@@ -53,6 +56,9 @@ PRECISIONS = {
 HYBRID_PREFIXES = ("nemotron-3", "nemotron-h", "qwen3-next")
 #: Sequence length assumed where a row leaves it blank (the DeepSeek-V3 report's 4K).
 ASSUMED_SEQ_LENGTH = 4096
+#: Frameworks whose MoE dispatch crosses the network once per token and destination node:
+#: DeepSeek's HAI-LLM (arXiv 2412.19437 §3.2.2; DeepEP is its open release) and DeepEP.
+DEDUP_DISPATCH_FRAMEWORKS = ("HAI-LLM", "DeepEP")
 #: Micro-batch sizes tried where a row leaves it blank (the fastest that fits is kept).
 SEARCHED_MICRO_BATCH_SIZES = (1, 2, 4)
 
@@ -174,10 +180,19 @@ def _row_plans(row: RunRow, model: ModelSpec, notes: list[str]) -> list[Parallel
         notes.append(f"micro-batch not stated: fastest of {SEARCHED_MICRO_BATCH_SIZES}")
     recompute = Recompute.SELECTIVE if row.text("recompute") else Recompute.NONE
     modules = _recompute_modules(row.text("recompute") or "", notes)
-    if "dualpipe" in (row.text("notes") or "").lower() or "DualPipe" in (
-        row.text("framework") or ""
-    ):
-        notes.append("DualPipe simulated as 1F1B (no forward/backward overlap)")
+    framework = row.text("framework") or ""
+    dualpipe = "dualpipe" in (row.text("notes") or "").lower() or "DualPipe" in framework
+    schedule = Schedule.INTERLEAVED_1F1B if vpp > 1 else Schedule.ONE_F_ONE_B
+    if dualpipe:
+        schedule, vpp = Schedule.DUALPIPE_V, 2
+        notes.append(
+            "DualPipe simulated as DualPipeV (its V-shaped variant: the same overlapped "
+            "forward/backward pairs, one copy of the parameters)"
+        )
+    dispatcher = MoeTokenDispatcher.ALLTOALL
+    if any(name in framework for name in DEDUP_DISPATCH_FRAMEWORKS):
+        dispatcher = MoeTokenDispatcher.DEEPEP
+        notes.append("node-deduplicated dispatch (DeepSeek-V3 §3.2.2, DeepEP): deepep dispatcher")
     split = uneven_split_fields(model.num_layers, pp=pp, vpp=vpp, layouts=True) or {}
     stated = re.search(r"PP layout (\S+)", row.text("notes") or "")
     if stated:
@@ -187,19 +202,22 @@ def _row_plans(row: RunRow, model: ModelSpec, notes: list[str]) -> list[Parallel
     fields = dict(
         dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, ep=ep, etp=etp, global_batch_size=gbs,
         zero_stage=1, sequence_parallel=tp > 1, precision=precision, recompute=recompute,
-        recompute_modules=modules,
-        schedule=Schedule.INTERLEAVED_1F1B if vpp > 1 else Schedule.ONE_F_ONE_B,
+        recompute_modules=modules, schedule=schedule, moe_token_dispatcher_type=dispatcher,
         overlap_grad_reduce=dp > 1, overlap_param_gather=dp > 1, **split,
     )  # fmt: skip
-    plans = []
+    plans, invalid = [], []
     for mbs in mbs_values:
         if gbs % (mbs * dp):
             continue
         try:
             plans.append(plan_from_fields(micro_batch_size=mbs, **fields))
-        except PlansimError as exc:
-            return f"stated layout not valid: {exc}"
-    return plans or f"global batch {gbs} does not split over dp({dp}) micro-batches"
+        except PlansimError as exc:  # e.g. too few micro-batches for the schedule at this mbs
+            invalid.append(f"stated layout not valid: {exc}")
+    if plans:
+        return plans
+    return (
+        invalid[0] if invalid else f"global batch {gbs} does not split over dp({dp}) micro-batches"
+    )
 
 
 def _recompute_modules(text: str, notes: list[str]) -> str | None:

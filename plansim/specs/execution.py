@@ -78,6 +78,23 @@ class DdpImpl(ChoiceEnum):
     AVERAGE_IN_COLLECTIVE = "average-in-collective"
 
 
+class MoeTokenDispatcher(ChoiceEnum):
+    """How a MoE layer sends tokens to the ranks of their experts and back.
+
+    ALLTOALL: Megatron-Core's ``--moe-token-dispatcher-type alltoall``: every (token,
+    expert) pair is its own row of an NCCL all-to-all over the EP group, so a token with k
+    experts on other nodes crosses the network k times. DEEPEP: DeepEP's internode kernels
+    (Megatron-Core ``--moe-token-dispatcher-type flex --moe-enable-deepep``; the
+    communication of DeepSeek-V3's own training, arXiv 2412.19437 §3.2.2): a token crosses
+    the network once per destination node, to the GPU of the same in-node index, which
+    forwards it over NVLink to each of its experts there; with fp8 training the dispatch
+    moves fp8 activations (§3.3.2, "Low-Precision Communication"; the combine stays bf16).
+    """
+
+    ALLTOALL = "alltoall"
+    DEEPEP = "deepep"
+
+
 _FLAG_FIELDS = (
     "gradient_accumulation_fusion",
     "fused_elementwise",
@@ -131,6 +148,8 @@ class ExecutionSpec:
             legacy local DDP divides it every step, PyTorch DDP copies it into its buckets
             and back. No effect with ZeRO-2/3 (their reduce-scatter path has its own) or a
             parameter server.
+        moe_token_dispatcher_type: the MoE token dispatcher (:class:`MoeTokenDispatcher`);
+            no effect on a dense model or inside one node.
 
     The defaults are Megatron-Core's of 2024-2026.
 
@@ -147,12 +166,13 @@ class ExecutionSpec:
     persist_layer_norm: bool = True
     scatter_gather_p2p: bool = True
     ddp_impl: DdpImpl = DdpImpl.MEGATRON_CORE
+    moe_token_dispatcher_type: MoeTokenDispatcher = MoeTokenDispatcher.ALLTOALL
 
     def __post_init__(self) -> None:
         require_members(
-            ("framework", "attention", "ddp_impl"),
-            (self.framework, self.attention, self.ddp_impl),
-            (Framework, AttentionKernel, DdpImpl),
+            ("framework", "attention", "ddp_impl", "moe_token_dispatcher_type"),
+            (self.framework, self.attention, self.ddp_impl, self.moe_token_dispatcher_type),
+            (Framework, AttentionKernel, DdpImpl, MoeTokenDispatcher),
         )
         require_flags(
             _FLAG_FIELDS,

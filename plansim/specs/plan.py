@@ -25,7 +25,13 @@ from typing import Any
 from plansim.errors import SpecError
 from plansim.specs.batch import BatchOptions
 from plansim.specs.choice_enum import parse_enum
-from plansim.specs.execution import AttentionKernel, DdpImpl, ExecutionSpec, Framework
+from plansim.specs.execution import (
+    AttentionKernel,
+    DdpImpl,
+    ExecutionSpec,
+    Framework,
+    MoeTokenDispatcher,
+)
 from plansim.specs.overlap import OverlapOptions
 from plansim.specs.parallel_dims import ParallelDims
 from plansim.specs.pipeline import PipelineOptions, Schedule
@@ -98,7 +104,7 @@ PLAN_FIELDS: tuple[str, ...] = (
     "account_for_loss_in_pipeline_split", "pipeline_model_parallel_layout",
     "recompute_num_layers", "recompute_early_stop", "recompute_modules",
     "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16", "ep", "etp",
-    "expert_load_imbalance", "framework", "framework_version",
+    "expert_load_imbalance", "framework", "framework_version", "moe_token_dispatcher_type",
 )  # fmt: skip
 #: The dotted path of each flat field (``"tp"`` -> ``"dims.tp"``), for ``operator.attrgetter``.
 FIELD_PATHS: dict[str, str] = {name: f"{FIELD_GROUP[name]}.{name}" for name in PLAN_FIELDS}
@@ -393,6 +399,11 @@ class ParallelPlan:
     def ddp_impl(self) -> DdpImpl:
         """:attr:`ExecutionSpec.ddp_impl`."""
         return self.execution.ddp_impl
+
+    @property
+    def moe_token_dispatcher_type(self) -> MoeTokenDispatcher:
+        """:attr:`ExecutionSpec.moe_token_dispatcher_type`."""
+        return self.execution.moe_token_dispatcher_type
 
     @property
     def offload_optimizer(self) -> OffloadDevice:
@@ -713,6 +724,8 @@ def _layout_parts(plan: ParallelPlan) -> list[str]:
         parts.append(f"ep{plan.ep}")
     if plan.etp is not None:
         parts.append(f"etp{plan.etp}")
+    if plan.moe_token_dispatcher_type is MoeTokenDispatcher.DEEPEP:
+        parts.append("deepep")
     if plan.vpp > 1:
         parts.append(f"vpp{plan.vpp}")
     parts += [f"mbs{plan.micro_batch_size}", f"zero{plan.zero_stage}", plan.recompute_label]
