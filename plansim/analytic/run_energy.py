@@ -46,8 +46,8 @@ class PowerDraw:
         compute_w: while kernels run.
         communication_w: while only communication runs (exposed collectives).
         idle_w: while waiting.
-        basis: "measured" when the profile states the activities, else "datasheet max
-            power for every activity (upper bound)".
+        basis: what the figures rest on: the provenance kind of ``max_power_w``
+            ("datasheet", "measured") and which activities fall back to it.
     """
 
     compute_w: float
@@ -69,13 +69,30 @@ def power_draw(profile: HardwareProfile) -> PowerDraw:
             "power (add max_power_w with its source to the profile)"
         )
     comm, idle = profile.communication_power_w, profile.idle_power_w
-    measured = comm is not None and idle is not None
     return PowerDraw(
         compute_w=top,
         communication_w=top if comm is None else comm,
         idle_w=top if idle is None else idle,
-        basis="measured" if measured else "datasheet max power for every activity (upper bound)",
+        basis=_basis(profile),
     )
+
+
+def _basis(profile: HardwareProfile) -> str:
+    """What the power figures rest on, in words (the profile's provenance kinds)."""
+    kind = profile.provenance.get("max_power_w", "").split(":")[0] or "given"
+    missing = [
+        name
+        for name, value in (
+            ("communication", profile.communication_power_w),
+            ("idle", profile.idle_power_w),
+        )
+        if value is None
+    ]
+    if len(missing) == 2:
+        return f"{kind} max power for every activity (upper bound)"
+    if missing:
+        return f"{kind} power by activity, {missing[0]} at max power (upper bound)"
+    return f"{kind} power by activity"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

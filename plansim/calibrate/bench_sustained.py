@@ -10,12 +10,20 @@ seconds in windows of ~:data:`WINDOW_S`, and the last quarter of the windows is 
 sustained rate (op ``gemm_sustained``, one sample per window). Seconds per GEMM call in both.
 ``plansim.calibrate.build_terms.sustained_term`` turns them into the profile's
 ``sustained_matmul_fraction`` and, with enough ranks, ``gpu_matmul_spread_fraction``.
+
+On a GPU whose power reading works (``torch.cuda.power_draw``: NVML's power usage, the
+reading ``nvidia-smi`` shows, in mW), a thread reads it every :data:`POWER_PERIOD_S` through
+the item: the mean over the idle sleep (after :data:`POWER_SETTLE_S`) is op ``power_idle``,
+the mean over the soak's kept windows op ``power_gemm`` (rows with ``work`` = watts,
+``work_unit`` ``W``, ``median_s`` = the seconds sampled, ``reps`` = readings);
+``build_terms.power_term`` makes them ``idle_power_w`` and ``max_power_w``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +41,10 @@ IDLE_S = 1.0
 BURST_S = 0.05
 #: Seconds of GEMM calls per timed window of the soak.
 WINDOW_S = 0.25
+#: Seconds between power readings (NVML refreshes its reading about every 20-100 ms).
+POWER_PERIOD_S = 0.05
+#: Seconds of the idle sleep left out of the idle power (the GPU leaves its busy clocks).
+POWER_SETTLE_S = 0.3
 
 Fn = Callable[[], object]
 Row = dict[str, Any]
@@ -69,13 +81,20 @@ def sustained_rows(
         return note(item, "unsupported", error or "failed on another rank")
     burst_inner = max(1, round(BURST_S / max(call_s, 1e-9)))
     window_inner = max(1, round(WINDOW_S / max(call_s, 1e-9)))
+    sampler = PowerSampler.start(power_reader(device))
     dist.barrier()
+    idle_start = time.perf_counter()
     time.sleep(IDLE_S)
+    idle_end = time.perf_counter()
     burst_s = timer(gemm, burst_inner)
     windows: list[float] = []
+    starts: list[float] = []
     deadline = time.perf_counter() + soak_ms / 1000.0
     while time.perf_counter() < deadline or len(windows) < 4:
+        starts.append(time.perf_counter())
         windows.append(timer(gemm, window_inner))
+    soak_end = time.perf_counter()
+    readings = sampler.stop()
     kept = windows[-max(1, len(windows) // 4) :]
     text = (
         f"every rank at once: a burst of {burst_inner} calls after {IDLE_S:g} s idle, then "
@@ -83,4 +102,58 @@ def sustained_rows(
         f"{len(kept)} windows are the sustained rate"
     )
     burst = row(dataclasses.replace(item, op="gemm_burst"), [burst_s], burst_inner, math.nan)
-    return [burst, {**row(item, kept, window_inner, math.nan), "note": text}]
+    out = [burst, {**row(item, kept, window_inner, math.nan), "note": text}]
+    spans = {
+        "power_idle": (idle_start + POWER_SETTLE_S, idle_end),
+        "power_gemm": (starts[-len(kept)], soak_end),
+    }
+    for op, (start, end) in spans.items():
+        watts = [w for t, w in readings if start <= t <= end]
+        if watts:
+            power = dataclasses.replace(item, op=op, work=sum(watts) / len(watts), work_unit="W")
+            out.append(row(power, [end - start], len(watts), math.nan))
+    return out
+
+
+def power_reader(device: torch.device) -> Callable[[], float] | None:
+    """Watts of ``device`` now (``torch.cuda.power_draw``, mW), or None off a GPU or where
+    the reading fails (no NVML, a GPU without a power sensor)."""
+    if device.type != "cuda":
+        return None
+    try:
+        torch.cuda.power_draw(device)
+    except Exception:  # pynvml missing, an NVMLError, a GPU without a sensor: no power rows
+        return None
+    return lambda: torch.cuda.power_draw(device) / 1000.0
+
+
+@dataclasses.dataclass(slots=True)
+class PowerSampler:
+    """Readings of a power reader every :data:`POWER_PERIOD_S` on a thread, as
+    (``time.perf_counter()``, watts) pairs; nothing with no reader."""
+
+    reader: Callable[[], float] | None
+    readings: list[tuple[float, float]] = dataclasses.field(default_factory=list)
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    @classmethod
+    def start(cls, reader: Callable[[], float] | None) -> PowerSampler:
+        """A sampler already reading (when ``reader`` is not None)."""
+        sampler = cls(reader=reader)
+        if reader is not None:
+            sampler.thread = threading.Thread(target=sampler._run, daemon=True)
+            sampler.thread.start()
+        return sampler
+
+    def _run(self) -> None:
+        assert self.reader is not None
+        while not self.done.wait(POWER_PERIOD_S):
+            self.readings.append((time.perf_counter(), self.reader()))
+
+    def stop(self) -> list[tuple[float, float]]:
+        """Stop reading; the readings taken."""
+        self.done.set()
+        if self.thread is not None:
+            self.thread.join()
+        return list(self.readings)

@@ -35,6 +35,9 @@ slowdown_fraction       all_reduces / its time alone) - 1 (:func:`.build_terms.o
 sustained_matmul_       GPU: median over ranks of a GEMM's burst / soaked seconds per call;
 fraction, gpu_matmul_   with 4+ ranks also the spread of the soaked rates over ranks
 spread_fraction         (:func:`.build_terms.sustained_term`)
+max_power_w,            GPU with a power reading: median over ranks of the mean draw during
+idle_power_w            the soak's kept windows and during the sleep before the burst
+                        (:func:`.build_terms.power_term`)
 ======================  =====================================================================
 
 Compute times are the median over ranks of each rank's median (the ranks run concurrently);
@@ -56,6 +59,7 @@ from plansim.calibrate.build_terms import (
     attention_terms,
     one_size_note,
     overlap_term,
+    power_term,
     sustained_term,
 )
 from plansim.calibrate.fit import CollectiveFit, fit_collective, fit_efficiency
@@ -312,7 +316,8 @@ def _compute_terms(
     )
     elementwise = elementwise_term(table, source=source, streaming_bytes_per_s=stream)
     sustained = sustained_term(rows, source=source)
-    for terms in (attention, host, overlap, elementwise, sustained):
+    power = power_term(rows, source=source)
+    for terms in (attention, host, overlap, elementwise, sustained, power):
         parts.provenance.update(terms.provenance)
         parts.summary.extend(terms.summary)
         parts.scalars.update(terms.scalars)

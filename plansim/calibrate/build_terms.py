@@ -210,3 +210,36 @@ def sustained_term(rows: pd.DataFrame, *, source: str) -> Terms:
         )
         summary.append(("GEMM rate spread", f"{100 * spread:.3g}% (sigma over ranks)"))
     return Terms(scalars=scalars, provenance=provenance, summary=summary)
+
+
+def power_term(rows: pd.DataFrame, *, source: str) -> Terms:
+    """``max_power_w`` (the GPU's draw while GEMMs run at its power limit) and
+    ``idle_power_w`` (while it waits) from the sustained item's power rows
+    (``bench_sustained``: ops ``power_gemm`` and ``power_idle``, ``work`` the mean watts of
+    each rank's readings), the median over ranks; no term without them (a CPU run, a GPU
+    whose power cannot be read).
+
+    Args:
+        rows: raw rows (``plansim.calibrate.raw`` columns) of one run.
+        source: provenance prefix.
+    """
+    ok = rows[(rows["kind"] == "sustained") & (rows["status"] == "ok") & (rows["work_unit"] == "W")]
+    scalars: dict[str, float] = {}
+    provenance: dict[str, str] = {}
+    summary: list[tuple[str, str]] = []
+    for op, key, what in (
+        ("power_gemm", "max_power_w", "the last quarter of the GEMM soak, every rank at once"),
+        ("power_idle", "idle_power_w", "the sleep before the burst"),
+    ):
+        per_rank = ok[ok["op"] == op].groupby("rank")["work"].median()
+        if per_rank.empty:
+            continue
+        watts = float(per_rank.median())
+        readings = int(ok[ok["op"] == op]["reps"].sum())
+        scalars[key] = watts
+        provenance[key] = (
+            f"{source}; torch.cuda.power_draw (NVML) read every 50 ms during {what}: median "
+            f"over {len(per_rank)} ranks of their mean = {watts:.4g} W ({readings} readings)"
+        )
+        summary.append((key.replace("_", " "), f"{watts:.0f} W"))
+    return Terms(scalars=scalars, provenance=provenance, summary=summary)

@@ -12,7 +12,9 @@ sweep           pass over the GEMMs and collectives (0, 1, ...; other items: 0)
 rank            the rank that timed it
 status          ``ok``, ``skipped`` or ``unsupported`` (with ``note``)
 reps, inner     timed repetitions, calls per repetition
-work, work_unit FLOPs / bytes / parameters / calls per call; bytes for ``memory`` rows
+work, work_unit FLOPs / bytes / parameters / calls per call; bytes for ``memory`` rows;
+                watts (``W``) for the power rows of the sustained item (``median_s``
+                there: the seconds sampled)
 median_s ...    seconds per call: median, min, max over the repetitions
 cpu_share       compute on a CPU device: the rank's CPU time / wall time while timing
                 (below 1: it waited for a core, other work competed); empty for
