@@ -22,7 +22,13 @@ from plansim.errors import SpecError
 from plansim.planner.evaluate import Evaluation
 from plansim.planner.progress import progress_bar
 from plansim.planner.search import search
-from plansim.planner.training_run import Objective, RunEstimate, order_by_objective, run_columns
+from plansim.planner.training_run import (
+    SECONDS_PER_DAY,
+    Objective,
+    RunEstimate,
+    order_by_objective,
+    run_columns,
+)
 from plansim.report.tables import render
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.model import ModelSpec
@@ -73,6 +79,8 @@ def run_counts(
             f"tokens, {inputs.run.tokens:.4g} tokens; each count's plan by {args.objective}\n\n"
         )
         sys.stdout.write(render(table.dropna(axis=1, how="all"), "table"))
+        if inputs.run.deadline_s is not None:
+            sys.stdout.write(_deadline_line(rows, days=inputs.run.deadline_s / SECONDS_PER_DAY))
     if plot is not None:
         write_run_plot(
             plot, rows, title=f"{model.name} on {profile.name}", priced=inputs.prices is not None
@@ -109,6 +117,18 @@ def _best_of_count(
     outcomes = inputs.estimates(model, ranked, profile)
     best, outcome = order_by_objective(ranked, outcomes, Objective(args.objective))[0]
     return best, outcome if isinstance(outcome, RunEstimate) else None
+
+
+def _deadline_line(rows: list[dict[str, object]], *, days: float) -> str:
+    """The answer to "how many GPUs to finish in time": the fewest that meet the deadline."""
+    meeting = [row for row in rows if row.get("meets_deadline") is True]
+    if not meeting:
+        return f"\nno GPU count of the range finishes within {days:g} days\n"
+    first = meeting[0]
+    return (
+        f"\nthe fewest GPUs that finish within {days:g} days: {first['num_gpus']} "
+        f"({first['days']} days, {first['plan']})\n"
+    )
 
 
 def _row(num_gpus: int, ev: Evaluation | None, est: RunEstimate | None) -> dict[str, object]:

@@ -4,6 +4,7 @@ optional ``--ramp``, ``--failures``, ``--facility`` and ``--prices`` files."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from collections.abc import Mapping, Sequence
@@ -13,7 +14,7 @@ from pathlib import Path
 from plansim.errors import SpecError
 from plansim.io.run_files import read_facility, read_failures, read_prices, read_ramp
 from plansim.planner.evaluate import Evaluation, Rejected
-from plansim.planner.training_run import Objective, RunEstimate, estimate_runs
+from plansim.planner.training_run import SECONDS_PER_DAY, Objective, RunEstimate, estimate_runs
 from plansim.specs.facility import Facility, PriceTable
 from plansim.specs.failure_model import FailureModel
 from plansim.specs.hardware import HardwareProfile
@@ -22,7 +23,7 @@ from plansim.specs.training_run import RampPhase, TrainingRun
 
 _FILE_FLAGS = ("ramp", "failures", "facility", "prices")
 #: The argparse destinations of the group (kept with a plan file).
-RUN_FLAGS = ("tokens", *_FILE_FLAGS)
+RUN_FLAGS = ("tokens", "deadline_days", *_FILE_FLAGS)
 
 
 def add_run_args(parser: argparse.ArgumentParser) -> None:
@@ -31,6 +32,14 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
         "whole run (time to train, goodput, energy, cost; needs --tokens)"
     )
     g.add_argument("--tokens", type=str, default=None, help="tokens to train, e.g. 15.6e12")
+    g.add_argument(
+        "--deadline-days",
+        type=float,
+        default=None,
+        metavar="D",
+        help="the run must finish within D days: plans that miss it rank last (column "
+        "meets_deadline); with --gpus A:B, the fewest GPUs that make it",
+    )
     g.add_argument(
         "--ramp",
         type=Path,
@@ -124,7 +133,8 @@ def check_run_flags(args: argparse.Namespace) -> None:
         SpecError: names the files given and asks for --tokens.
     """
     if args.tokens is None:
-        given = [f"--{flag}" for flag in _FILE_FLAGS if getattr(args, flag) is not None]
+        flags = (*_FILE_FLAGS, "deadline_days")
+        given = [f"--{flag.replace('_', '-')}" for flag in flags if getattr(args, flag) is not None]
         if given:
             raise SpecError(f"{', '.join(given)} needs --tokens (the tokens to train)")
 
@@ -158,6 +168,11 @@ def run_inputs(
         run = read_ramp(args.ramp, tokens=tokens, seq_length=model.seq_length)
     else:
         run = TrainingRun(tokens=tokens, phases=(RampPhase(global_batch_size=global_batch_size),))
+    if args.deadline_days is not None:
+        days = args.deadline_days
+        if not math.isfinite(days) or days <= 0:
+            raise SpecError(f"--deadline-days must be a positive number of days, got {days}")
+        run = dataclasses.replace(run, deadline_s=days * SECONDS_PER_DAY)
     return RunInputs(
         run=run,
         failures=None if args.failures is None else read_failures(args.failures),

@@ -169,6 +169,7 @@ def _best(
 
 #: The whole-run columns of a sweep row (``training_run.run_columns``), empty without a run.
 RUN_COLUMNS = (
+    "meets_deadline",
     "days",
     "gpu_hours",
     "energy_mwh",

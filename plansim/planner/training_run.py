@@ -87,6 +87,7 @@ class RunEstimate:
             (equal to gpu_energy_j without a facility); None when the profile has no power.
         power: the power figures used, or None.
         cost_usd: dollars, or None without a price table.
+        deadline_s: the run's deadline (``TrainingRun.deadline_s``), or None.
     """
 
     num_gpus: int
@@ -101,6 +102,12 @@ class RunEstimate:
     energy_j: float | None
     power: PowerDraw | None
     cost_usd: float | None
+    deadline_s: float | None = None
+
+    @property
+    def meets_deadline(self) -> bool | None:
+        """Whether the expected wall time is within the deadline; None without one."""
+        return None if self.deadline_s is None else self.wall_s <= self.deadline_s
 
     @property
     def days(self) -> float:
@@ -273,6 +280,7 @@ def estimate_run(
         energy_j=energy_j,
         power=power,
         cost_usd=cost,
+        deadline_s=run.deadline_s,
     )
 
 
@@ -326,13 +334,16 @@ def _gpu_energy_j(
     return train_j * (1 + rework_s / work_s) + idle_s * power.idle_w * n
 
 
-def run_columns(est: RunEstimate) -> dict[str, float | int | None]:
+def run_columns(est: RunEstimate) -> dict[str, float | int | bool | None]:
     """The run columns of a ranked table, sweep row or JSON plan (days, GPU-hours, MWh,
     dollars, percent, minutes): ``days``, ``gpu_hours``,
     ``energy_mwh``, ``cost_usd`` (None without prices), ``goodput_pct`` and
-    ``checkpoint_interval_min`` (None without a failure model)."""
+    ``checkpoint_interval_min`` (None without a failure model); ``meets_deadline`` first
+    when the run has a deadline."""
     gp = est.goodput
+    deadline = {} if est.meets_deadline is None else {"meets_deadline": est.meets_deadline}
     return {
+        **deadline,
         "days": round(est.days, 2),
         "gpu_hours": round(est.gpu_hours),
         "energy_mwh": None if est.energy_mwh is None else round(est.energy_mwh, 3),
@@ -378,17 +389,17 @@ def rank_runs(
     estimates: Sequence[RunEstimate | None],
     objective: Objective,
 ) -> list[int]:
-    """Indices of ``evaluations`` ordered by ``objective`` (ties: the step-time order they
-    came in, so the order is deterministic).
+    """Indices of ``evaluations`` ordered by ``objective``, the runs that meet their
+    deadline first (ties: the step-time order they came in, so the order is deterministic).
 
     Raises:
         SpecError: as :func:`objective_value`.
     """
     keys = [
-        (objective_value(objective, ev, est), i)
+        (est is not None and est.meets_deadline is False, objective_value(objective, ev, est), i)
         for i, (ev, est) in enumerate(zip(evaluations, estimates, strict=True))
     ]
-    return [i for _, i in sorted(keys)]
+    return [i for _, _, i in sorted(keys)]
 
 
 def estimate_runs(

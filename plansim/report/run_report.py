@@ -94,6 +94,9 @@ def run_text(est: RunEstimate, *, tokens: float, facility: bool, failures_source
     else:
         lines.append("  no failure model (--failures): the wall time is the failure-free time\n")
     lines.append(f"  days {est.days:.2f}, GPU-hours {est.gpu_hours:,.0f}\n")
+    if est.deadline_s is not None:
+        verdict = "meets" if est.meets_deadline else "misses"
+        lines.append(f"  {verdict} the deadline of {est.deadline_s / 86400.0:g} days\n")
     if est.energy_mwh is not None:
         lines.append(
             f"  energy {est.energy_mwh:,.1f} MWh ({energy_scope(est, facility=facility)})\n"

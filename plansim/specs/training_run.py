@@ -76,6 +76,8 @@ class TrainingRun:
             step (not hidden behind compute); 0 when loading overlaps fully.
         eval_interval_tokens: tokens between evaluations; None: no evaluation.
         eval_s: seconds one evaluation takes (with ``eval_interval_tokens``).
+        deadline_s: the wall time the run must finish in, or None; plans that miss it rank
+            after those that meet it.
 
     Raises:
         SpecError: no phase; phases that do not end in increasing order; a phase other than
@@ -88,9 +90,14 @@ class TrainingRun:
     data_loading_s_per_step: float = 0.0
     eval_interval_tokens: float | None = None
     eval_s: float = 0.0
+    deadline_s: float | None = None
 
     def __post_init__(self) -> None:
         _require_tokens("tokens", self.tokens)
+        if self.deadline_s is not None:
+            _require_seconds("deadline_s", self.deadline_s)
+            if self.deadline_s == 0:
+                raise SpecError("deadline_s must be above 0")
         _require_seconds("data_loading_s_per_step", self.data_loading_s_per_step)
         _require_seconds("eval_s", self.eval_s)
         if self.eval_interval_tokens is not None:

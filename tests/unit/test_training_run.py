@@ -369,3 +369,30 @@ def test_published_runs_within_15_percent_and_the_readme_table_is_the_benchmarks
     assert (table["goodput_pct"] > 90).all()
     printed = table.to_string(index=False)
     assert "```text\n" + printed + "\n```" in (root / "README.md").read_text(encoding="utf-8")
+
+
+def test_a_deadline_ranks_the_runs_that_make_it_first_and_names_the_fewest_gpus(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = [*PLAN, "--gpus", "8:16", "--tokens", "1e10", "--format", "json"]
+    assert main(argv) == 0
+    counts = json.loads(capsys.readouterr().out)["counts"]
+    days_8, days_16 = (c["days"] for c in counts)
+    between = (days_8 + days_16) / 2  # 16 GPUs make it, 8 do not
+    assert main([*PLAN, "--gpus", "8:16", "--tokens", "1e10", "--deadline-days", str(between)]) == 0
+    out = capsys.readouterr().out
+    assert f"the fewest GPUs that finish within {between:g} days: 16" in out
+    # one count: the slower plans miss a deadline just above the fastest plan's days
+    assert main([*PLAN, "--gpus", "8", "--tokens", "1e10", "--format", "json"]) == 0
+    plans = json.loads(capsys.readouterr().out)["plans"]
+    fastest, slowest = plans[0]["run"]["days"], plans[-1]["run"]["days"]
+    assert fastest < slowest
+    tight = str((fastest + slowest) / 2)
+    argv = [*PLAN, "--gpus", "8", "--tokens", "1e10", "--deadline-days", tight, "--format", "json"]
+    assert main([*argv, "--objective", "energy"]) == 0
+    meets = [p["run"]["meets_deadline"] for p in json.loads(capsys.readouterr().out)["plans"]]
+    assert meets[0] is True and meets[-1] is False and meets == sorted(meets, reverse=True)
+    assert main([*PLAN, "--gpus", "8", "--tokens", "1e10", "--deadline-days", "0"]) == 2
+    assert "--deadline-days must be a positive number" in capsys.readouterr().err
+    assert main([*PLAN, "--gpus", "8", "--deadline-days", "3"]) == 2
+    assert "--deadline-days needs --tokens" in capsys.readouterr().err
