@@ -39,6 +39,8 @@ from plansim.planner.sensitivity import sensitivity
 from plansim.planner.training_run import estimate_run
 from plansim.report.run_report import run_dict, run_text
 from plansim.report.trace import chrome_trace, write_trace
+from plansim.sim import timeline as tl
+from plansim.sim.steady_state import plan_steady_state
 from plansim.specs.execution import MoeTokenDispatcher
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import require_plan_divides_model
@@ -96,6 +98,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     out.add_argument("--plot", metavar="OUT.png", help="pipeline Gantt chart (PNG)")
     out.add_argument("--memory-plot", metavar="OUT.png", help="memory over time per rank (PNG)")
+    out.add_argument(
+        "--whole-step",
+        action="store_true",
+        help="trace and draw every micro-batch of a long step (default: a step of thousands "
+        "of micro-batches shows its warm-up, steady-state windows and cool-down, which the "
+        "rest repeats, so memory stays flat in the micro-batch count)",
+    )
     add_run_args(p)
     keep = (
         "plan",
@@ -105,6 +114,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "trace",
         "plot",
         "memory_plot",
+        "whole_step",
         *RUN_FLAGS,
     )
     p.set_defaults(func=run, plan_flag_defaults=plan_flag_defaults(p, keep=keep))
@@ -375,14 +385,17 @@ def run(args: argparse.Namespace) -> int:
     require_plan_divides_model(plan, model)
     inputs = run_inputs(args, model=model, global_batch_size=plan.global_batch_size)
     recorded, lookups = recording_profile(profile)  # same prices, lookups logged
-    # a trace or plot shows every micro-batch; the figures alone may come from the steady state
-    outcome = evaluate(model, plan, recorded, whole=bool(outputs))
+    # the figures may come from the steady state; a trace or plot of a long step shows the
+    # longer of its two shorter simulations unless --whole-step asks for every micro-batch
+    outcome = evaluate(model, plan, recorded, whole=bool(outputs) and args.whole_step)
     if isinstance(outcome, Rejected):
         for flag in outputs:
             sys.stderr.write(f"plansim: {flag} not written: the plan was rejected\n")
         sys.stdout.write(rejected_text(outcome, args.format))
         return 1
     title = f"{model.name} on {plan.num_gpus} x {profile.name}: {plan.label()}"
+    if outputs:
+        title += _shown_note(plan, outcome)
     _write_outputs(outputs, outcome, title=title, capacity_bytes=profile.hbm_capacity_bytes)
     report = SimulateReport(
         model=model,
@@ -431,6 +444,23 @@ def _whole_run(args: argparse.Namespace, report: SimulateReport, inputs: RunInpu
 _OUTPUT_FLAGS = {"trace": "--trace", "plot": "--plot", "memory_plot": "--memory-plot"}
 
 
+def _shown_note(plan: ParallelPlan, ev: Evaluation) -> str:
+    """'' when the outputs show the whole step, else which micro-batches they show (also
+    said on stderr): the longer of the steady-state simulations (``plansim.sim.steady_state``),
+    whose windows the rest of the step repeats."""
+    shown, total = ev.result.simulated_microbatches, plan.num_microbatches
+    if shown >= total:
+        return ""
+    sizes = plan_steady_state(plan)
+    window = f" ({sizes.window}-micro-batch windows)" if sizes is not None else ""
+    note = (
+        f" [micro-batches 0-{shown - 1} of {total} shown: warm-up, steady state{window} and "
+        "cool-down of a shorter step; the rest repeats the steady state; --whole-step for all]"
+    )
+    sys.stderr.write(f"plansim: the outputs show micro-batches 0-{shown - 1} of {total}\n")
+    return note
+
+
 def _outputs(args: argparse.Namespace) -> dict[str, Path]:
     """The requested output files by flag, checked writable before any simulation.
 
@@ -463,7 +493,7 @@ def _write_outputs(
                 outputs["--memory-plot"],
                 title=title,
                 capacity_bytes=capacity_bytes,
-                end_s=result.step_time_s,
+                end_s=float(result.timeline[tl.END_S].max()),
                 label="--memory-plot",
             )
     for flag, path in outputs.items():
