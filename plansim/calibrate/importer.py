@@ -28,6 +28,7 @@ faster than a shorter one, are read as 1 and noted).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +78,42 @@ class _Source:
         )
 
 
+#: A GPU model in a device or profile name ("H100", "A100", "MI300X", "GB200").
+_GPU_MODEL = re.compile(r"\b([A-Z]{1,3}\d{2,4}[A-Z]?)\b")
+
+
+def gpu_models(text: str) -> set[str]:
+    """The GPU model tokens of a name (``NVIDIA H100 80GB HBM3`` -> ``{"H100"}``)."""
+    return set(_GPU_MODEL.findall(text.upper()))
+
+
+def check_run_fits(log: NcclTestsLog, run: NcclTestsRun, base: HardwareProfile) -> None:
+    """A run fits a profile when it ran on the profile's GPU (the GPU models its ``#  Rank``
+    lines name appear in the profile's name, description or the device of a measured entry)
+    and on no more GPUs a node than the profile's node has.
+
+    Raises:
+        InputFileError: names the log, the run, what it ran on and the profile, and
+            ``--force`` to import anyway.
+    """
+    where = f"{Path(log.source).name}:{run.first_line}: {run.binary}"
+    force = "; give --force to import it anyway"
+    ranks, nodes = run.num_ranks, run.num_nodes or 1
+    if ranks is not None and -(-ranks // nodes) > base.gpus_per_node:
+        raise InputFileError(
+            f"{where} ran {ranks} ranks on {nodes} node(s), more a node than the "
+            f"{base.gpus_per_node} GPUs of {base.name}'s node{force}"
+        )
+    ran_on = set().union(*(gpu_models(device) for device in run.devices)) if run.devices else set()
+    measured = [v.split(",")[0] for v in base.provenance.values() if v.startswith("measured:")]
+    profile_text = " ".join([base.name, base.description, *measured])
+    if ran_on and not ran_on & gpu_models(profile_text):
+        raise InputFileError(
+            f"{where} ran on {', '.join(run.devices)}; {base.name} describes "
+            f"{base.description!r}{force}"
+        )
+
+
 def _runs(logs: Sequence[NcclTestsLog]) -> dict[str, list[_Source]]:
     found: dict[str, list[_Source]] = {}
     for log in logs:
@@ -112,17 +149,29 @@ def _fit(source: _Source) -> CollectiveFit:
 
 
 def update_from_nccl_tests(
-    logs: Sequence[NcclTestsLog], *, tier: str, base: HardwareProfile, date: str
+    logs: Sequence[NcclTestsLog],
+    *,
+    tier: str,
+    base: HardwareProfile,
+    date: str,
+    force: bool = False,
 ) -> Imported:
     """The update for ``base`` from parsed logs on ``tier`` (``intra-node``/``inter-node``).
 
+    Unless ``force``, every run must fit ``base`` (:func:`check_run_fits`).
+
     Raises:
         InputFileError: a run spans the wrong number of nodes for ``tier``, its rank count is
-            unknown, or no usable run exists for ``tier``.
+            unknown, it ran on another GPU or on more GPUs a node than ``base`` has, or no
+            usable run exists for ``tier``.
     """
     if tier not in TIERS:
         raise InputFileError(f"tier {tier!r} is not allowed; choose one of: {', '.join(TIERS)}")
     found = _runs(logs)
+    if not force:
+        for sources in found.values():
+            for source in sources:
+                check_run_fits(source.log, source.run, base)
     notes: list[str] = []
     if tier == "intra-node":
         return _intra_node(found, notes, date)

@@ -24,9 +24,11 @@ each peer.
 Also handled: ``srun --label`` (`` 0: ``) and OpenMPI ``--tag-output`` (``[1,0]<stdout>:``)
 prefixes, interleaved ``NCCL INFO``/``WARN`` lines, zero-byte rows (all_gather with sizes
 below one element per rank), several runs in one file, rows marked wrong (``#wrong`` > 0:
-that half is dropped), and truncated files (the incomplete last row is reported, every
-complete row is kept). Lines inside a results table that are not result rows are reported
-with their line number in :attr:`NcclTestsLog.problems`; nothing is guessed.
+that half is dropped), a table whose ``# Out of bounds values : N FAILED`` verdict reports
+errors (dropped whole: nccl-tests' own check says its data is wrong), and truncated files
+(the incomplete last row is reported, every complete row is kept). Lines inside a results
+table that are not result rows are reported with their line number in
+:attr:`NcclTestsLog.problems`; nothing is guessed.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ _RANK = re.compile(
 )
 _NCCL_VERSION = re.compile(r"\bNCCL version\s+(\d+\.\d+\.\d+)")
 _END = re.compile(r"^#\s*(?:Out of bounds values|Avg bus bandwidth)")
+_OUT_OF_BOUNDS = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d+)\s*(\S*)")
 _DEBUG = re.compile(r"\bNCCL (?:INFO|WARN|TRACE)\b")
 _TIME_COLUMNS = ("time", "cputime")
 _US = 1e-6
@@ -192,6 +195,7 @@ class _Run:
     has_redop: bool = False
     in_table: bool = False
     complete: bool = False
+    out_of_bounds: int | None = None  # values of a FAILED "Out of bounds" verdict
     rows: list[NcclTestsRow] = field(default_factory=list)
 
     @property
@@ -299,6 +303,9 @@ def _read_comment(run: _Run, line: str) -> None:
         if run.in_table:
             run.complete = True
         run.in_table = False
+        verdict = _OUT_OF_BOUNDS.match(line)
+        if verdict is not None and (int(verdict.group(1)) > 0 or verdict.group(2) == "FAILED"):
+            run.out_of_bounds = int(verdict.group(1))
     elif (tokens := _header(line)) is not None:
         run.starts = tuple(i for i, t in enumerate(tokens) if t in _TIME_COLUMNS)[:2]
         run.lead = run.starts[0]
@@ -395,6 +402,13 @@ def _finish(
     """The finished run, or None when it has no rows or measured an unsupported collective."""
     if not run.rows:
         return None
+    if run.out_of_bounds is not None:
+        reason = (
+            f"nccl-tests checked the results and found {run.out_of_bounds} out-of-bounds "
+            "values (FAILED): this table's data is wrong, none of it is imported"
+        )
+        problems.append(Problem(line=run.rows[0].line, reason=reason, text=""))
+        return None
     binary = run.binary or _binary_from_name(source)
     if forced is not None:
         name = forced
@@ -446,11 +460,13 @@ def _ranks_from_bandwidth(collective: str, rows: list[NcclTestsRow]) -> int | No
 
 
 def _nothing_found(source: str, problems: list[Problem]) -> str:
-    message = (
+    """The error of a log with no usable run: the first problem when there is one (the real
+    cause, e.g. every row marked wrong), else what a table looks like."""
+    if problems:
+        more = f" ({len(problems) - 1} more problem(s) above)" if len(problems) > 1 else ""
+        return f"no usable nccl-tests results: {problems[0].describe(source)}{more}"
+    return (
         f"{source}: no nccl-tests results of {', '.join(BINARIES)} found (expected a header "
         "line '#  size  count  type ... time  algbw  busbw ...' followed by result rows); "
         "is this nccl-tests output?"
     )
-    if problems:
-        message += f" First problem: {problems[0].describe(source)}"
-    return message

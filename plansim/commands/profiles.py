@@ -96,6 +96,12 @@ def add_parser(subparsers: Any) -> None:
     import_parser.add_argument(
         "--dry-run", action="store_true", help="print the merged profile, write nothing"
     )
+    import_parser.add_argument(
+        "--force",
+        action="store_true",
+        help="import runs on another GPU than the profile's, or on more GPUs a node than its "
+        "node has (refused otherwise)",
+    )
     import_parser.set_defaults(func=run_import)
 
 
@@ -264,7 +270,7 @@ def run_import(args: argparse.Namespace) -> int:
         for problem in log.problems:
             print(f"warning: {problem.describe(log.source)}", file=sys.stderr)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    imported = update_from_nccl_tests(logs, tier=args.tier, base=base, date=date)
+    imported = update_from_nccl_tests(logs, tier=args.tier, base=base, date=date, force=args.force)
     for note in imported.notes:
         print(f"note: {note}", file=sys.stderr)
     profile = merge_profile(base, imported.update)

@@ -553,7 +553,10 @@ def test_import_nccl_tests_reports_bad_lines_and_dry_run_writes_nothing(
         str(FIXTURES / "reduce_scatter_perf_n04_h100_truncated.log"),
         str(FIXTURES / "nccl_tests_sweep_h200_synthetic.log"),
     ]
-    assert main(["profiles", "import-nccl-tests", *logs, "--into", str(path), "--dry-run"]) == 0
+    argv = ["profiles", "import-nccl-tests", *logs, "--into", str(path), "--dry-run"]
+    assert main(argv) == 2  # the H200 log does not fit the H100 profile
+    assert "ran on NVIDIA H200" in capsys.readouterr().err
+    assert main([*argv, "--force"]) == 0
     captured = capsys.readouterr()
     assert path.read_bytes() == before
     assert yaml.safe_load(captured.out)["name"] == "h100-sxm5-80gb"
