@@ -13,6 +13,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from plansim.calibrate.orphans import LauncherTerminated
 from plansim.errors import PlansimError
 
 #: Subcommand modules, in the order ``plansim --help`` lists them.
@@ -57,4 +58,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    except LauncherTerminated as exc:  # SIGTERM/SIGHUP while ranks ran: they are stopped
+        print(f"plansim: {exc}; the launched ranks were stopped", file=sys.stderr)
+        return exc.exit_status
+    except KeyboardInterrupt:
+        print("plansim: interrupted", file=sys.stderr)
+        return 130
     return status

@@ -4,7 +4,8 @@ Every launch has a deadline: the parent joins with a short timeout in a loop, fo
 progress messages rank 0 puts on a queue, and on overrun kills every rank still alive and
 raises :class:`plansim.calibrate.CalibrationError` naming the ranks (and the item rank 0 was
 measuring). A rank that raises or dies ends the launch with an error naming it. Interrupting
-the parent (Ctrl-C) also kills the ranks.
+the parent (Ctrl-C) also kills the ranks, and so do SIGTERM and SIGHUP
+(``orphans.terminate_as_interrupt``: the launch ends with ``LauncherTerminated``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import torch.multiprocessing as mp
 
 from plansim.calibrate import CalibrationError
+from plansim.calibrate.orphans import terminate_as_interrupt
 
 #: Progress callback: (index of the item rank 0 started, its label).
 OnProgress = Callable[[int, str], None]
@@ -39,6 +41,21 @@ def launch(
         CalibrationError: a rank raised, exited with a non-zero status, or was still running
             after ``timeout_s`` seconds (then every live rank is killed first).
     """
+    with terminate_as_interrupt():
+        _launch(
+            fn, nproc=nproc, args=args, timeout_s=timeout_s, on_progress=on_progress, poll_s=poll_s
+        )
+
+
+def _launch(
+    fn: Callable[..., None],
+    *,
+    nproc: int,
+    args: tuple[Any, ...],
+    timeout_s: float,
+    on_progress: OnProgress | None,
+    poll_s: float,
+) -> None:
     ctx = mp.get_context("spawn")
     messages = ctx.Queue()
     context = mp.start_processes(

@@ -189,7 +189,12 @@ def run_items(
     """
     with tempfile.TemporaryDirectory(prefix="plansim-calibrate-") as workdir:
         config = RankConfig(
-            backend=backend, device=device, plan=plan, workdir=workdir, pg_timeout_s=pg_timeout_s
+            backend=backend,
+            device=device,
+            plan=plan,
+            workdir=workdir,
+            pg_timeout_s=pg_timeout_s,
+            launcher_pid=os.getpid(),
         )
         env_vars = {"GLOO_SOCKET_IFNAME": "lo"} if _loopback_ok(backend) else {}
         with Progress(len(plan.items), enabled=progress) as bar, _environ(env_vars):

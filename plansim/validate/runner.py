@@ -102,6 +102,7 @@ def _launch(config: RunConfig, run_dir: Path) -> None:
     """Spawn the ranks and wait for every result file (see module docstring)."""
     import torch.multiprocessing as mp
 
+    from plansim.calibrate.orphans import terminate_as_interrupt
     from plansim.validate.worker import FAULT_ENV, spawned_main
 
     world = config.num_processes
@@ -110,13 +111,19 @@ def _launch(config: RunConfig, run_dir: Path) -> None:
     # forkserver: one server process imports torch and the worker once, every rank is a fork
     # of it (spawn would re-import torch in every rank, ~3 s each on a 2-core machine)
     mp.get_context("forkserver").set_forkserver_preload([_WORKER_MODULE])
-    context = mp.start_processes(  # type: ignore[attr-defined,no-untyped-call]
-        spawned_main,
-        args=(config, world, str(run_dir), init, os.environ.get(FAULT_ENV, "")),
-        nprocs=world,
-        join=False,
-        start_method="forkserver",
-    )
+    with terminate_as_interrupt():
+        context = mp.start_processes(  # type: ignore[attr-defined,no-untyped-call]
+            spawned_main,
+            args=(config, world, str(run_dir), init, os.environ.get(FAULT_ENV, ""), os.getpid()),
+            nprocs=world,
+            join=False,
+            start_method="forkserver",
+        )
+        _wait(context, config, run_dir, deadline, world)
+
+
+def _wait(context: Any, config: RunConfig, run_dir: Path, deadline: float, world: int) -> None:
+    """Wait for every result file; stop the ranks whatever ends the wait."""
     try:
         while not all((run_dir / f"rank-{r}.json").exists() for r in range(world)):
             _check_ranks(context.processes, run_dir)
