@@ -25,6 +25,7 @@ import torch.distributed as dist
 from plansim.calibrate import CalibrationError
 from plansim.calibrate.bench import RankConfig, rank_main
 from plansim.calibrate.build import Built, build_update
+from plansim.calibrate.host_memory import host_memory
 from plansim.calibrate.launch import launch
 from plansim.calibrate.plan import Plan, build_plan
 from plansim.calibrate.progress import Progress
@@ -87,19 +88,6 @@ def check_backend(backend: str, device: str, nproc: int) -> None:
     if nproc > allowed:
         what = "GPUs visible" if device == "cuda" else "CPU cores available (one rank per core)"
         raise CalibrationError(f"--nproc {nproc} is larger than the {allowed} {what}")
-
-
-def host_memory() -> tuple[float, float]:
-    """(MemTotal, MemAvailable) in bytes from /proc/meminfo; (0, 0) where unavailable."""
-    values: dict[str, float] = {}
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            key, _, rest = line.partition(":")
-            if key in ("MemTotal", "MemAvailable"):
-                values[key] = float(rest.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
-        return 0.0, 0.0
-    return values.get("MemTotal", 0.0), values.get("MemAvailable", 0.0)
 
 
 def _load_average() -> float:

@@ -58,8 +58,9 @@ from plansim.validate.compare import (
     rounded_json,
     simulate_plan,
 )
+from plansim.validate.preflight import check_host_memory
 from plansim.validate.refit import Refit, profile_path, refit
-from plansim.validate.result import QUIET_CPU_SHARE, MeasuredRun
+from plansim.validate.result import QUIET_CPU_SHARE, MeasuredRun, RunFailed
 from plansim.validate.run_config import check_schedule_supported
 from plansim.validate.run_dtype import RUN_DTYPES, check_dtype_supported
 
@@ -303,9 +304,16 @@ def run(args: argparse.Namespace) -> int:
     model = scaled_model(args)
     require_plan_divides_model(plan, model)
     profile = load_profile(args.profile)
-    simulate_plan(model, plan, profile, dtype=args.dtype)  # fail before any process starts
+    planned = simulate_plan(model, plan, profile, dtype=args.dtype)  # fail before launching
+    if BACKENDS[args.backend] == "cpu" and "WORLD_SIZE" not in os.environ:
+        check_host_memory(planned, num_processes=args.nproc, pp=plan.pp)
     out = _out_dir(args.out)
-    measured = _measure(args, model=model, plan=plan)
+    try:
+        measured = _measure(args, model=model, plan=plan)
+    except RunFailed as exc:
+        _write_failure(out, exc, plan=plan, model=model)
+        sys.stderr.write(f"plansim: error: {exc}\nplansim: wrote {out / 'failure.json'}\n")
+        return 1
     if os.environ.get("RANK", "0") != "0" and "WORLD_SIZE" in os.environ:
         return 0  # under torchrun every rank gets the results; global rank 0 writes them
     recorded, lookups = recording_profile(profile)  # same prices, lookups logged
@@ -336,6 +344,19 @@ def run(args: argparse.Namespace) -> int:
         )
     sys.stderr.write(f"plansim: wrote {out}\n")
     return 0
+
+
+def _write_failure(out: Path, exc: RunFailed, *, plan: ParallelPlan, model: ModelSpec) -> None:
+    """``DIR/failure.json``: what failed and each rank's status, exit status, last progress
+    and error, for scripts and CI (written atomically)."""
+    doc = {
+        "status": "failed",
+        "model": model.name,
+        "plan": plan.label(),
+        "error": str(exc),
+        "ranks": list(exc.ranks),
+    }
+    write_json_atomic(out / "failure.json", doc, label="--out")
 
 
 def _measure(args: argparse.Namespace, *, model: ModelSpec, plan: ParallelPlan) -> MeasuredRun:

@@ -37,6 +37,20 @@ class ValidateError(PlansimError):
     """A validation run failed or its inputs are wrong; the message names the rank or field."""
 
 
+class RunFailed(ValidateError):
+    """The launched run failed: a rank raised, died or hung.
+
+    Attributes:
+        ranks: per rank, ``rank``, ``status`` (``ok``, ``raised``, ``died``, ``no result``),
+            ``exit_status`` (None while running or unknown), ``last_progress`` and ``error``
+            (the last line of its traceback, or the likely cause of its death).
+    """
+
+    def __init__(self, message: str, *, ranks: tuple[dict[str, object], ...] = ()) -> None:
+        super().__init__(message)
+        self.ranks = ranks
+
+
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class MeasuredRun:
     """One real run of ``plan`` on ``model``, as measured.

@@ -29,7 +29,7 @@ from typing import Any
 import pandas as pd
 
 from plansim.sim.timeline import make_timeline
-from plansim.validate.result import MeasuredRun, ValidateError
+from plansim.validate.result import MeasuredRun, RunFailed, ValidateError
 from plansim.validate.run_config import RunConfig
 
 #: ``RunConfig`` is named here too: callers build it for :func:`run_plan`.
@@ -128,7 +128,10 @@ def _wait(context: Any, config: RunConfig, run_dir: Path, deadline: float, world
         while not all((run_dir / f"rank-{r}.json").exists() for r in range(world)):
             _check_ranks(context.processes, run_dir)
             if time.monotonic() > deadline:
-                raise ValidateError(_timeout_message(config, run_dir))
+                raise RunFailed(
+                    _timeout_message(config, run_dir),
+                    ranks=_rank_reports(context.processes, run_dir),
+                )
             time.sleep(_POLL_S)
     finally:
         _stop(context.processes)
@@ -143,7 +146,49 @@ def _check_ranks(processes: list[Any], run_dir: Path) -> None:
     if not _failures(processes, run_dir):
         return
     time.sleep(3 * _POLL_S)  # let the other ranks' exits and error files land
-    raise ValidateError("\n".join(_failures(processes, run_dir)))
+    raise RunFailed(
+        "\n".join(_failures(processes, run_dir)), ranks=_rank_reports(processes, run_dir)
+    )
+
+
+#: Exit status of a process killed by SIGKILL (multiprocessing reports -signal).
+_SIGKILL_EXIT = -9
+
+
+def _death_cause(exit_status: int | None) -> str:
+    """What a rank's exit status says of its death ('' for nothing known)."""
+    if exit_status == _SIGKILL_EXIT:
+        return (
+            "killed by SIGKILL: most likely the kernel's out-of-memory killer (the ranks "
+            "together needed more memory than the host had)"
+        )
+    return ""
+
+
+def _rank_reports(processes: list[Any], run_dir: Path) -> tuple[dict[str, object], ...]:
+    """Each rank's status, exit status, last progress and error, for ``failure.json``."""
+    reports = []
+    for rank, proc in enumerate(processes):
+        error = run_dir / f"error-{rank}.txt"
+        done = (run_dir / f"rank-{rank}.json").exists()
+        if error.exists():
+            status, text = "raised", error.read_text().strip().splitlines()[-1:]
+        elif done:
+            status, text = "ok", []
+        elif proc.exitcode is not None:
+            status, text = "died", [_death_cause(proc.exitcode)]
+        else:
+            status, text = "no result", []
+        reports.append(
+            {
+                "rank": rank,
+                "status": status,
+                "exit_status": proc.exitcode,
+                "last_progress": _progress(run_dir, rank)[1],
+                "error": " ".join(t for t in text if t),
+            }
+        )
+    return tuple(reports)
 
 
 def _failures(processes: list[Any], run_dir: Path) -> list[str]:
@@ -153,9 +198,10 @@ def _failures(processes: list[Any], run_dir: Path) -> list[str]:
         if error.exists():
             raised.append(f"rank {rank} failed: {error.read_text().strip()}")
         elif proc.exitcode is not None and not (run_dir / f"rank-{rank}.json").exists():
+            cause = _death_cause(proc.exitcode)
             died.append(
                 f"rank {rank} died (exit status {proc.exitcode}) without a result; "
-                f"last progress: '{_progress(run_dir, rank)[1]}'"
+                f"last progress: '{_progress(run_dir, rank)[1]}'" + (f"; {cause}" if cause else "")
             )
     if died and raised:
         raised = ["the other ranks then failed:", *(r.splitlines()[0] for r in raised)]

@@ -359,9 +359,12 @@ def test_a_dying_rank_ends_the_run_naming_it(monkeypatch: pytest.MonkeyPatch) ->
         timeout_s=120.0,
     )
     start = time.monotonic()
-    with pytest.raises(ValidateError, match=rf"rank 1 died \(exit status {FAULT_EXIT_STATUS}\)"):
+    pattern = rf"rank 1 died \(exit status {FAULT_EXIT_STATUS}\)"
+    with pytest.raises(ValidateError, match=pattern) as info:
         run_plan(config)
     assert time.monotonic() - start < config.timeout_s
+    ranks = getattr(info.value, "ranks", ())  # RunFailed: each rank's report for failure.json
+    assert ranks[1]["status"] == "died" and ranks[1]["exit_status"] == FAULT_EXIT_STATUS
 
 
 def test_a_hung_rank_ends_the_run_within_the_timeout(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -122,3 +122,10 @@ def test_killing_calibrate_leaves_no_rank_and_no_temp_folder(tmp_path: Path, sig
     assert _tagged_pids(tag) == []
     assert list(tmp.glob("plansim-calibrate-*")) == []
     assert ORPHANED_EXIT_STATUS == 70
+
+
+def test_a_rank_killed_by_sigkill_is_reported_as_most_likely_out_of_memory() -> None:
+    from plansim.validate.runner import _death_cause
+
+    assert "out-of-memory killer" in _death_cause(-9)
+    assert _death_cause(3) == "" and _death_cause(None) == ""

@@ -307,3 +307,47 @@ def test_under_torchrun_only_global_rank_0_writes(
     monkeypatch.setenv("RANK", "0")
     assert main(args_for(str(profile_file), tmp_path / "r0")) == 0
     assert (tmp_path / "r0" / "comparison.json").exists()
+
+
+def test_a_failed_run_writes_failure_json_and_exits_1(
+    tmp_path: Path,
+    profile_file: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from plansim.validate.result import RunFailed
+
+    ranks = (
+        {"rank": 0, "status": "raised", "exit_status": 1, "last_progress": "step 1", "error": "x"},
+        {"rank": 1, "status": "died", "exit_status": -9, "last_progress": "step 1", "error": "oom"},
+    )
+
+    def failing(*args: object, **kwargs: object) -> object:
+        raise RunFailed("rank 1 died (exit status -9) without a result", ranks=ranks)
+
+    monkeypatch.setattr(cmd, "_measure", failing)
+    out = tmp_path / "out"
+    assert main(args_for(str(profile_file), out)) == 1
+    assert "rank 1 died" in capsys.readouterr().err
+    doc = json.loads((out / "failure.json").read_text())
+    assert doc["status"] == "failed" and doc["ranks"][1]["exit_status"] == -9
+    assert doc["plan"].startswith("tp1 pp2")
+
+
+def test_a_run_that_cannot_fit_the_hosts_memory_is_refused_before_it_starts(
+    tmp_path: Path,
+    profile_file: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import plansim.validate.preflight as preflight
+
+    def never(*args: object, **kwargs: object) -> object:
+        raise AssertionError("no rank may start")
+
+    monkeypatch.setattr(cmd, "_measure", never)
+    monkeypatch.setattr(preflight, "host_memory", lambda: (2.0**30, 2.0**20))  # 1 MiB free
+    assert main(args_for(str(profile_file), tmp_path / "out")) == 2
+    err = capsys.readouterr().err
+    assert "the 2 ranks need about" in err and "GiB of host memory together" in err
+    assert "0.0 GiB available" in err
