@@ -10,6 +10,9 @@ with synthetic data, simulates the same model and plan on ``--profile``, and wri
 the profile from the run (``plansim.validate.refit``), writes it back atomically and reports
 the error after calibration. Under ``torchrun`` (multi-node) every process runs this
 command; global rank 0 writes the outputs. torch is imported only when the run starts.
+Exit status 0 when the run was measured and compared; 1 when it failed (a rank raised,
+died or hung: ``DIR/failure.json`` says which and how far each got); 2 for bad input,
+including a CPU run whose ranks would not fit the host's available memory.
 """
 
 from __future__ import annotations
