@@ -34,7 +34,6 @@ from plansim.calibrate.bench_pipeline import pipeline_chain
 from plansim.calibrate.bench_sustained import sustained_rows
 from plansim.calibrate.cold_timer import ColdTimer
 from plansim.calibrate.environment import environment, rss_bytes
-from plansim.calibrate.orphans import watch_launcher
 from plansim.calibrate.plan import CPU_SHARE_OK, PIPELINE_OPS, Item, Plan
 
 #: Item kinds that time themselves over all ranks: a GEMM alone and beside all_reduces
@@ -55,13 +54,10 @@ class RankConfig:
     plan: Plan
     workdir: str
     pg_timeout_s: float
-    launcher_pid: int = 0
 
 
 def rank_main(rank: int, world: int, config: RankConfig, queue: Any) -> None:
-    """Entry point of one rank (``torch.multiprocessing`` passes ``rank`` first); the rank
-    ends (rank 0 removing the run folder) if its launcher is gone (``orphans``)."""
-    watch_launcher(config.launcher_pid, cleanup=Path(config.workdir) if rank == 0 else None)
+    """Entry point of one rank (``torch.multiprocessing`` passes ``rank`` first)."""
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", category=FutureWarning)
     device = torch.device("cpu")

@@ -10,15 +10,17 @@ the parent (Ctrl-C) also kills the ranks, and so do SIGTERM and SIGHUP
 
 from __future__ import annotations
 
+import os
 import queue as queue_module
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch.multiprocessing as mp
 
 from plansim.calibrate import CalibrationError
-from plansim.calibrate.orphans import terminate_as_interrupt
+from plansim.calibrate.orphans import start_reaper, stop_reaper, terminate_as_interrupt
 
 #: Progress callback: (index of the item rank 0 started, its label).
 OnProgress = Callable[[int, str], None]
@@ -32,10 +34,13 @@ def launch(
     timeout_s: float,
     on_progress: OnProgress | None = None,
     poll_s: float = 0.2,
+    cleanup: Path | None = None,
 ) -> None:
     """Run ``fn(rank, nproc, *args, queue)`` in ``nproc`` spawned processes and wait.
 
-    ``fn`` must be importable by the children (a module-level function).
+    ``fn`` must be importable by the children (a module-level function). ``cleanup``: the
+    run's temporary folder, removed with the ranks if this process is killed
+    (``orphans.start_reaper``).
 
     Raises:
         CalibrationError: a rank raised, exited with a non-zero status, or was still running
@@ -43,7 +48,13 @@ def launch(
     """
     with terminate_as_interrupt():
         _launch(
-            fn, nproc=nproc, args=args, timeout_s=timeout_s, on_progress=on_progress, poll_s=poll_s
+            fn,
+            nproc=nproc,
+            args=args,
+            timeout_s=timeout_s,
+            on_progress=on_progress,
+            poll_s=poll_s,
+            cleanup=cleanup,
         )
 
 
@@ -55,12 +66,14 @@ def _launch(
     timeout_s: float,
     on_progress: OnProgress | None,
     poll_s: float,
+    cleanup: Path | None,
 ) -> None:
     ctx = mp.get_context("spawn")
     messages = ctx.Queue()
     context = mp.start_processes(
         fn, args=(nproc, *args, messages), nprocs=nproc, join=False, start_method="spawn"
     )
+    reaper = start_reaper(os.getpid(), [p.pid for p in context.processes], cleanup=cleanup)
     deadline = time.monotonic() + timeout_s
     last = "starting the ranks"
     try:
@@ -78,6 +91,7 @@ def _launch(
     finally:
         _kill(context)
         messages.close()
+        stop_reaper(reaper)
 
 
 def _joined(context: Any, poll_s: float) -> bool:

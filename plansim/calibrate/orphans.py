@@ -1,4 +1,4 @@
-"""No orphaned ranks, no stale temp folders: how launched ranks and their launcher end together.
+"""No orphaned ranks, no stale temp folders: launched ranks and their launcher end together.
 
 ``plansim calibrate`` and ``plansim validate`` launch ranks as child processes (spawn, or a
 fork server whose children are not the launcher's). Whatever ends the launcher:
@@ -7,33 +7,54 @@ fork server whose children are not the launcher's). Whatever ends the launcher:
   turns the signal into :class:`LauncherTerminated`, an exception, so the launcher's
   ``finally`` kills and reaps every rank and its temporary folder is removed, and the
   command ends with status 128 + the signal number, as a shell reports a killed process;
-* SIGKILL (nothing runs in the launcher): each rank runs :func:`watch_launcher`, a daemon
-  thread that checks every :data:`POLL_S` whether the launcher still runs (exists, not a
-  zombie) and the rank still has the parent it started with (a fork server exits with its
-  launcher; the rank is then reparented), and otherwise
-  removes the run's temporary folder and ends the rank at once (``os._exit``: a rank blocked
-  in a collective's C++ wait cannot run Python handlers, a thread can, since those waits
-  release the GIL).
+* SIGKILL (nothing runs in the launcher): :func:`start_reaper` starts a small watcher process
+  of its own session beside the ranks, which checks every :data:`POLL_S` that the launcher
+  still runs (exists and is not a zombie) and otherwise kills the ranks and removes the run's
+  temporary folder. A separate process, not a thread in the ranks: a rank blocked in C++ (a
+  store or collective wait that holds the GIL) runs no Python, a separate process still does.
+  The launcher stops the reaper when the launch ends (:func:`stop_reaper`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import signal
+import subprocess
+import sys
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 
-#: Seconds between a rank's checks that its launcher is alive.
-POLL_S = 0.25
-#: Exit status of a rank that ended because its launcher was gone.
-ORPHANED_EXIT_STATUS = 70
+#: Seconds between the reaper's checks that the launcher is alive.
+POLL_S = 0.2
 #: Signals the launcher turns into :class:`LauncherTerminated`.
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+#: The reaper: argv = launcher pid, folder ('' for none), rank pids. Standard library only.
+_REAPER = """
+import os, shutil, signal, sys, time
+launcher, folder, ranks = int(sys.argv[1]), sys.argv[2], [int(p) for p in sys.argv[3:]]
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return True
+while alive(launcher):
+    time.sleep(POLL_S)
+for pid in ranks:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+if folder:
+    shutil.rmtree(folder, ignore_errors=True)
+"""
 
 
 class LauncherTerminated(Exception):
@@ -69,38 +90,23 @@ def terminate_as_interrupt() -> Iterator[None]:
             signal.signal(sig, old)
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs: it exists, is ours and is not a zombie (a killed launcher stays
-    one until its own parent reaps it)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else (a reused pid): not ours
-        return False
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True  # no /proc: existence is all there is to know
-    return stat.rpartition(")")[2].split()[0] != "Z"
+def start_reaper(
+    launcher_pid: int, rank_pids: Sequence[int], *, cleanup: Path | None
+) -> subprocess.Popen[bytes]:
+    """Start the reaper of ``rank_pids`` (module docstring) for the launcher
+    ``launcher_pid``; ``cleanup``: the folder it removes if the launcher dies first."""
+    code = _REAPER.replace("POLL_S", repr(POLL_S))
+    argv = [sys.executable, "-c", code, str(launcher_pid), str(cleanup or "")]
+    return subprocess.Popen(
+        [*argv, *map(str, rank_pids)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # outside the launcher's process group: a group kill spares it
+    )
 
 
-def watch_launcher(launcher_pid: int, *, cleanup: Path | None) -> threading.Thread | None:
-    """Start the rank's watch on its launcher (module docstring); None when ``launcher_pid``
-    is 0 (not launched by plansim). ``cleanup``: the folder to remove when the launcher is
-    gone (rank 0's job; None on the other ranks)."""
-    if launcher_pid <= 0:
-        return None
-
-    parent = os.getppid()
-
-    def watch() -> None:  # the launcher, or the fork server it started, gone: orphaned
-        while _alive(launcher_pid) and os.getppid() == parent:
-            time.sleep(POLL_S)
-        if cleanup is not None:
-            shutil.rmtree(cleanup, ignore_errors=True)
-        os._exit(ORPHANED_EXIT_STATUS)
-
-    thread = threading.Thread(target=watch, name="plansim-launcher-watch", daemon=True)
-    thread.start()
-    return thread
+def stop_reaper(reaper: subprocess.Popen[bytes]) -> None:
+    """End the reaper (the launch ended with the launcher alive) and reap it."""
+    reaper.kill()
+    reaper.wait()

@@ -182,12 +182,18 @@ def run_items(
             plan=plan,
             workdir=workdir,
             pg_timeout_s=pg_timeout_s,
-            launcher_pid=os.getpid(),
         )
         env_vars = {"GLOO_SOCKET_IFNAME": "lo"} if _loopback_ok(backend) else {}
         with Progress(len(plan.items), enabled=progress) as bar, _environ(env_vars):
             update: Callable[[int, str], None] = bar.update
-            launch(rank_main, nproc=nproc, args=(config,), timeout_s=timeout_s, on_progress=update)
+            launch(
+                rank_main,
+                nproc=nproc,
+                args=(config,),
+                timeout_s=timeout_s,
+                on_progress=update,
+                cleanup=Path(workdir),
+            )
         rows: list[dict[str, object]] = []
         env: dict[str, str] = {}
         for rank in range(nproc):

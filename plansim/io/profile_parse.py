@@ -18,6 +18,7 @@ from the edge units in the key names to SI (``plansim.io.profile_schema``).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -34,6 +35,7 @@ from plansim.io.profile_schema import (
     MATMUL_KEYS,
     OPTIONAL_SCALARS,
     OPTIONAL_TOP_LEVEL_KEYS,
+    PLAUSIBLE,
     SCALARS,
     SCHEMA_VERSION,
     TOP,
@@ -96,9 +98,23 @@ def _require(
             raise ctx.error(_join(path, key), "missing required key")
 
 
+#: A number YAML 1.1 reads as text (``1e12`` has no dot): read as the number it spells.
+_FLOAT_TEXT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
+
+
 def _number(ctx: _Ctx, value: object, path: str) -> float:
+    if isinstance(value, str) and _FLOAT_TEXT.match(value.strip()):
+        value = float(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ctx.error(path, f"expected a number, got {_show(value)}")
+    key = path.rpartition(".")[2]
+    bounds = PLAUSIBLE.get(key)
+    if bounds is not None and not bounds[0] <= value <= bounds[1]:
+        raise ctx.error(
+            path,
+            f"{value:g} is outside the plausible range [{bounds[0]:g}, {bounds[1]:g}] for this "
+            "key (hardware_profiles/README.md; a unit slip?)",
+        )
     return float(value)
 
 

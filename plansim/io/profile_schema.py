@@ -140,6 +140,31 @@ OPTIONAL_SCALARS = (
     _Scalar("communication_power_w", "communication_power_w", _identity, _identity),
     _Scalar("idle_power_w", "idle_power_w", _identity, _identity),
 )
+#: Plausible ranges of the top-level and ``host:`` numbers, in the file's units (inclusive).
+#: Each spans at least 10x beyond the extremes of every device in
+#: ../shared/reference/hardware.csv and of the shipped profiles (a 2-core CPU measured at
+#: 11 GB/s and 0.9 GB/s between ranks; B300's 288 GB at 8 TB/s; 800 Gb/s NICs, 100 GB/s;
+#: launch overhead 2-23 us, NIC latency 122-269 us; 400-1,200 W): a number outside is a typo
+#: or a unit slip (bytes for GB), never a device. Fractions are checked by the profile itself.
+PLAUSIBLE: dict[str, tuple[float, float]] = {
+    "kernel_launch_us": (0.0, 10_000.0),
+    "hbm_capacity_gib": (0.01, 100_000.0),
+    "hbm_bandwidth_gb_per_s": (0.01, 1_000_000.0),
+    "memory_reserve_gib": (0.0, 100_000.0),
+    "nic_gb_per_s": (0.001, 100_000.0),
+    "nic_latency_us": (0.0, 1_000_000.0),
+    "latency_us": (0.0, 1_000_000.0),  # each intra_node collective's
+    "pcie_gb_per_s": (0.001, 100_000.0),
+    "elementwise_forward_gb_per_s": (0.01, 1_000_000.0),
+    "elementwise_backward_gb_per_s": (0.01, 1_000_000.0),
+    "max_power_w": (1.0, 100_000.0),
+    "communication_power_w": (1.0, 100_000.0),
+    "idle_power_w": (1.0, 100_000.0),
+    "memory_gib": (0.01, 1_000_000.0),
+    "adam_params_per_s": (1.0, 1e15),
+    "nvme_read_gb_per_s": (0.001, 100_000.0),
+    "nvme_write_gb_per_s": (0.001, 100_000.0),
+}
 #: The optional ``host:`` section (ZeRO-Offload / ZeRO-Infinity): YAML key <->
 #: ``HostSpec`` field, in file order; provenance keys are ``host.<key>``.
 HOST_SCALARS = (

@@ -102,7 +102,7 @@ def _launch(config: RunConfig, run_dir: Path) -> None:
     """Spawn the ranks and wait for every result file (see module docstring)."""
     import torch.multiprocessing as mp
 
-    from plansim.calibrate.orphans import terminate_as_interrupt
+    from plansim.calibrate.orphans import start_reaper, stop_reaper, terminate_as_interrupt
     from plansim.validate.worker import FAULT_ENV, spawned_main
 
     world = config.num_processes
@@ -114,12 +114,17 @@ def _launch(config: RunConfig, run_dir: Path) -> None:
     with terminate_as_interrupt():
         context = mp.start_processes(  # type: ignore[attr-defined,no-untyped-call]
             spawned_main,
-            args=(config, world, str(run_dir), init, os.environ.get(FAULT_ENV, ""), os.getpid()),
+            args=(config, world, str(run_dir), init, os.environ.get(FAULT_ENV, "")),
             nprocs=world,
             join=False,
             start_method="forkserver",
         )
-        _wait(context, config, run_dir, deadline, world)
+        pids = [p.pid for p in context.processes]
+        reaper = start_reaper(os.getpid(), pids, cleanup=run_dir)
+        try:
+            _wait(context, config, run_dir, deadline, world)
+        finally:
+            stop_reaper(reaper)
 
 
 def _wait(context: Any, config: RunConfig, run_dir: Path, deadline: float, world: int) -> None:

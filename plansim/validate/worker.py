@@ -26,7 +26,6 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 
-from plansim.calibrate.orphans import watch_launcher
 from plansim.specs.model import ModelSpec
 from plansim.specs.plan import ParallelPlan
 from plansim.validate import parallelize as par
@@ -417,17 +416,12 @@ def spawned_main(
     run_dir: str,
     init_method: str,
     fault: str,
-    launcher_pid: int = 0,
 ) -> None:
     """Entry point of a launched rank (``torch.multiprocessing``): run, write files, exit.
 
     ``fault`` is the launcher's ``PLANSIM_VALIDATE_FAULT`` (a forkserver child inherits the
-    environment of the fork server, not the launcher's, so it is passed explicitly), and
-    ``launcher_pid`` the launcher's process (a fork server's child is not the launcher's):
-    the rank ends, rank 0 removing ``run_dir``, once the launcher is gone
-    (``plansim.calibrate.orphans.watch_launcher``).
+    environment of the fork server, not the launcher's, so it is passed explicitly).
     """
-    watch_launcher(launcher_pid, cleanup=Path(run_dir) if rank == 0 else None)
     if fault:
         os.environ[FAULT_ENV] = fault
     out = Path(run_dir)

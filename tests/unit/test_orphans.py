@@ -1,6 +1,6 @@
 """Killing a launcher leaves no rank running and no temporary folder behind: SIGTERM is
-turned into an exception that stops the ranks; after SIGKILL the ranks see their launcher
-gone, remove the run folder and exit."""
+turned into an exception that stops the ranks; after SIGKILL the reaper process kills the
+ranks and removes the run folder."""
 
 from __future__ import annotations
 
@@ -15,11 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from plansim.calibrate.orphans import (
-    ORPHANED_EXIT_STATUS,
-    LauncherTerminated,
-    terminate_as_interrupt,
-)
+from plansim.calibrate.orphans import LauncherTerminated, terminate_as_interrupt
 
 
 def test_sigterm_inside_the_block_raises_and_the_old_handler_comes_back() -> None:
@@ -43,27 +39,25 @@ def _wait_gone(pid: int, timeout_s: float) -> bool:
     return False
 
 
-def test_a_rank_whose_launcher_is_killed_removes_the_run_folder_and_exits(
+def test_the_reaper_kills_the_ranks_and_removes_the_folder_when_the_launcher_dies(
     tmp_path: Path,
 ) -> None:
+    """A "launcher" process starts a "rank" that ignores everything but SIGKILL (as a rank
+    blocked in C++ does) and the reaper; killing the launcher with SIGKILL ends the rank and
+    removes the run folder."""
     folder = tmp_path / "run"
     folder.mkdir()
     (folder / "store").write_text("x")
     pid_file = tmp_path / "rank.pid"
-    rank = textwrap.dedent(
-        f"""
-        import os, sys, time
-        from pathlib import Path
-        from plansim.calibrate.orphans import watch_launcher
-        Path({str(pid_file)!r}).write_text(str(os.getpid()))
-        watch_launcher(int(sys.argv[1]), cleanup=Path({str(folder)!r}))
-        time.sleep(60)
-        """
-    )
     launcher = textwrap.dedent(
         f"""
-        import os, subprocess, sys, time
-        subprocess.Popen([sys.executable, "-c", {rank!r}, str(os.getpid())])
+        import os, signal, subprocess, sys, time
+        from pathlib import Path
+        from plansim.calibrate.orphans import start_reaper
+        rank = subprocess.Popen([sys.executable, "-c",
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"])
+        start_reaper(os.getpid(), [rank.pid], cleanup=Path({str(folder)!r}))
+        Path({str(pid_file)!r}).write_text(str(rank.pid))
         time.sleep(60)
         """
     )
@@ -76,6 +70,20 @@ def test_a_rank_whose_launcher_is_killed_removes_the_run_folder_and_exits(
     proc.wait()
     assert _wait_gone(rank_pid, timeout_s=5.0)
     assert not folder.exists()
+
+
+def test_a_stopped_reaper_leaves_the_ranks_alone(tmp_path: Path) -> None:
+    from plansim.calibrate.orphans import start_reaper, stop_reaper
+
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    folder = tmp_path / "run"
+    folder.mkdir()
+    reaper = start_reaper(os.getpid(), [rank.pid], cleanup=folder)
+    stop_reaper(reaper)
+    time.sleep(0.5)
+    assert rank.poll() is None and folder.exists()
+    rank.kill()
+    rank.wait()
 
 
 def _tagged_pids(tag: str) -> list[int]:
@@ -121,7 +129,6 @@ def test_killing_calibrate_leaves_no_rank_and_no_temp_folder(tmp_path: Path, sig
         time.sleep(0.2)
     assert _tagged_pids(tag) == []
     assert list(tmp.glob("plansim-calibrate-*")) == []
-    assert ORPHANED_EXIT_STATUS == 70
 
 
 def test_a_rank_killed_by_sigkill_is_reported_as_most_likely_out_of_memory() -> None:

@@ -10,6 +10,7 @@ import copy
 import dataclasses
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -471,3 +472,35 @@ def test_nic_and_latency_units() -> None:
     assert p.intra_node["all_reduce"].latency_s == pytest.approx(13.0e-6)
     assert p.memory_reserve_bytes == pytest.approx(6.7 * 2**30)
     assert math.isclose(p.pcie_bytes_per_s, 55.43e9)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "key"),
+    [
+        ("nic_latency_us: 122.3", "nic_latency_us: -122.3", "nic_latency_us: -122.3 is outside"),
+        ("nic_gb_per_s: 47", "nic_gb_per_s: 1e-300", "nic_gb_per_s: 1e-300 is outside"),
+        ("kernel_launch_us: 5", "kernel_launch_us: -1", "kernel_launch_us: -1 is outside"),
+        (
+            "hbm_bandwidth_gb_per_s: 3350",
+            "hbm_bandwidth_gb_per_s: 3.35e12",
+            "hbm_bandwidth_gb_per_s: 3.35e+12 is outside the plausible range [0.01, 1e+06]",
+        ),
+        ("    latency_us: 13", "    latency_us: -13", "intra_node.all_reduce.latency_us: -13"),
+    ],
+)
+def test_implausible_numbers_are_refused_naming_the_key(
+    tmp_path: Path, old: str, new: str, key: str
+) -> None:
+    text = (io_profiles.profiles_dir() / "h100-sxm5-80gb.yaml").read_text()
+    assert old in text
+    path = tmp_path / "bad.yaml"
+    path.write_text(text.replace(old, new, 1))
+    with pytest.raises(InputFileError, match=re.escape(key)):
+        load_profile(str(path))
+
+
+def test_a_number_yaml_reads_as_text_is_read_as_the_number(tmp_path: Path) -> None:
+    text = (io_profiles.profiles_dir() / "h100-sxm5-80gb.yaml").read_text()
+    path = tmp_path / "p.yaml"
+    path.write_text(text.replace("nic_gb_per_s: 47", "nic_gb_per_s: 4.7e1", 1))
+    assert load_profile(str(path)).nic_bytes_per_s == pytest.approx(47e9)
