@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     write_bytes_atomic(out, data, label="--out")
     columns = ["model", "gpu", "num_gpus", "global_batch_size", "status", "plan", "step_time_s"]
     if settings.runs is not None:
-        columns += [c for c in RUN_COLUMNS if table[c].notna().any()]
+        columns += [c for c in RUN_COLUMNS if c in table and table[c].notna().any()]
     sys.stdout.write(render(table[columns], "table"))
     if plot is not None:
         title = ", ".join(sorted({f"{row['model']} on {row['gpu']}" for row in rows}))

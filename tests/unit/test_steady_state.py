@@ -88,17 +88,23 @@ def test_gpipe_is_simulated_whole() -> None:
     assert isinstance(got, Evaluation) and got.result.simulated_microbatches == 300
 
 
-def test_plansim_simulate_keeps_every_micro_batch_in_its_trace(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """The trace and plots of ``plansim simulate`` are of the whole step."""
+def test_plansim_simulate_keeps_every_micro_batch_in_its_trace_with_whole_step(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The trace of a long step is the steady-state window (the longer of the two shorter
+    simulations, 172 of 300 micro-batches here) unless ``--whole-step`` asks for all."""
     import json
 
     trace = tmp_path / "t.json"
     argv = ["simulate", "--model", "megatron-1.7b", "--gpu", "a100-sxm4-80gb", "--gpus", "8"]
     argv += ["--tp", "2", "--pp", "4", "--mbs", "1", "--gbs", "300", "--trace", str(trace)]
+
+    def forwards() -> set[int]:
+        events = json.loads(trace.read_text())["traceEvents"]
+        return {e["args"]["microbatch"] for e in events if e.get("name", "").startswith("F")}
+
     assert main(argv) == 0
-    events = json.loads(trace.read_text())["traceEvents"]
-    forwards = {e["args"]["microbatch"] for e in events if e.get("name", "").startswith("F")}
-    assert forwards == set(range(300))
+    assert forwards() == set(range(172))
+    assert main([*argv, "--whole-step"]) == 0
+    assert forwards() == set(range(300))
 
 
 def test_plansim_simulate_says_when_its_figures_are_extrapolated(capsys) -> None:  # type: ignore[no-untyped-def]
