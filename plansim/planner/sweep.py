@@ -240,8 +240,13 @@ def _ray(task: Task, cells: list[SweepCell], jobs: int) -> Iterator[dict[str, An
     import ray  # type: ignore[import-not-found]
 
     ray.init(ignore_reinit_error=True)  # RAY_ADDRESS when configured, else a local cluster
-    remote = ray.remote(task)
-    yield from ray.get([remote.remote(cell) for cell in cells])
+    remote = ray.remote(_call)  # ray.remote takes a function or class, not a partial
+    yield from ray.get([remote.remote(task, cell) for cell in cells])
+
+
+def _call(task: Task, cell: SweepCell) -> dict[str, Any]:
+    """``task(cell)``: the module-level function a Ray worker runs."""
+    return task(cell)
 
 
 _EXECUTE: dict[str, Callable[[Task, list[SweepCell], int], Iterator[dict[str, Any]]]] = {

@@ -111,15 +111,3 @@ def test_parquet_without_pyarrow_is_a_clear_error(
 ) -> None:
     assert main([*BASE, "--gbs", "16", "--out", str(tmp_path / "t.parquet")]) == 2
     assert "needs the 'pyarrow' package" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("executor", ["dask", "ray"])
-def test_missing_cluster_package_is_a_clear_error(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], executor: str
-) -> None:
-    if importlib.util.find_spec(executor) is not None:
-        pytest.skip(f"{executor} installed")
-    out = str(tmp_path / "t.csv")
-    assert main([*BASE, "--gbs", "16", "--out", out, "--executor", executor]) == 2
-    err = capsys.readouterr().err
-    assert f"--executor {executor} needs the '{executor}' package" in err
