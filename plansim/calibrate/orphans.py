@@ -7,10 +7,10 @@ fork server whose children are not the launcher's). Whatever ends the launcher:
   turns the signal into :class:`LauncherTerminated`, an exception, so the launcher's
   ``finally`` kills and reaps every rank and its temporary folder is removed, and the
   command ends with status 128 + the signal number, as a shell reports a killed process;
-* SIGKILL (nothing runs in the launcher): :func:`start_reaper` starts a small watcher process
-  (setsid: outside the launcher's process group) beside the ranks, which checks every :data:`POLL_S` that the launcher
-  still runs (exists and is not a zombie) and otherwise kills the ranks and removes the run's
-  temporary folder. A separate process, not a thread in the ranks: a rank blocked in C++ (a
+* SIGKILL (nothing runs in the launcher): :func:`start_reaper` starts a small watcher
+  process (setsid: outside the launcher's process group) beside the ranks, which checks
+  every :data:`POLL_S` that the launcher still runs (exists and is not a zombie) and
+  otherwise kills the ranks and removes the run's temporary folder. A separate process, not a thread in the ranks: a rank blocked in C++ (a
   store or collective wait that holds the GIL) runs no Python, a separate process still does.
   The launcher stops the reaper when the launch ends (:func:`stop_reaper`).
 """
