@@ -10,9 +10,10 @@ fork server whose children are not the launcher's). Whatever ends the launcher:
 * SIGKILL (nothing runs in the launcher): :func:`start_reaper` starts a small watcher
   process (setsid: outside the launcher's process group) beside the ranks, which checks
   every :data:`POLL_S` that the launcher still runs (exists and is not a zombie) and
-  otherwise kills the ranks and removes the run's temporary folder. A separate process, not a thread in the ranks: a rank blocked in C++ (a
-  store or collective wait that holds the GIL) runs no Python, a separate process still does.
-  The launcher stops the reaper when the launch ends (:func:`stop_reaper`).
+  otherwise kills the ranks and removes the run's temporary folder. A separate process, not
+  a thread in the ranks: a rank blocked in C++ (a store or collective wait that holds the
+  GIL) runs no Python, a separate process still does. The launcher stops the reaper when the
+  launch ends (:func:`stop_reaper`).
 """
 
 from __future__ import annotations
