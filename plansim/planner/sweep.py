@@ -228,16 +228,17 @@ def _require(package: str, executor: str) -> None:
 def _dask(task: Task, cells: list[SweepCell], jobs: int) -> Iterator[dict[str, Any]]:
     _require("dask", "dask")
     _require("distributed", "dask")
-    from dask.distributed import Client  # type: ignore[import-not-found]
+    # optional packages, imported by name: typed as Any whether or not they are installed
+    client_type: Any = importlib.import_module("dask.distributed").Client
 
-    with Client() as client:  # the configured scheduler (dask config), else a local cluster
+    with client_type() as client:  # the configured scheduler (dask config), else a local cluster
         futures = client.map(task, cells, pure=True)
         yield from client.gather(futures)
 
 
 def _ray(task: Task, cells: list[SweepCell], jobs: int) -> Iterator[dict[str, Any]]:
     _require("ray", "ray")
-    import ray  # type: ignore[import-not-found]
+    ray: Any = importlib.import_module("ray")
 
     ray.init(ignore_reinit_error=True)  # RAY_ADDRESS when configured, else a local cluster
     remote = ray.remote(_call)  # ray.remote takes a function or class, not a partial
