@@ -351,3 +351,22 @@ def test_a_run_that_cannot_fit_the_hosts_memory_is_refused_before_it_starts(
     err = capsys.readouterr().err
     assert "the 2 ranks need about" in err and "GiB of host memory together" in err
     assert "0.0 GiB available" in err
+
+
+def test_nccl_without_a_gpu_is_refused_before_launching(
+    tmp_path: Path,
+    profile_file: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+    def never(*args: object, **kwargs: object) -> object:
+        raise AssertionError("no rank may start")
+
+    monkeypatch.setattr(cmd, "_measure", never)
+    argv = args_for(str(profile_file), tmp_path / "out")
+    argv[argv.index("gloo")] = "nccl"
+    assert main(argv) == 2
+    assert "--backend nccl needs a CUDA device" in capsys.readouterr().err
