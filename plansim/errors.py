@@ -5,6 +5,7 @@ The CLI catches :class:`PlansimError` and prints its message on one line (no tra
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 
@@ -52,6 +53,17 @@ def require_positive(field: str, value: object) -> None:
         raise SpecError(f"{field} must be a positive number, got {value!r}")
     if value != value or value == float("inf"):
         raise SpecError(f"{field} must be finite, got {value!r}")
+
+
+def require_bounded(field: str, value: object, *, minimum: float, strict: bool) -> None:
+    """Raise SpecError unless value is a finite real number (bools rejected) above
+    ``minimum`` (``strict``) or at least ``minimum``."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        number = float(value)
+        if number > minimum or (number == minimum and not strict):
+            return
+    bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+    raise SpecError(f"{field} must be a finite number {bound}, got {value!r}")
 
 
 def require_flags(names: tuple[str, ...], values: tuple[object, ...], *, prefix: str) -> None:

@@ -15,16 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from plansim.errors import SpecError
-from plansim.specs.failure_model import finite_number
-
-
-def _require_number(field_name: str, value: object, *, minimum: float, strict: bool) -> None:
-    number = finite_number(value)
-    if number is not None and (number > minimum or (number == minimum and not strict)):
-        return
-    bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
-    raise SpecError(f"{field_name} must be a finite number {bound}, got {value!r}")
+from plansim.errors import SpecError, require_bounded
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,11 +38,11 @@ class Facility:
     source: str = ""
 
     def __post_init__(self) -> None:
-        _require_number("facility.pue", self.pue, minimum=1.0, strict=False)
-        _require_number(
+        require_bounded("facility.pue", self.pue, minimum=1.0, strict=False)
+        require_bounded(
             "facility.host_power_w_per_node", self.host_power_w_per_node, minimum=0, strict=False
         )
-        _require_number(
+        require_bounded(
             "facility.network_power_w_per_gpu",
             self.network_power_w_per_gpu,
             minimum=0,
@@ -81,9 +72,9 @@ class PriceTable:
         if not self.usd_per_gpu_hour:
             raise SpecError("prices.usd_per_gpu_hour must name at least one hardware profile")
         for name, price in self.usd_per_gpu_hour.items():
-            _require_number(f"prices.usd_per_gpu_hour.{name}", price, minimum=0, strict=False)
+            require_bounded(f"prices.usd_per_gpu_hour.{name}", price, minimum=0, strict=False)
         if self.usd_per_kwh is not None:
-            _require_number("prices.usd_per_kwh", self.usd_per_kwh, minimum=0, strict=False)
+            require_bounded("prices.usd_per_kwh", self.usd_per_kwh, minimum=0, strict=False)
 
     def gpu_hour_usd(self, profile_name: str) -> float:
         """Dollars per GPU-hour of ``profile_name``.

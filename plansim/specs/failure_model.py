@@ -18,27 +18,15 @@ asynchronous checkpoint's blocking part is its copy to host memory: give that ba
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from plansim.errors import SpecError
+from plansim.errors import require_bounded
 
 SECONDS_PER_HOUR = 3600.0
 
 
-def finite_number(value: object) -> float | None:
-    """``value`` as a float when it is a finite real number (not a bool), else None."""
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
-
-
 def _require(field: str, value: object, *, positive: bool) -> None:
-    number = finite_number(value)
-    if number is not None and (number > 0 or (number == 0 and not positive)):
-        return
-    bound = "> 0" if positive else ">= 0"
-    raise SpecError(f"failures.{field} must be a finite number {bound}, got {value!r}")
+    require_bounded(f"failures.{field}", value, minimum=0.0, strict=positive)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
