@@ -61,7 +61,7 @@ from plansim.validate.compare import (
     rounded_json,
     simulate_plan,
 )
-from plansim.validate.preflight import check_host_memory
+from plansim.validate.preflight import check_host_memory, require_devices
 from plansim.validate.refit import Refit, profile_path, refit
 from plansim.validate.result import QUIET_CPU_SHARE, MeasuredRun, RunFailed
 from plansim.validate.run_config import check_schedule_supported
@@ -308,7 +308,8 @@ def run(args: argparse.Namespace) -> int:
     require_plan_divides_model(plan, model)
     profile = load_profile(args.profile)
     planned = simulate_plan(model, plan, profile, dtype=args.dtype)  # fail before launching
-    _require_gpus(args)
+    if "WORLD_SIZE" not in os.environ:
+        require_devices(BACKENDS[args.backend])
     if BACKENDS[args.backend] == "cpu" and "WORLD_SIZE" not in os.environ:
         check_host_memory(planned, num_processes=args.nproc, pp=plan.pp)
     out = _out_dir(args.out)
@@ -348,24 +349,6 @@ def run(args: argparse.Namespace) -> int:
         )
     sys.stderr.write(f"plansim: wrote {out}\n")
     return 0
-
-
-def _require_gpus(args: argparse.Namespace) -> None:
-    """Refuse ``--backend nccl`` on a machine without a visible CUDA device (torch imported
-    here, as the run would).
-
-    Raises:
-        SpecError: no CUDA device, naming the backend to use instead.
-    """
-    if BACKENDS[args.backend] != "cuda" or "WORLD_SIZE" in os.environ:
-        return
-    import torch
-
-    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
-        raise SpecError(
-            "--backend nccl needs a CUDA device and torch sees none on this machine; "
-            "use --backend gloo (CPU) or run where GPUs are visible"
-        )
 
 
 def _write_failure(out: Path, exc: RunFailed, *, plan: ParallelPlan, model: ModelSpec) -> None:

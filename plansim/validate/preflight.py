@@ -1,4 +1,5 @@
-"""Checks of a validation run before any rank starts: will its ranks fit this host's memory?
+"""Checks of a validation run before any rank starts: is there a GPU for an NCCL run, and
+will a CPU run's ranks fit this host's memory?
 
 A run whose ranks together need more memory than the host has is killed by the kernel's
 out-of-memory killer part-way (the launcher then sees a rank die with exit status -9). On a
@@ -47,4 +48,22 @@ def check_host_memory(
             f"together (plansim's memory model of the run), the host has "
             f"{bytes_to_gib(available_bytes):.1f} GiB available: the kernel would kill them. "
             "Use a shorter --seq-len, a smaller --mbs or model, or fewer --nproc"
+        )
+
+
+def require_devices(device: str) -> None:
+    """Refuse a ``cuda`` run on a machine where torch sees no CUDA device (torch is imported
+    here, when the run is about to start, not when the command module is).
+
+    Raises:
+        ValidateError: no CUDA device, naming the backend to use instead.
+    """
+    if device != "cuda":
+        return
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+        raise ValidateError(
+            "--backend nccl needs a CUDA device and torch sees none on this machine; "
+            "use --backend gloo (CPU) or run where GPUs are visible"
         )
