@@ -22,7 +22,7 @@ from plansim.commands.common import (
 from plansim.commands.empty_search import empty_search_lines
 from plansim.commands.plan_counts import check_range_args, run_counts
 from plansim.commands.plan_phases import phase_plans, phase_plans_dict, phase_plans_text
-from plansim.commands.plan_space import add_constraint_args, search_spaces
+from plansim.commands.plan_space import add_constraint_args, search_from_args, search_spaces
 from plansim.commands.run_options import RunInputs, add_objective_arg, add_run_args, run_inputs
 from plansim.errors import SpecError, require_positive_int
 from plansim.io.outputs import check_writable
@@ -30,9 +30,8 @@ from plansim.io.plan_file import PlanFile, write_plan_file
 from plansim.planner.evaluate import Evaluation
 from plansim.planner.lookups import out_of_range_lookups
 from plansim.planner.parallel import default_jobs
-from plansim.planner.progress import progress_bar
 from plansim.planner.robustness import ranking_trust
-from plansim.planner.search import SearchResult, search
+from plansim.planner.search import SearchResult
 from plansim.planner.space import SearchSpace
 from plansim.planner.training_run import Objective, RunEstimate, order_by_objective
 from plansim.report.run_report import run_columns
@@ -327,17 +326,15 @@ def run(args: argparse.Namespace) -> int:
         assert inputs is not None  # check_range_args asked for --tokens
         return run_counts(args, model, profile, inputs, jobs=jobs, plot=plot)
     unconstrained, space = search_spaces(args, model, profile)
-    result = search(
+    result = search_from_args(
+        args,
         model,
         profile,
+        space=space,
         num_gpus=args.gpus,
         global_batch_size=args.gbs,
-        space=space,
         top_k=args.top,
-        simulate_top=args.simulate_top,
-        exhaustive=args.exhaustive,
         jobs=jobs,
-        progress=progress_bar(forced=args.progress),
     )
     if plot is not None:
         _write_pareto(plot, result, args=args, model=model, profile=profile)

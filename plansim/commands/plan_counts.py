@@ -16,12 +16,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from plansim.commands.plan_space import search_spaces
+from plansim.commands.plan_space import search_from_args, search_spaces
 from plansim.commands.run_options import RunInputs, write_run_plot
 from plansim.errors import SpecError
 from plansim.planner.evaluate import Evaluation
-from plansim.planner.progress import progress_bar
-from plansim.planner.search import search
 from plansim.planner.training_run import (
     SECONDS_PER_DAY,
     Objective,
@@ -99,17 +97,15 @@ def _best_of_count(
 ) -> tuple[Evaluation | None, RunEstimate | None]:
     """The count's plan by the objective among its --top fastest, and its whole run."""
     _, space = search_spaces(args, model, profile)
-    result = search(
+    result = search_from_args(
+        args,
         model,
         profile,
+        space=space,
         num_gpus=num_gpus,
         global_batch_size=args.gbs,
-        space=space,
         top_k=args.top,
-        simulate_top=args.simulate_top,
-        exhaustive=args.exhaustive,
         jobs=jobs,
-        progress=progress_bar(forced=args.progress),
     )
     ranked = result.ranked[: args.top]
     if not ranked:

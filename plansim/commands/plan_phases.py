@@ -15,10 +15,9 @@ from typing import Any
 
 import pandas as pd
 
-from plansim.commands.plan_space import search_spaces
+from plansim.commands.plan_space import search_from_args, search_spaces
 from plansim.commands.run_options import RunInputs
 from plansim.planner.evaluate import Evaluation
-from plansim.planner.search import search
 from plansim.planner.training_run import RunEstimate, estimate_run, phase_keys, run_columns
 from plansim.report.tables import render
 from plansim.specs.hardware import HardwareProfile
@@ -61,16 +60,16 @@ def phase_plans(
             model if seq == model.seq_length else dataclasses.replace(model, seq_length=seq)
         )
         _, space = search_spaces(args, phase_model, profile)
-        result = search(
+        result = search_from_args(
+            args,
             phase_model,
             profile,
+            space=space,
             num_gpus=args.gpus,
             global_batch_size=gbs,
-            space=space,
             top_k=1,
-            simulate_top=args.simulate_top,
-            exhaustive=args.exhaustive,
             jobs=jobs,
+            progress=False,
         )
         best[(gbs, seq)] = result.ranked[0] if result.ranked else None
     found = {key: ev for key, ev in best.items() if ev is not None}

@@ -19,6 +19,8 @@ from plansim.commands.common import (
 )
 from plansim.errors import SpecError
 from plansim.planner.enumerate import divisors
+from plansim.planner.progress import progress_bar
+from plansim.planner.search import SearchResult, search
 from plansim.planner.space import SearchSpace
 from plansim.specs.execution import MoeTokenDispatcher
 from plansim.specs.hardware import HardwareProfile
@@ -241,3 +243,32 @@ def _check_flags(args: argparse.Namespace, model: ModelSpec, space: SearchSpace)
         raise SpecError(
             f"--first-last-layers-bf16 needs --precision fp8 or fp4 (got {args.precision})"
         )
+
+
+def search_from_args(
+    args: argparse.Namespace,
+    model: ModelSpec,
+    profile: HardwareProfile,
+    *,
+    space: SearchSpace,
+    num_gpus: int,
+    global_batch_size: int,
+    top_k: int,
+    jobs: int,
+    progress: bool = True,
+) -> SearchResult:
+    """``planner.search`` with the search-mode flags of ``plansim plan`` (``--simulate-top``,
+    ``--exhaustive``, ``--progress``): one search of ``space`` for ``num_gpus`` GPUs and a
+    global batch of ``global_batch_size``; ``progress`` False draws no bar."""
+    return search(
+        model,
+        profile,
+        num_gpus=num_gpus,
+        global_batch_size=global_batch_size,
+        space=space,
+        top_k=top_k,
+        simulate_top=args.simulate_top,
+        exhaustive=args.exhaustive,
+        jobs=jobs,
+        progress=progress_bar(forced=args.progress) if progress else None,
+    )
