@@ -10,6 +10,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from plansim.errors import SpecError
 from plansim.io.run_files import read_facility, read_failures, read_prices, read_ramp
@@ -163,6 +164,20 @@ def run_inputs(
     if args.tokens is None:
         check_run_flags(args)
         return None
+    run = training_run(args, model=model, global_batch_size=global_batch_size)
+    return RunInputs(run=run, **cost_inputs(args))
+
+
+def training_run(
+    args: argparse.Namespace, *, model: ModelSpec, global_batch_size: int
+) -> TrainingRun:
+    """The run ``--tokens``, ``--ramp`` and ``--deadline-days`` describe for ``model`` (a
+    ramp's phases default to its sequence length) at ``global_batch_size`` without a ramp.
+
+    Raises:
+        SpecError: a bad ``--tokens`` or ``--deadline-days``.
+        InputFileError: a bad ramp file.
+    """
     tokens = _tokens(args.tokens)
     if args.ramp is not None:
         run = read_ramp(args.ramp, tokens=tokens, seq_length=model.seq_length)
@@ -173,9 +188,18 @@ def run_inputs(
         if not math.isfinite(days) or days <= 0:
             raise SpecError(f"--deadline-days must be a positive number of days, got {days}")
         run = dataclasses.replace(run, deadline_s=days * SECONDS_PER_DAY)
-    return RunInputs(
-        run=run,
-        failures=None if args.failures is None else read_failures(args.failures),
-        facility=None if args.facility is None else read_facility(args.facility),
-        prices=None if args.prices is None else read_prices(args.prices),
-    )
+    return run
+
+
+def cost_inputs(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``failures``, ``facility`` and ``prices`` read once from their files (None each
+    where not given).
+
+    Raises:
+        InputFileError: a bad file (names the file and the key).
+    """
+    return {
+        "failures": None if args.failures is None else read_failures(args.failures),
+        "facility": None if args.facility is None else read_facility(args.facility),
+        "prices": None if args.prices is None else read_prices(args.prices),
+    }

@@ -17,7 +17,8 @@ from plansim.commands.run_options import (
     add_objective_arg,
     add_run_args,
     check_run_flags,
-    run_inputs,
+    cost_inputs,
+    training_run,
     write_run_plot,
 )
 from plansim.errors import PlansimError, SpecError, require_positive_int
@@ -181,8 +182,9 @@ def _settings(args: argparse.Namespace, cells: list[SweepCell]) -> SweepSettings
     """The cells' shared settings, with each model's whole run when ``--tokens`` is given.
 
     Raises:
-        SpecError, InputFileError: as ``run_options.run_inputs`` (per model: a ramp file's
-            sequence length defaults to the model's).
+        SpecError, InputFileError: as ``run_options.training_run`` (once per model and
+            batch: a ramp file's sequence length defaults to the model's) and
+            ``run_options.cost_inputs`` (read once).
     """
     base = {
         "seq_length": args.seq_len,
@@ -194,22 +196,14 @@ def _settings(args: argparse.Namespace, cells: list[SweepCell]) -> SweepSettings
             raise SpecError(f"--objective {args.objective} ranks by the whole run: give --tokens")
         check_run_flags(args)
         return SweepSettings(**base)
-    runs = {}
-    inputs = None
-    for cell in cells:
-        key = (cell.model, cell.global_batch_size)
-        model = resolve_model(cell.model, seq_length=args.seq_len)
-        inputs = run_inputs(args, model=model, global_batch_size=cell.global_batch_size)
-        assert inputs is not None
-        runs[key] = inputs.run
-    assert inputs is not None
+    runs = {
+        (name, gbs): training_run(
+            args, model=resolve_model(name, seq_length=args.seq_len), global_batch_size=gbs
+        )
+        for name, gbs in dict.fromkeys((c.model, c.global_batch_size) for c in cells)
+    }
     return SweepSettings(
-        **base,
-        runs=runs,
-        failures=inputs.failures,
-        facility=inputs.facility,
-        prices=inputs.prices,
-        objective=Objective(args.objective),
+        **base, runs=runs, **cost_inputs(args), objective=Objective(args.objective)
     )
 
 
