@@ -33,8 +33,7 @@ from plansim.planner.parallel import default_jobs
 from plansim.planner.robustness import ranking_trust
 from plansim.planner.search import SearchResult
 from plansim.planner.space import SearchSpace
-from plansim.planner.training_run import Objective, RunEstimate, order_by_objective
-from plansim.report.run_report import run_columns
+from plansim.planner.training_run import Objective, RunEstimate, order_by_objective, run_columns
 from plansim.report.sensitivity_table import (
     outside_dicts,
     outside_text,

@@ -20,9 +20,6 @@ def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
-__all__ = ["energy_scope", "phase_table", "run_columns", "run_dict", "run_text"]
-
-
 def energy_scope(est: RunEstimate, *, facility: bool) -> str:
     """What the energy figure covers, in words."""
     if est.power is None:
