@@ -250,9 +250,7 @@ def estimate_run(
     power = power_draw(profile) if profile.max_power_w is not None else None
     gpu_j = None
     if power is not None:
-        gpu_j = _gpu_energy_j(phases, estimate, failures, power, plan)
-        overhead_s = work_s - sum(p.steps * p.evaluation.step_time_s for p in phases)
-        gpu_j += overhead_s * power.idle_w * plan.num_gpus  # data loading and evaluations
+        gpu_j = _gpu_energy_j(phases, estimate, failures, power, plan, work_s=work_s)
     energy_j = gpu_j
     if gpu_j is not None and facility is not None:
         energy_j = facility_energy_j(
@@ -318,20 +316,24 @@ def _gpu_energy_j(
     failures: FailureModel | None,
     power: PowerDraw,
     plan: ParallelPlan,
+    *,
+    work_s: float,
 ) -> float:
-    """GPU joules: the phases' steps at their activities' power; with failures, re-done work
-    at the mean training power and checkpoints and restarts at idle power. Data loading and
-    evaluations are the caller's (idle power: the GPUs wait on the input pipeline, and an
-    evaluation's forward passes are a small share of a run)."""
+    """GPU joules of a run of ``work_s`` failure-free seconds: the phases' steps at their
+    activities' power, the rest of ``work_s`` (data loading and evaluations) at idle power
+    (the GPUs wait on the input pipeline; an evaluation's forward passes are a small share of
+    a run); with failures, re-done work at the mean training power and checkpoints and
+    restarts at idle power."""
     n = plan.num_gpus
     train_j = sum(p.steps * step_gpu_energy_j(p.activity, power, num_gpus=n) for p in phases)
-    work_s = sum(p.steps * p.evaluation.step_time_s for p in phases)
-    if estimate is None or failures is None or work_s <= 0:
-        return train_j
+    steps_s = sum(p.steps * p.evaluation.step_time_s for p in phases)
+    overhead_j = (work_s - steps_s) * power.idle_w * n
+    if estimate is None or failures is None or steps_s <= 0:
+        return train_j + overhead_j
     restarts_s = estimate.expected_failures * failures.restart_s
     rework_s = max(estimate.lost_s - restarts_s, 0.0)
     idle_s = estimate.checkpoint_s_total + restarts_s
-    return train_j * (1 + rework_s / work_s) + idle_s * power.idle_w * n
+    return train_j * (1 + rework_s / steps_s) + idle_s * power.idle_w * n + overhead_j
 
 
 def run_columns(est: RunEstimate) -> dict[str, float | int | bool | None]:
