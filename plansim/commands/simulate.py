@@ -28,7 +28,13 @@ from plansim.commands.common import (
     shared_plan_fields,
 )
 from plansim.commands.run_options import RUN_FLAGS, RunInputs, add_run_args, run_inputs
-from plansim.commands.simulate_report import SimulateReport, json_text, rejected_text, table_text
+from plansim.commands.simulate_report import (
+    SimulateReport,
+    json_doc,
+    json_text,
+    rejected_text,
+    table_text,
+)
 from plansim.errors import SpecError, require_positive_int
 from plansim.io.outputs import check_writable
 from plansim.io.plan_file import read_plan_file
@@ -429,7 +435,7 @@ def _whole_run(args: argparse.Namespace, report: SimulateReport, inputs: RunInpu
         return 1
     facility = inputs.facility is not None
     if args.format == "json":
-        doc = json.loads(json_text(report))
+        doc = json_doc(report)
         doc["run"] = run_dict(est, facility=facility)
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return 0

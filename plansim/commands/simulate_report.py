@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
@@ -56,9 +57,14 @@ class SimulateReport:
 
 
 def json_text(r: SimulateReport) -> str:
+    """The JSON report (:func:`json_doc`) as text."""
+    return json.dumps(json_doc(r), indent=2) + "\n"
+
+
+def json_doc(r: SimulateReport) -> dict[str, Any]:
     """The JSON report: evaluation_dict plus pace, step breakdown, layer times, lookups
     outside the profile's points and, when asked, the sensitivity."""
-    doc = {"status": "ok", "model": r.model.name, "profile": r.profile.name}
+    doc: dict[str, Any] = {"status": "ok", "model": r.model.name, "profile": r.profile.name}
     doc.update(evaluation_dict(r.outcome))
     doc["gemm_pace_fraction"] = r.pace
     doc["step_breakdown_s"] = {
@@ -70,7 +76,7 @@ def json_text(r: SimulateReport) -> str:
     doc["simulated_microbatches"] = r.outcome.result.simulated_microbatches
     if r.sens is not None:
         doc["sensitivity"] = sensitivity_dict(r.sens)
-    return json.dumps(doc, indent=2) + "\n"
+    return doc
 
 
 def table_text(r: SimulateReport) -> str:
