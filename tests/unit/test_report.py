@@ -332,7 +332,7 @@ def test_unwritable_output_is_one_line_before_any_work(
         raise AssertionError("simulated before checking the output path")
 
     monkeypatch.setattr("plansim.commands.simulate.evaluate", no_work)
-    monkeypatch.setattr("plansim.commands.plan.search", no_work)
+    monkeypatch.setattr("plansim.commands.plan_space.search", no_work)
     bad = tmp_path / "no" / "such" / "out.png"
     assert main([*command, flag, str(bad)]) == 2
     err = capsys.readouterr().err
