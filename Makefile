@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.plansim-installed
 
-.PHONY: demo test lint typecheck unit install install-test clean
+.PHONY: demo test docs lint typecheck unit install install-test install-browser clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -22,13 +22,21 @@ install: $(STAMP)
 install-test: install
 	@$(PY) -c "import sys, torch; v = tuple(int(x) for x in torch.__version__.split('+')[0].split('.')[:2]); sys.exit(0 if v >= (2, 3) else 1)" 2>/dev/null \
 		|| $(PIP) install -q "torch==2.13.0"
-	$(PIP) install -q -e ".[test]" nbclient nbformat ipykernel
+	$(PIP) install -q -e ".[test,docs]" nbclient nbformat ipykernel
 # framework parsers of tests/unit/test_export_frameworks.py (extra "frameworks"): --no-deps
 # so torch is never replaced (deepspeed's build imports the installed torch), then the
 # small pure-Python packages their config parsers import
 	DS_BUILD_OPS=0 $(PIP) install -q --no-deps --no-build-isolation \
 		"megatron-core==0.16.1" "torchtitan==0.2.2" "deepspeed==0.19.8"
 	$(PIP) install -q tyro einops hjson msgpack ninja py-cpuinfo "pydantic>=2"
+
+# headless Chromium for the HTML report's browser test (Debian's package); the test skips with
+# the reason when it could not be installed
+install-browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
+		|| (command -v apt-get >/dev/null 2>&1 && { apt-get install -y -q chromium >/dev/null 2>&1 \
+			|| { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; }; }) \
+		|| echo "chromium could not be installed: the HTML report's browser test will be skipped"
 
 demo: install
 	$(VENV)/bin/plansim plan --model gpt3-175b --gpu a100-sxm4-80gb --gpus 1024 --gbs 1536
@@ -43,7 +51,7 @@ typecheck:
 unit:
 	$(PY) -m pytest
 
-test: install-test lint typecheck unit
+test: install-test install-browser lint typecheck unit
 
 clean:
 	rm -rf $(VENV) build *.egg-info
