@@ -194,16 +194,31 @@ def row_framework(row: RunRow, year: int | None) -> Framework:
 
 def fused_elementwise(row: RunRow, notes: list[str]) -> bool:
     """Whether the row's elementwise work runs as fused kernels
-    (``ParallelPlan.fused_elementwise``): not for torchtitan rows whose framework cell does
-    not name ``torch.compile``. torchtitan's Llama is Meta's reference code in eager ops
-    (``torchtitan/models/llama/model.py``: complex-number RoPE, ``repeat_kv``, silu and mul;
-    ``torchtitan/models/norms.py`` ``RMSNorm`` for the ``norm_type = "rmsnorm"`` of its
-    train configs) and ``--training.compile`` is off by default; with it, Inductor fuses
-    those ops, which the fused count stands for."""
-    if not is_torchtitan(row) or "compile" in framework_text(row):
+    (``ParallelPlan.fused_elementwise``): not for the eager-PyTorch frameworks, torchtitan and
+    MosaicML's llm-foundry, unless the framework cell names ``torch.compile``.
+
+    * torchtitan's Llama is Meta's reference code in eager ops
+      (``torchtitan/models/llama/model.py``: complex-number RoPE, ``repeat_kv``, silu and mul;
+      ``torchtitan/models/norms.py`` ``RMSNorm`` for the ``norm_type = "rmsnorm"`` of its
+      train configs) and ``--training.compile`` is off by default.
+    * llm-foundry's MPT block is eager PyTorch modules (``llmfoundry/models/layers/blocks.py``
+      ``MPTBlock.forward``: ``norm_1``, attention, ``x = x + self.resid_attn_dropout(b)``,
+      ``norm_2``, ``ffn``, ``x = x + self.resid_ffn_dropout(n)``; the norms PyTorch's
+      ``F.layer_norm`` in low precision, ``norm.py`` ``LPLayerNorm``; the FFN
+      ``down_proj(act(up_proj(x)))`` with ``nn.GELU``, ``ffn.py`` ``MPTMLP``); only attention
+      is a fused kernel (its Triton FlashAttention, ``AttentionKernel.FLASH_TRITON``), and the
+      benchmarking yamls of its 2023 tables compile nothing.
+
+    With ``torch.compile``, Inductor fuses those ops, which the fused count stands for."""
+    if "compile" in framework_text(row):
         return True
-    notes.append("eager elementwise ops (torchtitan without torch.compile)")
-    return False
+    if is_torchtitan(row):
+        notes.append("eager elementwise ops (torchtitan without torch.compile)")
+        return False
+    if is_llm_foundry(row):
+        notes.append("eager elementwise ops (llm-foundry's MPT block in eager PyTorch)")
+        return False
+    return True
 
 
 def framework_recompute(row: RunRow, recompute: str | None, notes: list[str]) -> str | None:

@@ -120,7 +120,8 @@ def test_backtest_groups_the_errors_by_a_column(
     for gpu, errors in per_row.items():
         row = next(line.split() for line in out.splitlines() if line.startswith(gpu))
         assert int(row[1]) == len(errors)
-        assert float(row[2]) == pytest.approx(sum(abs(e) for e in errors) / len(errors), abs=0.06)
-        assert float(row[4]) == pytest.approx(sum(errors) / len(errors), abs=0.06)
+        # the per-row errors and the mean are printed to 0.1: each rounds by up to 0.05
+        assert float(row[2]) == pytest.approx(sum(abs(e) for e in errors) / len(errors), abs=0.1)
+        assert float(row[4]) == pytest.approx(sum(errors) / len(errors), abs=0.1)
     assert main(["backtest", str(runs), "--group-by", "nope"]) == 2
     assert "--group-by 'nope' is not a column" in capsys.readouterr().err
