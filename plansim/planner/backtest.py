@@ -39,6 +39,7 @@ from plansim.planner.prediction import Prediction as Prediction
 from plansim.planner.run_checks import (
     PER_LAYER,
     check_measurements,
+    compared_peak_bytes,
     has_layer_times,
     layer_check,
     memory_error_pct,
@@ -47,7 +48,7 @@ from plansim.planner.run_checks import (
 from plansim.planner.run_derive import precision_candidates, with_derived_cells
 from plansim.planner.run_framework import is_hybrid_shard
 from plansim.planner.run_model import Skip, row_model
-from plansim.planner.run_space import row_space
+from plansim.planner.run_space import row_space, run_year
 from plansim.planner.search import SearchResult, search
 from plansim.planner.sensitivity import sensitivity as plan_sensitivity
 from plansim.planner.space import SearchSpace
@@ -271,6 +272,15 @@ def _best_prediction(
     """The prediction of the fastest plan ``best`` against the measured step seconds."""
     label = best.plan.label()
     notes.append(f"chosen: {label}")
+    compared = compared_peak_bytes(
+        row,
+        model,
+        best.plan,
+        profile,
+        peak_bytes=best.peak_memory_bytes,
+        year=run_year(row),
+        notes=notes,
+    )
     return Prediction(
         status=status,
         note="; ".join(notes),
@@ -285,7 +295,7 @@ def _best_prediction(
             kind: seconds / best.plan.pp for kind, seconds in best.exposed_comm_s_by_kind.items()
         },
         layer=layer_check(row, model, best.plan, profile),
-        peak_memory_error_pct=memory_error_pct(row, best.peak_memory_bytes),
+        peak_memory_error_pct=memory_error_pct(row, compared),
     )
 
 

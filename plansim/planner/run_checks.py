@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass
 
 from plansim.analytic.layer_timing import layer_wall_times
+from plansim.analytic.memory_views import memory_views
 from plansim.io.runs import RunRow
 from plansim.planner.run_model import Skip
 from plansim.planner.space import SearchSpace
@@ -60,17 +61,57 @@ MEASURED_UNITS = {
 }
 
 
+#: What a row's ``measured_peak_mem_gb`` reads (``measured_peak_mem_kind``; blank: the
+#: simulated peak with the profile's flat reserve is compared, as before the column existed):
+#: ``plansim.analytic.memory_views``.
+MEMORY_READINGS = ("allocated", "reserved", "nvidia-smi")
+
+
 def check_measurements(row: RunRow) -> None:
-    """Check the row's measured cells (``MEASURED_UNITS``) before any prediction.
+    """Check the row's measured cells (``MEASURED_UNITS``) and ``measured_peak_mem_kind``
+    before any prediction.
 
     Raises:
-        Skip: a measured cell is not a positive finite number (names the column).
+        Skip: a measured cell is not a positive finite number (names the column), or the
+            memory reading is not one of :data:`MEMORY_READINGS` (lists them).
         InputFileError: a measured cell is not a number.
     """
     for column, unit in MEASURED_UNITS.items():
         value = row.number(column)
         if value is not None and not (math.isfinite(value) and value > 0):
             raise Skip(f"{column} {value!r} is not a positive number of {unit}")
+    kind = row.choice("measured_peak_mem_kind")
+    if kind is not None and kind not in MEMORY_READINGS:
+        raise Skip(f"measured_peak_mem_kind {kind!r} is not one of {', '.join(MEMORY_READINGS)}")
+
+
+def compared_peak_bytes(
+    row: RunRow,
+    model: ModelSpec,
+    plan: ParallelPlan,
+    profile: HardwareProfile,
+    *,
+    peak_bytes: float,
+    year: int | None,
+    notes: list[str],
+) -> float:
+    """The predicted peak to set against the row's measured one: the simulated ``peak_bytes``
+    (tensors plus the profile's flat reserve) for a row that does not say what it measured;
+    for one that does (``measured_peak_mem_kind``), that reading of the rank's peak
+    (``memory_views.memory_views`` of the tensors' bytes; pipeline rank 0, where 1F1B keeps
+    the most micro-batches), with its parts in ``notes``."""
+    kind = row.choice("measured_peak_mem_kind")
+    if kind is None:
+        return peak_bytes
+    allocated = max(0.0, peak_bytes - profile.memory_reserve_bytes)
+    views = memory_views(model, plan, allocated_bytes=allocated, rank=0, year=year)
+    gib = 2**30
+    notes.append(
+        f"peak memory as {kind} reads it: allocated {allocated / gib:.1f} GiB, reserved "
+        f"{views.reserved_bytes / gib:.1f} (fragmentation {views.fragmentation_fraction:.1%}), "
+        f"CUDA context {views.cuda_context_bytes / gib:.2f}, NCCL {views.nccl_bytes / gib:.2f}"
+    )
+    return views.reading(kind)
 
 
 def _error_pct(predicted: float, measured: float | None) -> float | None:
