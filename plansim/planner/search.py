@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from plansim.errors import SpecError, require_positive_int
+from plansim.io.result_cache import ResultCache
 from plansim.planner.context import Candidate, SearchContext, Simulated
 from plansim.planner.enumerate import layouts
 from plansim.planner.evaluate import OUT_OF_MEMORY, Evaluation, Rejected
@@ -110,6 +111,7 @@ def search(
     exhaustive: bool = False,
     jobs: int = 1,
     progress: Progress | None = None,
+    cache: ResultCache | None = None,
 ) -> SearchResult:
     """Rank the layouts of ``model`` on ``num_gpus`` GPUs of ``profile`` by step time.
 
@@ -119,9 +121,14 @@ def search(
         exhaustive: simulate every feasible plan (the reference the exact mode equals).
         jobs: worker processes (1: this process only).
         progress: receives phases and counts (``plansim.planner.progress``).
+        cache: a persistent cache (``plansim.io.result_cache``): a search asked before with
+            the same arguments (``jobs`` and ``progress`` aside, which change no result)
+            is read back whole, and each plan simulated before is read back instead of
+            simulated again; the result is the one the search computes without it.
 
     Raises:
         SpecError: a count is not a positive integer, or simulate_top with exhaustive.
+        OutputFileError: the cache folder cannot be written.
     """
     require_positive_int("top_k", top_k)
     require_positive_int("jobs", jobs)
@@ -129,6 +136,55 @@ def search(
         require_positive_int("simulate_top", simulate_top)
         if exhaustive:
             raise SpecError("simulate_top and exhaustive exclude each other; give one")
+    key = None
+    if cache is not None:
+        key = cache.key(
+            "search",
+            model,
+            profile,
+            num_gpus,
+            global_batch_size,
+            space,
+            top_k,
+            simulate_top,
+            exhaustive,
+        )
+        found = cache.get(key)
+        if isinstance(found, SearchResult):
+            return found
+    result = _search(
+        model,
+        profile,
+        num_gpus=num_gpus,
+        global_batch_size=global_batch_size,
+        space=space,
+        top_k=top_k,
+        simulate_top=simulate_top,
+        exhaustive=exhaustive,
+        jobs=jobs,
+        progress=progress,
+        cache=cache,
+    )
+    if cache is not None and key is not None:
+        cache.put(key, result)
+    return result
+
+
+def _search(
+    model: ModelSpec,
+    profile: HardwareProfile,
+    *,
+    num_gpus: int,
+    global_batch_size: int,
+    space: SearchSpace,
+    top_k: int,
+    simulate_top: int | None,
+    exhaustive: bool,
+    jobs: int,
+    progress: Progress | None,
+    cache: ResultCache | None,
+) -> SearchResult:
+    """:func:`search` without the whole-search cache."""
     with Workers(model, profile, jobs=jobs) as workers:
         num_candidates, feasible, rejected = _cost_all(
             workers,
@@ -143,13 +199,18 @@ def search(
             chosen = sorted(feasible, key=lambda c: (c.estimate_s, c.label))[:simulate_top]
             if progress is not None:
                 progress.start("simulate", len(chosen))
-            outcomes = _simulate(workers, chosen, keep_below_s=math.inf)
+            outcomes = _simulate(workers, chosen, keep_below_s=math.inf, cache=cache)
             sims = list(zip(chosen, outcomes, strict=True))
             _report(progress, len(chosen), feasible=len(feasible), sims=sims)
             fully_costed = len(feasible)  # the estimates need every plan's work
         else:
             sims, fully_costed = _branch_and_bound(
-                workers, feasible, top_k=top_k, exhaustive=exhaustive, progress=progress
+                workers,
+                feasible,
+                top_k=top_k,
+                exhaustive=exhaustive,
+                progress=progress,
+                cache=cache,
             )
     if progress is not None:
         progress.close()
@@ -241,9 +302,48 @@ def _cost_all(
 Outcome = Evaluation | Simulated | Rejected
 
 
-def _simulate(workers: Workers, chosen: list[Candidate], *, keep_below_s: float) -> list[Outcome]:
-    calls = [((c.plan,), {"keep_below_s": keep_below_s}) for c in chosen]
-    return list(workers.map(SearchContext.simulate, calls))
+def _simulate(
+    workers: Workers,
+    chosen: list[Candidate],
+    *,
+    keep_below_s: float,
+    cache: ResultCache | None = None,
+) -> list[Outcome]:
+    """Simulate ``chosen`` (``SearchContext.simulate``), in order; with a cache, the plans
+    simulated before are read back (a full Evaluation or Rejected serves any
+    ``keep_below_s``; a :class:`Simulated` only a slower one) and the others stored."""
+    if cache is None:
+        calls = [((c.plan,), {"keep_below_s": keep_below_s}) for c in chosen]
+        return list(workers.map(SearchContext.simulate, calls))
+    context = workers.local
+    keys = [cache.key("simulation", context.model, context.profile, c.plan) for c in chosen]
+    found: list[Outcome | None] = [
+        _cached_outcome(cache.get(key), keep_below_s=keep_below_s) for key in keys
+    ]
+    todo = [i for i, out in enumerate(found) if out is None]
+    calls = [((chosen[i].plan,), {"keep_below_s": keep_below_s}) for i in todo]
+    for i, out in zip(todo, workers.map(SearchContext.simulate, calls), strict=True):
+        cache.put(keys[i], out)
+        found[i] = out
+    return [out for out in found if out is not None]
+
+
+def _cached_outcome(value: object, *, keep_below_s: float) -> Outcome | None:
+    """A cached simulation as ``SearchContext.simulate`` with ``keep_below_s`` returns it, or
+    None when it cannot serve (absent, or kept without its timeline but needed with it)."""
+    if isinstance(value, Evaluation):
+        if value.step_time_s > keep_below_s:
+            return Simulated(
+                plan=value.plan,
+                step_time_s=value.step_time_s,
+                peak_memory_bytes=value.peak_memory_bytes,
+            )
+        return value
+    if isinstance(value, Rejected):
+        return value
+    if isinstance(value, Simulated) and value.step_time_s > keep_below_s:
+        return value
+    return None
 
 
 def _branch_and_bound(
@@ -253,6 +353,7 @@ def _branch_and_bound(
     top_k: int,
     exhaustive: bool,
     progress: Progress | None,
+    cache: ResultCache | None = None,
 ) -> tuple[list[tuple[Candidate, Outcome]], int]:
     """Simulate in (bound, label) order until the next bound exceeds the K-th best step
     time (exhaustive: until every plan is simulated); returns what was simulated, in order,
@@ -280,7 +381,9 @@ def _branch_and_bound(
                 fully_costed += _refine(workers, line, limit=limit)
         if not take:
             break
-        outcomes = _simulate(workers, take, keep_below_s=kth if exhaustive else math.inf)
+        outcomes = _simulate(
+            workers, take, keep_below_s=kth if exhaustive else math.inf, cache=cache
+        )
         for cand, out in zip(take, outcomes, strict=True):
             sims.append((cand, out))
             if not isinstance(out, Rejected):
