@@ -24,6 +24,7 @@ from plansim.commands.plan_counts import check_range_args, run_counts
 from plansim.commands.plan_phases import phase_plans, phase_plans_dict, phase_plans_text
 from plansim.commands.plan_space import add_constraint_args, search_from_args, search_spaces
 from plansim.commands.run_options import RunInputs, add_objective_arg, add_run_args, run_inputs
+from plansim.commands.simulate_report import shown_window
 from plansim.errors import SpecError, require_positive_int
 from plansim.io.outputs import check_writable
 from plansim.io.plan_file import PlanFile, write_plan_file
@@ -82,6 +83,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="OUT.png",
         help="step time vs peak memory of the simulated plans, Pareto front marked (PNG); "
         "with --gpus A:B, days to train vs cost of each count's plan",
+    )
+    p.add_argument(
+        "--report",
+        metavar="OUT.html",
+        help="one self-contained HTML page (opens offline): the ranked table (sortable), the "
+        "rejection counts, step time vs peak memory of the simulated plans, and rank 1's "
+        "bubble Gantt chart, memory over time and memory breakdown (one --gpus count)",
     )
     add_save_plan_args(p)
     add_run_args(p)
@@ -306,6 +314,11 @@ def _check_args(args: argparse.Namespace) -> None:
             f"--objective {args.objective} ranks by the whole run: give --tokens (the tokens "
             "to train)"
         )
+    if args.report and isinstance(args.gpus, tuple):
+        raise SpecError(
+            "--report shows one search: give one --gpus count, not a range (--plot draws "
+            "the range's days to train vs cost)"
+        )
     if args.sensitivity and args.format == "csv":
         raise SpecError(
             "--sensitivity reports in the table or in JSON, not in CSV: give --format table "
@@ -319,6 +332,7 @@ def run(args: argparse.Namespace) -> int:
     jobs = resolve_jobs(args.jobs)
     plot = check_writable(args.plot, label="--plot") if args.plot else None
     saved = check_writable(args.save_plan, label="--save-plan") if args.save_plan else None
+    report = check_writable(args.report, label="--report") if args.report else None
     model, profile = resolve(args)
     inputs = run_inputs(args, model=model, global_batch_size=args.gbs)
     if isinstance(args.gpus, tuple):
@@ -346,6 +360,22 @@ def run(args: argparse.Namespace) -> int:
     trust = ranking_trust(model, leading, profile) if args.sensitivity and leading else None
     read_outside = leading and args.format != "csv"  # CSV is the ranked table alone
     outside = out_of_range_lookups(model, leading[0].plan, profile) if read_outside else ()
+    table = _with_run_columns(ranked_table(ranked), runs) if inputs else ranked_table(ranked)
+    if report is not None:
+        notes = [*run_notes, outside_text(outside, profile_name=profile.name, reader=_READER)]
+        if result.batch_indivisible_dps:
+            notes.insert(0, batch_note(result.batch_indivisible_dps, args.gbs))
+        notes += [phase_plans_text(per_phase)] if per_phase is not None else []
+        notes += [trust_text(trust, profile_name=profile.name)] if trust is not None else []
+        _write_report(
+            report,
+            (result, ranked, table),
+            model=model,
+            profile=profile,
+            heading=_heading(args, model, profile, space),
+            notes=notes,
+            args=args,
+        )
     if args.format == "json":
         doc = _json_doc(args, model, profile, result)
         doc["plans"] = [_plan_json(ev, est) for ev, est in zip(ranked, runs, strict=True)]
@@ -356,7 +386,6 @@ def run(args: argparse.Namespace) -> int:
         doc.update(trust_dict(trust) if trust is not None else {})
         out.write(json.dumps(doc, indent=2) + "\n")
         return _exit_status(result)
-    table = _with_run_columns(ranked_table(ranked), runs) if inputs else ranked_table(ranked)
     if args.format == "csv":
         out.write(render(table, "csv"))
         return _exit_status(result)
@@ -368,10 +397,47 @@ def run(args: argparse.Namespace) -> int:
         out.write(phase_plans_text(per_phase))
     if result.num_candidates == 0:
         out.write(_empty_search_text(args, space, unconstrained, num_layers=model.num_layers))
-    out.write(outside_text(outside, profile_name=profile.name, reader=" by rank 1's pricing"))
+    out.write(outside_text(outside, profile_name=profile.name, reader=_READER))
     if trust is not None:
         out.write(trust_text(trust, profile_name=profile.name))
     return _exit_status(result)
+
+
+#: Whose lookups the out-of-range note lists.
+_READER = " by rank 1's pricing"
+
+
+def _write_report(
+    path: Path,
+    search: tuple[SearchResult, Sequence[Evaluation], pd.DataFrame],
+    *,
+    model: ModelSpec,
+    profile: HardwareProfile,
+    heading: str,
+    notes: Sequence[str],
+    args: argparse.Namespace,
+) -> None:
+    """Write the HTML report (``plansim.report.html_report``) of the search, its ranked plans
+    and their table (``search``) atomically and note it on stderr; rank 1's timeline shows
+    the micro-batches the search simulated (the steady-state window of a long step)."""
+    from plansim.report.html_report import PlanPage, plan_report_html, write_report
+
+    result, ranked, table = search
+    best = ranked[0] if ranked else None
+    hint = "'plansim simulate --whole-step' draws them all"
+    page = PlanPage(
+        title=f"{model.name} on {args.gpus} x {profile.name}, global batch {args.gbs}",
+        heading=heading,
+        table=table,
+        labels=tuple(ev.plan.label() for ev in ranked),
+        result=result,
+        best=best,
+        capacity_bytes=profile.hbm_capacity_bytes,
+        shown_note="" if best is None else shown_window(best.plan, best, hint=hint),
+        notes=tuple(notes),
+    )
+    write_report(path, plan_report_html(page), label="--report")
+    sys.stderr.write(f"plansim: wrote --report {path}\n")
 
 
 def _whole_runs(

@@ -33,7 +33,9 @@ from plansim.commands.simulate_report import (
     json_doc,
     json_text,
     rejected_text,
+    shown_window,
     table_text,
+    write_html_report,
 )
 from plansim.errors import SpecError, require_positive_int
 from plansim.io.outputs import check_writable
@@ -46,7 +48,6 @@ from plansim.planner.training_run import estimate_run
 from plansim.report.run_report import run_dict, run_text
 from plansim.report.trace import chrome_trace, write_trace
 from plansim.sim import timeline as tl
-from plansim.sim.steady_state import plan_steady_state
 from plansim.specs.execution import MoeTokenDispatcher
 from plansim.specs.hardware import HardwareProfile
 from plansim.specs.layer_split import require_plan_divides_model
@@ -105,11 +106,17 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     out.add_argument("--plot", metavar="OUT.png", help="pipeline Gantt chart (PNG)")
     out.add_argument("--memory-plot", metavar="OUT.png", help="memory over time per rank (PNG)")
     out.add_argument(
+        "--report",
+        metavar="OUT.html",
+        help="one self-contained HTML page (opens offline): the summary, interactive bubble "
+        "Gantt chart, memory over time and memory breakdown",
+    )
+    out.add_argument(
         "--whole-step",
         action="store_true",
-        help="trace and draw every micro-batch of a long step (default: a step of thousands "
-        "of micro-batches shows its warm-up, steady-state windows and cool-down, which the "
-        "rest repeats, so memory stays flat in the micro-batch count)",
+        help="trace, draw and report every micro-batch of a long step (default: a step of "
+        "thousands of micro-batches shows its warm-up, steady-state windows and cool-down, "
+        "which the rest repeats, so memory stays flat in the micro-batch count)",
     )
     add_run_args(p)
     keep = (
@@ -120,6 +127,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "trace",
         "plot",
         "memory_plot",
+        "report",
         "whole_step",
         *RUN_FLAGS,
     )
@@ -400,9 +408,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(rejected_text(outcome, args.format))
         return 1
     title = f"{model.name} on {plan.num_gpus} x {profile.name}: {plan.label()}"
-    if outputs:
-        title += _shown_note(plan, outcome)
-    _write_outputs(outputs, outcome, title=title, capacity_bytes=profile.hbm_capacity_bytes)
+    shown = _shown_note(plan, outcome) if outputs else ""
     report = SimulateReport(
         model=model,
         plan=plan,
@@ -412,6 +418,7 @@ def run(args: argparse.Namespace) -> int:
         layer=layer_wall_times(model, plan, profile),
         sens=sensitivity(model, plan, profile, base=outcome) if args.sensitivity else None,
     )
+    _write_outputs(outputs, report, title=title, shown=shown)
     if inputs is None:
         sys.stdout.write(json_text(report) if args.format == "json" else table_text(report))
         return 0
@@ -447,24 +454,24 @@ def _whole_run(args: argparse.Namespace, report: SimulateReport, inputs: RunInpu
     return 0
 
 
-_OUTPUT_FLAGS = {"trace": "--trace", "plot": "--plot", "memory_plot": "--memory-plot"}
+_OUTPUT_FLAGS = {
+    "trace": "--trace",
+    "plot": "--plot",
+    "memory_plot": "--memory-plot",
+    "report": "--report",
+}
 
 
 def _shown_note(plan: ParallelPlan, ev: Evaluation) -> str:
-    """'' when the outputs show the whole step, else which micro-batches they show (also
-    said on stderr): the longer of the steady-state simulations (``plansim.sim.steady_state``),
-    whose windows the rest of the step repeats."""
-    shown, total = ev.result.simulated_microbatches, plan.num_microbatches
-    if shown >= total:
-        return ""
-    sizes = plan_steady_state(plan)
-    window = f" ({sizes.window}-micro-batch windows)" if sizes is not None else ""
-    note = (
-        f" [micro-batches 0-{shown - 1} of {total} shown: warm-up, steady state{window} and "
-        "cool-down of a shorter step; the rest repeats the steady state; --whole-step for all]"
-    )
-    sys.stderr.write(f"plansim: the outputs show micro-batches 0-{shown - 1} of {total}\n")
-    return note
+    """'' when the outputs show the whole step, else which micro-batches they show
+    (``shown_window``; also said on stderr)."""
+    shown = shown_window(plan, ev, hint="--whole-step for all")
+    if shown:
+        sys.stderr.write(
+            f"plansim: the outputs show micro-batches 0-{ev.result.simulated_microbatches - 1} "
+            f"of {plan.num_microbatches}\n"
+        )
+    return shown
 
 
 def _outputs(args: argparse.Namespace) -> dict[str, Path]:
@@ -481,10 +488,16 @@ def _outputs(args: argparse.Namespace) -> dict[str, Path]:
 
 
 def _write_outputs(
-    outputs: dict[str, Path], ev: Evaluation, *, title: str, capacity_bytes: float
+    outputs: dict[str, Path], report: SimulateReport, *, title: str, shown: str
 ) -> None:
-    """Write the trace and plots that were asked for (atomically), each noted on stderr."""
-    result = ev.result
+    """Write the trace, plots and HTML report that were asked for (atomically), each noted
+    on stderr; ``title`` names the plan, ``shown`` which micro-batches they show ('' when
+    all, else added to the title)."""
+    result = report.outcome.result
+    capacity_bytes = report.profile.hbm_capacity_bytes
+    if "--report" in outputs:
+        write_html_report(outputs["--report"], report, title=title, shown_note=shown)
+    title += f" [{shown}]" if shown else ""
     if "--trace" in outputs:
         trace = chrome_trace(result.timeline, memory=result.memory, title=title)
         write_trace(outputs["--trace"], trace, label="--trace")

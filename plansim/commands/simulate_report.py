@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -81,30 +82,95 @@ def json_doc(r: SimulateReport) -> dict[str, Any]:
 
 def table_text(r: SimulateReport) -> str:
     """The human report: metrics, where the step goes, memory, one layer's times, notes."""
-    plan, profile, outcome = r.plan, r.profile, r.outcome
+    plan, profile = r.plan, r.profile
     parts = [f"{r.model.name} on {plan.num_gpus} x {profile.name}: {plan.label()}\n\n"]
+    (_, metrics), (breakdown_caption, breakdown), (memory_caption, memory) = summary_tables(r)
+    parts.append(render(metrics, "table"))
+    parts.append(f"\n{breakdown_caption}:\n")
+    parts.append(render(breakdown, "table"))
+    parts.append(f"\n{memory_caption}:\n")
+    parts.append(render(memory, "table"))
+    parts.append(f"\n{layer_note(r)}\n")
+    parts += summary_notes(r)
+    return "".join(parts)
+
+
+def summary_tables(r: SimulateReport) -> tuple[tuple[str, pd.DataFrame], ...]:
+    """(caption, table) of the report's three tables: the metrics (``plan_row`` as metric,
+    value), where the step goes (``step_breakdown_table``) and the worst rank's memory in GiB
+    (``memory_table``)."""
+    plan, outcome = r.plan, r.outcome
     row = plan_row(outcome)
-    parts.append(
-        render(pd.DataFrame([row]).T.reset_index().set_axis(["metric", "value"], axis=1), "table")
-    )
+    metrics = pd.DataFrame([row]).T.reset_index().set_axis(["metric", "value"], axis=1)
     ranks = "one pipeline rank" if plan.pp == 1 else f"mean over the {plan.pp} pipeline ranks"
-    parts.append(f"\nwhere the step goes ({ranks}):\n")
-    parts.append(render(step_breakdown_table(outcome), "table"))
-    parts.append(f"\nmemory of the worst pipeline rank (stage {outcome.memory.rank}), GiB:\n")
-    parts.append(render(memory_table(outcome), "table"))
-    parts.append(
-        f"\none layer, one micro-batch: forward {1e3 * r.layer.forward_s:.2f} ms, backward "
-        f"{1e3 * r.layer.backward_s:.2f} ms (as a per-layer timer sees them: blocking TP "
-        "collectives and recompute included)\n"
+    return (
+        ("metrics", metrics),
+        (f"where the step goes ({ranks})", step_breakdown_table(outcome)),
+        (
+            f"memory of the worst pipeline rank (stage {outcome.memory.rank}), GiB",
+            memory_table(outcome),
+        ),
     )
+
+
+def layer_note(r: SimulateReport) -> str:
+    """One layer's forward and backward milliseconds for one micro-batch."""
+    return (
+        f"one layer, one micro-batch: forward {1e3 * r.layer.forward_s:.2f} ms, backward "
+        f"{1e3 * r.layer.backward_s:.2f} ms (as a per-layer timer sees them: blocking TP "
+        "collectives and recompute included)"
+    )
+
+
+def summary_notes(r: SimulateReport) -> list[str]:
+    """The notes under the tables: GEMM pace, steady state, lookups outside the profile's
+    points and, when asked, the sensitivity (each '' when it does not apply)."""
+    plan, profile = r.plan, r.profile
+    parts = []
     pace = r.pace
     if pace < 1.0:
         parts.append(pace_note(profile, plan.num_gpus, pace, dtype=plan.precision.value))
-    parts.append(steady_state_note(outcome))
+    parts.append(steady_state_note(r.outcome))
     parts.append(outside_text(r.outside, profile_name=profile.name))
     if r.sens is not None:
         parts.append(sensitivity_text(r.sens, profile_name=profile.name))
-    return "".join(parts)
+    return parts
+
+
+def shown_window(plan: ParallelPlan, ev: Evaluation, *, hint: str) -> str:
+    """'' when ``ev``'s timeline covers the whole step, else which micro-batches it shows:
+    the longer of the steady-state simulations (``plansim.sim.steady_state``), whose windows
+    the rest of the step repeats; ``hint`` ends it (how to see every micro-batch)."""
+    shown, total = ev.result.simulated_microbatches, plan.num_microbatches
+    if shown >= total:
+        return ""
+    sizes = plan_steady_state(plan)
+    window = f" ({sizes.window}-micro-batch windows)" if sizes is not None else ""
+    return (
+        f"micro-batches 0-{shown - 1} of {total} shown: warm-up, steady state{window} and "
+        f"cool-down of a shorter step; the rest repeats the steady state; {hint}"
+    )
+
+
+def write_html_report(path: Path, r: SimulateReport, *, title: str, shown_note: str) -> None:
+    """Write the HTML report of the simulated plan (``plansim.report.html_report``):
+    the printed tables and notes, the bubble Gantt chart, memory over time and the memory
+    breakdown, atomically.
+
+    Raises:
+        plansim.io.outputs.OutputFileError: the file cannot be written.
+    """
+    from plansim.report.html_report import SimulatePage, simulate_report_html, write_report
+
+    page = SimulatePage(
+        title=title,
+        tables=summary_tables(r),
+        outcome=r.outcome,
+        capacity_bytes=r.profile.hbm_capacity_bytes,
+        shown_note=shown_note,
+        notes=(layer_note(r), *summary_notes(r)),
+    )
+    write_report(path, simulate_report_html(page), label="--report")
 
 
 def steady_state_note(outcome: Evaluation) -> str:
