@@ -28,6 +28,7 @@ from plansim.commands.simulate_report import shown_window
 from plansim.errors import SpecError, require_positive_int
 from plansim.io.outputs import check_writable
 from plansim.io.plan_file import PlanFile, write_plan_file
+from plansim.io.result_cache import CACHE_DIR_ENV
 from plansim.planner.evaluate import Evaluation
 from plansim.planner.lookups import out_of_range_lookups
 from plansim.planner.parallel import default_jobs
@@ -223,6 +224,13 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="always draw the progress bar on stderr (default: only on a terminal, "
         "after about a second)",
+    )
+    p.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="keep simulated plans and whole searches in DIR and read them back when asked "
+        f"again (keyed on plansim's code and every input; default: ${CACHE_DIR_ENV} if set, "
+        "else no cache)",
     )
 
 

@@ -18,6 +18,7 @@ from plansim.commands.common import (
     int_list_arg,
 )
 from plansim.errors import SpecError
+from plansim.io.result_cache import cache_from
 from plansim.planner.enumerate import divisors
 from plansim.planner.progress import progress_bar
 from plansim.planner.search import SearchResult, search
@@ -271,4 +272,5 @@ def search_from_args(
         exhaustive=args.exhaustive,
         jobs=jobs,
         progress=progress_bar(forced=args.progress) if progress else None,
+        cache=cache_from(args.cache_dir),
     )

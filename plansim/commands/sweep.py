@@ -23,6 +23,7 @@ from plansim.commands.run_options import (
 )
 from plansim.errors import PlansimError, SpecError, require_positive_int
 from plansim.io.outputs import check_writable, write_bytes_atomic
+from plansim.io.result_cache import cache_from
 from plansim.planner.progress import progress_bar
 from plansim.planner.sweep import (
     EXECUTORS,
@@ -186,10 +187,12 @@ def _settings(args: argparse.Namespace, cells: list[SweepCell]) -> SweepSettings
             batch: a ramp file's sequence length defaults to the model's) and
             ``run_options.cost_inputs`` (read once).
     """
+    cache = cache_from(args.cache_dir)  # checks the folder once, before any cell
     base = {
         "seq_length": args.seq_len,
         "precision": Precision(args.precision),
         "attention": AttentionKernel(args.attention),
+        "cache_dir": None if cache is None else str(cache.directory),
     }
     if args.tokens is None:
         if args.objective != Objective.STEP_TIME.value:

@@ -10,7 +10,7 @@ computed from. Entries are zlib-compressed pickles (a simulated GPT-3 175B plan:
 back (cut short, another Python's pickle) counts as a miss and is rewritten. The folder holds
 the user's own results: pickles are only read from it, never from elsewhere.
 
-Where: ``--cache-dir DIR`` on ``plansim plan`` / ``simulate`` / ``sweep``, or the
+Where: ``--cache-dir DIR`` on ``plansim plan`` and ``plansim sweep``, or the
 ``PLANSIM_CACHE_DIR`` environment variable; without either nothing is cached. Deleting the
 folder (or any file in it) is always safe.
 """

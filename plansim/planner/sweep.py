@@ -21,6 +21,7 @@ from typing import Any
 from plansim.catalog import resolve_model
 from plansim.errors import PlansimError, choice_error
 from plansim.io.profiles import load_profile
+from plansim.io.result_cache import ResultCache
 from plansim.planner.evaluate import Evaluation
 from plansim.planner.parallel import map_in_order
 from plansim.planner.search import search
@@ -62,7 +63,9 @@ class SweepSettings:
     """What every cell shares: sequence length override, precision, attention kernel, and
     for whole runs (``runs`` given) the run of each model and batch (keyed by the model
     name as the grid gives it and the global batch size), failures, facility, prices and
-    the objective that picks a cell's plan among its :data:`OBJECTIVE_PLANS` fastest."""
+    the objective that picks a cell's plan among its :data:`OBJECTIVE_PLANS` fastest;
+    ``cache_dir``: the folder of a persistent result cache (``plansim.io.result_cache``)
+    every cell searches through, or None."""
 
     seq_length: int | None = None
     precision: Precision = Precision.BF16
@@ -72,6 +75,7 @@ class SweepSettings:
     facility: Facility | None = None
     prices: PriceTable | None = None
     objective: Objective = Objective.STEP_TIME
+    cache_dir: str | None = None
 
 
 def sweep_grid(
@@ -111,6 +115,7 @@ def run_cell(cell: SweepCell, settings: SweepSettings) -> dict[str, Any]:
         global_batch_size=cell.global_batch_size,
         space=space,
         top_k=OBJECTIVE_PLANS if whole_run else 1,
+        cache=None if settings.cache_dir is None else ResultCache(settings.cache_dir),
     )
     row: dict[str, Any] = {**asdict(cell), "status": "ok" if result.ranked else "no feasible plan"}
     best, est = _best(cell, settings, model, profile, result.ranked)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from plansim.catalog import resolve_model
+from plansim.cli import main
 from plansim.errors import InputFileError
 from plansim.io.profiles import load_profile
 from plansim.io.result_cache import CACHE_DIR_ENV, ResultCache, cache_from, code_version
@@ -98,10 +99,7 @@ def test_a_search_through_the_cache_equals_one_without_and_is_read_back(
     assert first.rejection_counts == plain.rejection_counts
     assert first.num_simulated == plain.num_simulated
 
-    def simulate(*_: object, **__: object) -> None:  # the planner calls methods by name
-        raise AssertionError("simulated again")
-
-    monkeypatch.setattr(SearchContext, "simulate", simulate)
+    _forbid_simulation(monkeypatch)
     again = _search(cache)  # the whole search read back
     assert _summary(again) == _summary(plain)
     assert again.rejection_counts == plain.rejection_counts
@@ -123,3 +121,52 @@ def test_another_code_version_simulates_again(
     monkeypatch.setattr(SearchContext, "simulate", simulate)
     _search(ResultCache(tmp_path, version="new"))
     assert calls
+
+
+def _forbid_simulation(monkeypatch: pytest.MonkeyPatch) -> None:
+    def simulate(*_: object, **__: object) -> None:  # the planner calls methods by name
+        raise AssertionError("simulated again")
+
+    monkeypatch.setattr(SearchContext, "simulate", simulate)
+
+
+PLAN_ARGS = ["plan", "--model", "llama2-7b", "--gpu", "h100-sxm5-80gb", "--gpus", "8"]
+PLAN_ARGS += ["--gbs", "16", "--tp", "1,2", "--pp", "1,2", "--top", "3", "--jobs", "1"]
+
+
+def test_plan_with_a_cache_dir_prints_the_same_and_reads_it_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(CACHE_DIR_ENV, raising=False)
+    assert main(PLAN_ARGS) == 0
+    plain = capsys.readouterr().out
+    assert main([*PLAN_ARGS, "--cache-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == plain
+    assert list(tmp_path.rglob("search-*.pickle.z")) and list(tmp_path.rglob("simulation-*"))
+    _forbid_simulation(monkeypatch)
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path))  # the environment names the same folder
+    assert main(PLAN_ARGS) == 0
+    assert capsys.readouterr().out == plain
+
+
+def test_sweep_cells_search_through_the_cache(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(CACHE_DIR_ENV, raising=False)
+    args = ["sweep", "--model", "megatron-1.7b", "--gpu", "a100-sxm4-80gb", "--gpus", "8"]
+    args += ["--gbs", "16,32", "--jobs", "1", "--cache-dir", str(tmp_path / "cache")]
+    first, second = tmp_path / "a.csv", tmp_path / "b.csv"
+    assert main([*args, "--out", str(first)]) == 0
+    _forbid_simulation(monkeypatch)
+    assert main([*args, "--out", str(second)]) == 0
+    assert first.read_bytes() == second.read_bytes()
+    capsys.readouterr()
+
+
+def test_a_cache_dir_that_is_a_file_is_one_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "file").write_text("")
+    assert main([*PLAN_ARGS, "--cache-dir", str(tmp_path / "file")]) == 2
+    err = capsys.readouterr().err
+    assert "exists and is not a folder" in err and "Traceback" not in err
