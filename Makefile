@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.plansim-installed
 
-.PHONY: demo test docs lint typecheck unit install install-test install-browser clean
+.PHONY: demo test docs docs-data lint typecheck unit install install-test install-browser clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -41,9 +41,21 @@ install-browser:
 demo: install
 	$(VENV)/bin/plansim plan --model gpt3-175b --gpu a100-sxm4-80gb --gpus 1024 --gbs 1536
 
+# the documentation site (mkdocs.yml) into site/, strict: a broken link or docstring fails
+docs: install-test
+	$(VENV)/bin/mkdocs build --strict
+
+# regenerate what the docs show: every back-test (minutes), the command outputs and pictures,
+# the CLI reference
+docs-data: install-test
+	$(PY) docs/gen/accuracy.py run
+	$(PY) docs/gen/accuracy.py render
+	$(PY) docs/gen/examples.py
+	$(PY) docs/gen/cli_reference.py
+
 lint:
-	$(VENV)/bin/ruff check plansim tests benchmarks
-	$(VENV)/bin/ruff format --check plansim tests benchmarks
+	$(VENV)/bin/ruff check plansim tests benchmarks docs
+	$(VENV)/bin/ruff format --check plansim tests benchmarks docs
 
 typecheck:
 	$(VENV)/bin/mypy

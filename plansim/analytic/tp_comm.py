@@ -33,7 +33,7 @@ Dependent Computation via Decomposition in Large Deep Learning Models") hides th
 profile's ``overlap_compute_slowdown_fraction`` (compute slows while communication shares
 the GPU; Lee et al. 2025).
 
-Limit, known (``benchmarks/published_runs/README.md``, "Tensor-parallel communication"): with
+Limit, known (``docs/methods/backtest.md``, "Tensor-parallel communication"): with
 the overlap on, two sources come out about 10% fast. NVIDIA's performance recipes run most
 tp > 1 layouts of the NeMo / Megatron-Bridge tables with TP overlap; offered it, those rows
 move 3-15 points faster (mean signed -4.0% -> -10.7%), and GPT-3 175B on 96 H100s

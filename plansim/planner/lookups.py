@@ -5,7 +5,7 @@ bandwidth by message size, the inter-node ring and message fractions) interpolat
 measured or derived points and holds its end value beyond them (``plansim.specs.curves.Curve``).
 A lookup outside the points is an extrapolation the profile cannot vouch for: a GEMM larger
 than any calibrated, a collective message smaller than the smallest nccl-tests size, a ring
-over more nodes than were measured. ARCHITECTURE.md asks that such lookups say so;
+over more nodes than were measured. docs/architecture.md asks that such lookups say so;
 :func:`out_of_range_lookups` finds them by pricing the plan once more on a copy of the
 profile whose curves record every abscissa they are asked for (the values returned are the
 same, so the simulation is unchanged).

@@ -57,9 +57,10 @@ class SearchSpace:
             kernels, layer-norm kernel, pipeline scatter/gather and DDP wrapper): the
             implementation facts of the software, fixed for the whole search, not layout
             choices (the back-test builds the row's from its framework and date).
-        precision, zero3_param_fetch, use_torch_fsdp2 (ZeRO-3 plans only),
-            recompute_early_stop (full-recompute plans only), bf16_layers ((start, end)
-            layers kept in bf16 under fp8 / fp4): fixed for the whole search
+        precision, zero3_param_fetch, use_torch_fsdp2, recompute_early_stop, bf16_layers: fixed
+            for the whole search (use_torch_fsdp2 for ZeRO-3 plans only,
+            recompute_early_stop for full-recompute plans only, bf16_layers the (start, end)
+            layers kept in bf16 under fp8 / fp4)
             (``per-step`` for the plans with pp > 1: without a pipeline FSDP2 gathers layer
             by layer).
         uneven_pipeline: when the layers do not split evenly over pp * vpp stages, offer

@@ -44,7 +44,7 @@ def reshard_after_forward(plan: ParallelPlan) -> bool:
     """FSDP2's ``reshard_after_forward`` for the run's units: ZeRO-3 without pipelining only
     (with pp > 1 the units stay gathered for the step, as torchtitan shards them; with a
     zero-bubble schedule, which needs pp > 1, FSDP2 resharding plus a split backward also
-    gave wrong gradients with dp >= 2, ARCHITECTURE.md)."""
+    gave wrong gradients with dp >= 2, docs/architecture.md)."""
     return plan.zero_stage == 3 and plan.pp == 1
 
 

@@ -1,4 +1,4 @@
-"""The round-number synthetic profile: 100 TFLOP/s, 100 GB/s, 10 us (ARCHITECTURE.md)."""
+"""The round-number synthetic profile: 100 TFLOP/s, 100 GB/s, 10 us (docs/architecture.md)."""
 
 from __future__ import annotations
 

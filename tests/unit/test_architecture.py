@@ -1,5 +1,5 @@
 """Project rules that keep the core light: no torch outside calibrate/validate, matplotlib only
-in report/plots, no SimPy in the analytic core (ARCHITECTURE.md)."""
+in report/plots, no SimPy in the analytic core (docs/architecture.md)."""
 
 from __future__ import annotations
 

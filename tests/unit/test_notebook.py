@@ -1,6 +1,6 @@
 """Executes notebooks/quickstart.ipynb end to end and checks its key outputs.
 
-The notebook is a consumer of the package (ARCHITECTURE.md, "notebooks/"): it must run on the
+The notebook is a consumer of the package (docs/architecture.md, "notebooks/"): it must run on the
 installed plansim in a fresh Jupyter kernel and show the ranked table, the rejections, the two
 Gantt charts and the memory breakdown. Cells are found by their metadata tag, not position.
 The stored notebook carries no outputs (nothing machine-specific is committed).
