@@ -3,7 +3,9 @@
 One run prints, for the full search space (TP, PP, VPP, DP, mbs, ZeRO 0-3, recompute, SP,
 every schedule) at global batch 1536: candidates, feasible plans, plans simulated and wall
 time of the branch-and-bound search (``plansim.planner.search``, target <= 10 s on a
-2-core machine), then the same for the exhaustive search (every feasible plan simulated),
+2-core machine), the same query through a result cache (``--cache-dir``: first, again,
+and with five more rows; target <= 2 s for the repeat), then the same for the exhaustive
+search (every feasible plan simulated),
 and whether both return the same top 10 (plans and step times). With ``--moe``, instead the
 wall time of ``plansim plan`` for two models with experts (every ep dividing the experts,
 etp 1, ZeRO 0-1; target <= 30 s each on a 2-core machine): DeepSeek-V3 on 2048 H800 (gbs
@@ -23,11 +25,13 @@ import os
 import resource
 import statistics
 import sys
+import tempfile
 import time
 
 from plansim.catalog import resolve_model
 from plansim.cli import main as cli
 from plansim.io.profiles import load_profile
+from plansim.io.result_cache import ResultCache
 from plansim.planner.enumerate import SearchSpace
 from plansim.planner.parallel import default_jobs
 from plansim.planner.progress import progress_bar
@@ -41,7 +45,9 @@ def cpu_s() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def timed_search(*, exhaustive: bool, jobs: int, top: int) -> tuple[SearchResult, float, float]:
+def timed_search(
+    *, exhaustive: bool, jobs: int, top: int, cache: ResultCache | None = None
+) -> tuple[SearchResult, float, float]:
     start = time.perf_counter()
     cpu = cpu_s()
     result = search(
@@ -54,8 +60,27 @@ def timed_search(*, exhaustive: bool, jobs: int, top: int) -> tuple[SearchResult
         exhaustive=exhaustive,
         jobs=jobs,
         progress=progress_bar(forced=False),
+        cache=cache,
     )
     return result, time.perf_counter() - start, cpu_s() - cpu
+
+
+def time_cached(*, jobs: int, top: int) -> None:
+    """The demo search into an empty result cache, then the same query again (read back)
+    and a neighbouring one (top K + 5: its plans' simulations read back)."""
+    with tempfile.TemporaryDirectory() as folder:
+        cache = ResultCache(folder)
+        first, first_s, _ = timed_search(exhaustive=False, jobs=jobs, top=top, cache=cache)
+        again, again_s, _ = timed_search(exhaustive=False, jobs=jobs, top=top, cache=cache)
+        _, more_s, _ = timed_search(exhaustive=False, jobs=jobs, top=top + 5, cache=cache)
+    same = top_plans(first, top) == top_plans(again, top)
+    print("through a result cache (--cache-dir):")
+    print(f"  first query         {first_s:.2f} s")
+    print(f"  same query again    {again_s:.2f} s (identical top {top}: {same})")
+    print(f"  top {top + 5} after top {top} {more_s:.2f} s (simulations read back)")
+    print(
+        f"  target              <= 2 s for a repeated query: {'met' if again_s <= 2 else 'NOT met'}"
+    )
 
 
 def describe(name: str, result: SearchResult, wall_s: float, cpu: float) -> None:
@@ -73,7 +98,7 @@ def describe(name: str, result: SearchResult, wall_s: float, cpu: float) -> None
     sys.stdout.flush()
 
 
-def top(result: SearchResult, k: int) -> list[tuple[str, float]]:
+def top_plans(result: SearchResult, k: int) -> list[tuple[str, float]]:
     return [(ev.plan.label(), ev.step_time_s) for ev in result.ranked[:k]]
 
 
@@ -153,14 +178,15 @@ def main() -> None:
             f"({min(walls):.2f}-{max(walls):.2f} s)"
         )
     print(f"  target              <= 10 s: {'met' if pruned_s <= 10 else 'NOT met'}")
+    time_cached(jobs=args.jobs, top=args.top)
     if args.skip_exhaustive:
         return
     full, full_s, full_cpu = timed_search(exhaustive=True, jobs=args.jobs, top=args.top)
     describe("exhaustive (every feasible plan simulated)", full, full_s, full_cpu)
-    same = top(pruned, args.top) == top(full, args.top)
+    same = top_plans(pruned, args.top) == top_plans(full, args.top)
     print(f"top {args.top} identical: {same}  (speed-up {full_s / pruned_s:.0f}x)")
     for (label, step_s), (other, other_s) in zip(
-        top(pruned, args.top), top(full, args.top), strict=True
+        top_plans(pruned, args.top), top_plans(full, args.top), strict=True
     ):
         mark = "" if (label, step_s) == (other, other_s) else f"   != {other} {other_s:.6f}"
         print(f"  {step_s:.6f}  {label}{mark}")
