@@ -1,6 +1,7 @@
 """What a published run's framework and date allow the back-test's search (pure).
 
-Rules that depend on which framework ran a row (its ``framework`` cell) rather than on when:
+Rules that depend on which framework ran a row (its ``framework`` cell), with the dates of
+``plansim.planner.framework_releases`` where the rule depends on the release too:
 DeepSpeed's pipeline engine runs only 1F1B and refuses ZeRO-2/3, DeepSpeed's 2021 ZeRO-3
 gathered parameters per tensor, NVIDIA's Megatron family (Megatron-LM, Megatron-core, NeMo,
 Megatron-Bridge) shards only the optimizer unless FSDP is named, the DeepSpeed-based forks of
@@ -17,42 +18,8 @@ from __future__ import annotations
 import re
 
 from plansim.io.runs import RunRow
+from plansim.planner.framework_releases import available, row_tags
 from plansim.specs.plan import Framework, Zero3ParamFetch
-
-#: Megatron-LM's uneven pipeline split (``--decoder-first/last-pipeline-num-layers``) came
-#: after mid-2024 (NVIDIA/Megatron-LM issue #857, June 2024, asks how to set per-stage layer
-#: counts); DeepSpeed's ``PipelineModule`` partitions layers unevenly since its pipeline
-#: engine appeared (2020).
-UNEVEN_PIPELINE_YEAR = 2024
-#: DeepSpeed ZeRO-3 fetched parameters per tensor, synchronously, in its 2021 releases (v0.3.x
-#: ``partition_parameters.py``); bucketed, coalesced prefetch replaced it from 2022.
-DEEPSPEED_PREFETCH_YEAR = 2022
-#: Sequence parallelism and selective recompute (Korthikanti et al., arXiv:2205.05198) shipped
-#: in NVIDIA's Megatron-LM in 2022, with gradient-accumulation fusion; the DeepSpeed-based
-#: forks that trained BLOOM (bigscience-workshop/Megatron-DeepSpeed) and GPT-NeoX branched
-#: from Megatron-LM before that, so their runs dated before this year are offered none of
-#: them. BigScience's ``megatron/mpu/layers.py`` computes every parallel linear with a plain
-#: ``F.linear``: autograd writes each micro-batch's weight gradient, and DeepSpeed's pipeline
-#: engine adds it to the fp32 copy in a separate pass after every micro-batch's backward
-#: (``PipelineEngine._exec_backward_pass`` -> ``BF16_Optimizer.update_hp_grads``; with fp16,
-#: autograd's own ``.grad`` accumulation).
-FORK_SP_YEAR = 2023
-#: Megatron-LM's distributed optimizer (``--use-distributed-optimizer``: fp32 main weights,
-#: Adam states and gradients sharded over data-parallel ranks, M02 dist_optimizer.md) arrived
-#: with its 2022 releases, after the SC21 runs.
-DISTRIBUTED_OPTIMIZER_YEAR = 2022
-#: bf16 gradient reduction in NVIDIA's Megatron family: Megatron-core's
-#: ``DistributedDataParallelConfig(grad_reduce_in_fp32=False)`` (Megatron-LM
-#: ``--grad-reduce-in-bf16``), which NeMo 2's fp8 recipe ``bf16_with_fp8_mixed`` sets ("NVIDIA
-#: recommends False for FP8"), 2024 releases; before, bf16 training reduced in fp32.
-GRAD_REDUCE_IN_BF16_YEAR = 2024
-#: Megatron-LM interleaved only pipelines of more than two ranks from the schedule's first
-#: release (2021) until mid-2024: its argument check and ``initialize_model_parallel`` raise
-#: "pipeline-model-parallel size should be greater than 2 with interleaved schedule" (with
-#: pp = 2 the tensors for the next and the previous rank were not told apart). Relaxed to
-#: pp > 1 in June 2024 (NVIDIA/Megatron-LM issue #750, maintainer's reply of 2024-06-06
-#: naming commit 152c5620); the current ``parallel_state.py`` says "greater than 1".
-INTERLEAVED_PP2_YEAR = 2024
 
 
 def framework_text(row: RunRow) -> str:
@@ -81,11 +48,21 @@ def is_nvidia_megatron(row: RunRow) -> bool:
     return bool(_NVIDIA_MEGATRON.search(framework_text(row))) and not is_deepspeed(row)
 
 
-def is_megatron_fork(row: RunRow, year: int | None) -> bool:
-    """A DeepSpeed-based fork of Megatron-LM (DeepSpeed or NeoX named, NVIDIA's Megatron-LM
-    not) dated before FORK_SP_YEAR: no sequence parallelism, selective recompute or
-    gradient-accumulation fusion."""
-    return deepspeed_pipeline_engine(row) and year is not None and year < FORK_SP_YEAR
+def framework_tags(row: RunRow) -> frozenset[str]:
+    """The row's framework as ``plansim.planner.framework_releases`` names it (its tags)."""
+    return row_tags(
+        nvidia_megatron=is_nvidia_megatron(row),
+        deepspeed=is_deepspeed(row),
+        deepspeed_pipeline=deepspeed_pipeline_engine(row),
+        llm_foundry=is_llm_foundry(row),
+        torchtitan=is_torchtitan(row),
+    )
+
+
+def has(row: RunRow, feature: str, year: int | None) -> bool:
+    """Whether the row's framework had ``feature`` in ``year``
+    (``framework_releases.available``; undated: its latest release)."""
+    return available(feature, framework_tags(row), year)
 
 
 def deepspeed_pipeline_engine(row: RunRow) -> bool:
@@ -105,8 +82,8 @@ def zero_stages(
       ZeRO-3 are incompatible with pipeline parallelism", ``deepspeed/runtime/pipe/engine.py``);
     * NVIDIA's Megatron family alone (Megatron-LM, Megatron-core, NeMo, Megatron-Bridge;
       no DeepSpeed or FSDP named): its only sharding is the distributed optimizer
-      (``--use-distributed-optimizer``, ZeRO-1, M02), from DISTRIBUTED_OPTIMIZER_YEAR;
-      before that, none.
+      (``--use-distributed-optimizer``, ZeRO-1, M02), from its release
+      (``framework_releases``, ``distributed_optimizer``); before that, none.
     """
     if zero is not None:
         return (zero,)
@@ -115,7 +92,7 @@ def zero_stages(
         return (0, 1)
     framework = framework_text(row)
     if is_nvidia_megatron(row) and "fsdp" not in framework:
-        if year is not None and year < DISTRIBUTED_OPTIMIZER_YEAR:
+        if not has(row, "distributed_optimizer", year):
             notes.append(f"ZeRO 0 (Megatron-LM before its distributed optimizer, run {year})")
             return (0,)
         notes.append("ZeRO 0 or 1 (Megatron shards only the optimizer without FSDP)")
@@ -149,14 +126,6 @@ def is_torch_fsdp(row: RunRow, notes: list[str]) -> bool:
     return torch_fsdp
 
 
-#: MosaicML's llm-foundry trained its MPT models with the Triton FlashAttention of 2022
-#: (``attn_config: attn_impl: triton`` in every ``scripts/train/yamls/pretrain/mpt-*.yaml``,
-#: e.g. mpt-125m.yaml @2a59782a; ``llmfoundry/models/layers/flash_attn_triton.py``, a copy
-#: of ``flash_attn/flash_attn_triton.py`` on the ``triton_pre_mlir`` compiler); its yamls
-#: moved to FlashAttention-2 (``attn_impl: flash``) with its 2024 releases.
-LLM_FOUNDRY_FLASH2_YEAR = 2024
-
-
 def is_llm_foundry(row: RunRow) -> bool:
     """Whether the row's framework cell names MosaicML's llm-foundry."""
     return "llm-foundry" in framework_text(row).replace("_", "-")
@@ -167,17 +136,12 @@ def is_torchtitan(row: RunRow) -> bool:
     return "torchtitan" in framework_text(row)
 
 
-#: Megatron-Core, the library Megatron-LM trains on today, had its first releases in 2023
-#: (NVIDIA/Megatron-LM tags ``core_r0.2.0`` onwards); Megatron-LM rows dated before ran on
-#: the monolithic Megatron-LM.
-MEGATRON_CORE_YEAR = 2023
-
-
 def row_framework(row: RunRow, year: int | None) -> Framework:
     """The :class:`~plansim.specs.execution.Framework` a row's ``framework`` cell names
     (the execution spec of its plans): torchtitan, llm-foundry (Composer), a DeepSpeed fork
     of Megatron-LM, DeepSpeed, NVIDIA's Megatron family before and after Megatron-Core
-    (:data:`MEGATRON_CORE_YEAR`); a blank or other cell: plain PyTorch."""
+    (``framework_releases``, ``megatron_core``: rows dated before ran on the monolithic
+    Megatron-LM); a blank or other cell: plain PyTorch."""
     if is_torchtitan(row):
         return Framework.TORCHTITAN
     if is_llm_foundry(row):
@@ -186,7 +150,7 @@ def row_framework(row: RunRow, year: int | None) -> Framework:
         megatron = "megatron" in framework_text(row) or "neox" in framework_text(row)
         return Framework.MEGATRON_DEEPSPEED if megatron else Framework.DEEPSPEED
     if is_nvidia_megatron(row):
-        if year is not None and year < MEGATRON_CORE_YEAR:
+        if not has(row, "megatron_core", year):
             return Framework.MEGATRON_LM
         return Framework.MEGATRON_CORE
     return Framework.PYTORCH
@@ -275,7 +239,8 @@ def bf16_grad_modes(
     row: RunRow, year: int | None, notes: list[str], *, torch_fsdp: bool = False
 ) -> tuple[bool, ...]:
     """Gradient-reduction dtypes to search (``ParallelPlan.grad_reduce_in_bf16``): fp32 and
-    bf16 for NVIDIA Megatron-family rows dated GRAD_REDUCE_IN_BF16_YEAR or later, for
+    bf16 for NVIDIA Megatron-family rows from its release (``framework_releases``,
+    ``grad_reduce_in_bf16``), for
     PyTorch FSDP rows (``torch_fsdp``: the reduce-scatter dtype is the job's
     ``MixedPrecisionPolicy.reduce_dtype``, which the runs schema has no column for: fp32 in
     torchtitan's default and Composer's ``DEFAULT`` since mosaicml/composer PR #2628 of
@@ -294,7 +259,7 @@ def bf16_grad_modes(
         if bf16_precision:
             notes.append("PyTorch FSDP reduce dtype (fp32 or bf16) searched")
         return (False, True)
-    if year is None or (is_nvidia_megatron(row) and year >= GRAD_REDUCE_IN_BF16_YEAR):
+    if year is None or has(row, "grad_reduce_in_bf16", year):
         if bf16_precision:
             notes.append("gradient reduction in fp32 or bf16 searched")
         return (False, True)
@@ -323,10 +288,9 @@ def is_hybrid_shard(row: RunRow) -> bool:
 
 def min_interleaved_pp(row: RunRow, year: int | None) -> int:
     """Fewest pipeline ranks the row's framework runs interleaved 1F1B with: 3 on NVIDIA's
-    Megatron family dated before INTERLEAVED_PP2_YEAR, else 2."""
-    if is_nvidia_megatron(row) and year is not None and year < INTERLEAVED_PP2_YEAR:
-        return 3
-    return 2
+    Megatron family dated before it allowed pp = 2 (``framework_releases``,
+    ``interleaved_pp2``), else 2."""
+    return 2 if has(row, "interleaved_pp2", year) else 3
 
 
 def zero_stage(row: RunRow, notes: list[str]) -> int | None:
@@ -347,15 +311,10 @@ def zero_stage(row: RunRow, notes: list[str]) -> int | None:
 
 def uneven_pipeline(row: RunRow, year: int | None) -> bool:
     """Whether the search may split layers unevenly over the pipeline ranks: always when
-    the row states a pp that does not divide its layers (the run did), else for undated
-    rows, DeepSpeed runs and runs dated UNEVEN_PIPELINE_YEAR or later."""
-    framework = framework_text(row)
-    return (
-        row.integer("pp") is not None
-        or year is None
-        or year >= UNEVEN_PIPELINE_YEAR
-        or "deepspeed" in framework
-    )
+    the row states a pp that does not divide its layers (the run did), else where its
+    framework had uneven splits (``framework_releases``, ``uneven_pipeline``: DeepSpeed
+    always, Megatron-LM from 2024; undated rows)."""
+    return row.integer("pp") is not None or has(row, "uneven_pipeline", year)
 
 
 def deepspeed_pp(row: RunRow, zero: int | None, notes: list[str]) -> tuple[int, ...] | None:
@@ -374,14 +333,14 @@ def deepspeed_pp(row: RunRow, zero: int | None, notes: list[str]) -> tuple[int, 
 
 
 def zero3_fetch(row: RunRow, year: int | None, notes: list[str]) -> Zero3ParamFetch:
-    """DeepSpeed runs dated before DEEPSPEED_PREFETCH_YEAR fetch ZeRO-3 parameters one tensor
-    at a time, synchronously (``plansim.analytic.zero3``); torchtitan runs whose pp is
-    stated above 1 or searched gather once per step (FSDP2 under
+    """DeepSpeed runs dated before its prefetch (``framework_releases``, ``zero3_prefetch``)
+    fetch ZeRO-3 parameters one tensor at a time, synchronously
+    (``plansim.analytic.zero3``); torchtitan runs whose pp is stated above 1 or searched
+    gather once per step (FSDP2 under
     ``torch.distributed.pipelining``, sharded with ``reshard_after_forward`` off:
     ``per-step``, which the search applies to pp > 1 plans only); everything else prefetches
     layers."""
-    deepspeed = "deepspeed" in framework_text(row)
-    if deepspeed and year is not None and year < DEEPSPEED_PREFETCH_YEAR:
+    if not has(row, "zero3_prefetch", year):
         notes.append(f"ZeRO-3 per-tensor synchronous gathers (DeepSpeed, run dated {year})")
         return Zero3ParamFetch.PER_TENSOR_SYNC
     stated_pp = row.integer("pp")

@@ -57,15 +57,16 @@ import re
 from dataclasses import replace
 
 from plansim.io.runs import RunRow
+from plansim.planner.framework_releases import first_year, undated_note
 from plansim.planner.run_framework import (
-    LLM_FOUNDRY_FLASH2_YEAR,
     bf16_grad_modes,
     deepspeed_pipeline_engine,
     deepspeed_pp,
     framework_recompute,
+    framework_tags,
     fused_elementwise,
+    has,
     is_llm_foundry,
-    is_megatron_fork,
     is_nvidia_megatron,
     is_torch_fsdp,
     is_torchtitan,
@@ -89,22 +90,6 @@ from plansim.specs.plan import (
     Schedule,
 )
 
-FLASH_IN_MEGATRON_YEAR = 2023
-SP_AND_SELECTIVE_YEAR = 2022
-OVERLAP_P2P_YEAR = 2023
-OVERLAP_GRAD_REDUCE_YEAR = 2023
-#: Megatron-core's DistributedDataParallel (bucketed, ``--overlap-grad-reduce``) replaced
-#: Megatron-LM's legacy local DDP (``megatron/model/distributed.py``) in 2023.
-MEGATRON_CORE_DDP_YEAR = 2023
-GRAD_ACC_FUSION_YEAR = 2022
-#: Megatron-LM's persistent layer norm (one backward pass for the input and weight
-#: gradients) needs PyTorch 1.11 ("Persistent fused layer norm kernel is supported from
-#: pytorch v1.11", ``megatron/arguments.py``, which otherwise sets ``no_persist_layer_norm``),
-#: released in 2022: runs dated before used the two-pass kernel.
-PERSIST_LAYER_NORM_YEAR = 2022
-INTERLEAVED_YEAR = 2021
-SCATTER_GATHER_P2P_YEAR = 2021
-ZERO_BUBBLE_YEAR = 2024
 #: A blank cp is searched only for sequences at least this long (long-context training).
 LONG_CONTEXT_TOKENS = 16384
 #: Largest cp tried for a blank cp cell (a ring inside one 8-GPU node with tp = 1).
@@ -152,21 +137,21 @@ def run_year(row: RunRow) -> int | None:
 
 
 def _attention(row: RunRow, year: int | None, notes: list[str]) -> AttentionKernel:
-    """llm-foundry rows dated before LLM_FOUNDRY_FLASH2_YEAR: its Triton FlashAttention;
-    other rows dated before FLASH_IN_MEGATRON_YEAR: unfused; else FlashAttention."""
-    if is_llm_foundry(row) and year is not None and year < LLM_FOUNDRY_FLASH2_YEAR:
+    """FlashAttention where the row's framework had it (``framework_releases``,
+    ``flash_attention``); before, llm-foundry's Triton FlashAttention, elsewhere unfused."""
+    if has(row, "flash_attention", year):
+        return AttentionKernel.FLASH
+    if is_llm_foundry(row):
         notes.append(f"Triton FlashAttention (llm-foundry attn_impl: triton, run dated {year})")
         return AttentionKernel.FLASH_TRITON
-    if year is not None and year < FLASH_IN_MEGATRON_YEAR:
-        notes.append(f"unfused attention (run dated {year})")
-        return AttentionKernel.UNFUSED
-    return AttentionKernel.FLASH
+    notes.append(f"unfused attention (run dated {year})")
+    return AttentionKernel.UNFUSED
 
 
-def _persist_layer_norm(year: int | None, notes: list[str]) -> bool:
+def _persist_layer_norm(row: RunRow, year: int | None, notes: list[str]) -> bool:
     """Whether the norms' backward is one pass (``ParallelPlan.persist_layer_norm``): not
-    for runs dated before PERSIST_LAYER_NORM_YEAR."""
-    if year is not None and year < PERSIST_LAYER_NORM_YEAR:
+    for runs dated before PyTorch 1.11 (``framework_releases``, ``persist_layer_norm``)."""
+    if not has(row, "persist_layer_norm", year):
         notes.append(f"two-pass layer norm backward (run dated {year}, before PyTorch 1.11)")
         return False
     return True
@@ -183,8 +168,11 @@ def row_space(row: RunRow, notes: list[str]) -> SearchSpace:
     facts = script_facts(row)
     precision, recompute, zero, sp = _stated_knobs(row, facts, notes)
     year = run_year(row)
+    if year is None:
+        note = undated_note(row.text("framework") or "", framework_tags(row))
+        notes += [note] if note else []
     attention, cps = _attention_and_cps(row, year, notes)
-    modern = (year is None or year >= SP_AND_SELECTIVE_YEAR) and not is_megatron_fork(row, year)
+    modern = has(row, "sequence_parallel", year)
     vpps, schedules = _pipeline_schedule(row, year, notes, facts=facts)
     interleave_from = min_interleaved_pp(row, year)
     if vpps is None and interleave_from > 2:
@@ -205,8 +193,8 @@ def row_space(row: RunRow, notes: list[str]) -> SearchSpace:
         **layout,  # type: ignore[arg-type]
         recomputes=_recomputes(row, recompute, modern=modern, attention=attention),
         sequence_parallel=(sp,) if sp is not None else ((False, True) if modern else (False,)),
-        overlap_p2p_comm=(False, True) if year is None or year >= OVERLAP_P2P_YEAR else (False,),
-        overlap_grad_reduce=_overlap_grad_reduce(year, facts, notes),
+        overlap_p2p_comm=(False, True) if has(row, "overlap_p2p_comm", year) else (False,),
+        overlap_grad_reduce=_overlap_grad_reduce(row, year, facts, notes),
         execution=row_execution(row, year, facts, attention=attention, notes=notes),
         precision=precision,
         grad_reduce_in_bf16=bf16_grad_modes(row, year, notes, torch_fsdp=torch_fsdp),
@@ -246,11 +234,10 @@ def row_execution(
     return ExecutionSpec(
         framework=row_framework(row, year),
         attention=attention,
-        gradient_accumulation_fusion=(year is None or year >= GRAD_ACC_FUSION_YEAR)
-        and not is_megatron_fork(row, year),
+        gradient_accumulation_fusion=has(row, "gradient_accumulation_fusion", year),
         fused_elementwise=fused_elementwise(row, notes),
-        persist_layer_norm=_persist_layer_norm(year, notes),
-        scatter_gather_p2p=year is None or year >= SCATTER_GATHER_P2P_YEAR,
+        persist_layer_norm=_persist_layer_norm(row, year, notes),
+        scatter_gather_p2p=has(row, "scatter_gather_p2p", year),
         ddp_impl=ddp_impl,
     )
 
@@ -317,36 +304,38 @@ def _ddp_impl(
 ) -> DdpImpl:
     """The data-parallel wrapper (``ParallelPlan.ddp_impl``): the launch script's
     ``--DDP-impl``; else Megatron-LM's legacy local DDP for NVIDIA Megatron-family runs
-    dated before MEGATRON_CORE_DDP_YEAR (its default ``--DDP-impl local``); else
+    dated before Megatron-core's DDP (``framework_releases``, ``megatron_core_ddp``; its
+    default ``--DDP-impl local``); else
     Megatron-core's."""
     if facts is not None and facts.ddp_impl is not None:
         notes.append(f"DDP {facts.ddp_impl} (the launch script's --DDP-impl)")
         return DdpImpl(facts.ddp_impl)
-    if is_nvidia_megatron(row) and year is not None and year < MEGATRON_CORE_DDP_YEAR:
-        notes.append(
-            f"DDP local (Megatron-LM's --DDP-impl default before {MEGATRON_CORE_DDP_YEAR})"
-        )
+    if is_nvidia_megatron(row) and not has(row, "megatron_core_ddp", year):
+        since = first_year("megatron_core_ddp", framework_tags(row))
+        notes.append(f"DDP local (Megatron-LM's --DDP-impl default before {since})")
         return DdpImpl.LOCAL
     return DdpImpl.MEGATRON_CORE
 
 
 def _overlap_grad_reduce(
-    year: int | None, facts: ScriptFacts | None, notes: list[str]
+    row: RunRow, year: int | None, facts: ScriptFacts | None, notes: list[str]
 ) -> tuple[bool, ...]:
     """Overlapped DP gradient reduction: on when the launch script runs PyTorch DDP
-    (``ScriptFacts.overlap_grad_reduce``), searched for runs dated OVERLAP_GRAD_REDUCE_YEAR
-    (Megatron-LM ``--overlap-grad-reduce``) or later and undated ones, else off."""
+    (``ScriptFacts.overlap_grad_reduce``), searched where the framework had it
+    (``framework_releases``, ``overlap_grad_reduce``: Megatron-LM ``--overlap-grad-reduce``;
+    undated rows), else off."""
     if facts is not None and facts.overlap_grad_reduce:
         notes.append("DP all-reduce overlapped with backward (PyTorch DDP, from the launch script)")
         return (True,)
-    return (False, True) if year is None or year >= OVERLAP_GRAD_REDUCE_YEAR else (False,)
+    return (False, True) if has(row, "overlap_grad_reduce", year) else (False,)
 
 
 def _recomputes(
     row: RunRow, stated: str | None, *, modern: bool, attention: AttentionKernel
 ) -> tuple[Recompute, ...]:
     """The stated recompute, else none and full, plus Megatron's selective where it differs
-    from none (dated SP_AND_SELECTIVE_YEAR or later, unfused attention: with FlashAttention it
+    from none (where the framework had it, ``framework_releases`` ``sequence_parallel``;
+    unfused attention: with FlashAttention it
     only costs) and torchtitan's per-op policy on torchtitan rows (flash attention)."""
     if stated:
         return (Recompute(stated),)
@@ -388,7 +377,8 @@ def _pipeline_schedule(
     with vpp = v only; v = 1 the non-interleaved schedules; blank searches vpp (interleaving
     only for runs dated from its introduction on). The non-interleaved schedules are 1F1B
     alone on NVIDIA's Megatron family and DeepSpeed's pipeline engine; elsewhere 1F1B and
-    GPipe, and ZB-H1 for runs dated ZERO_BUBBLE_YEAR or later and undated ones (module
+    GPipe, and ZB-H1 where the framework had it (``framework_releases``, ``zero_bubble``;
+    undated rows too) (module
     docstring). ``facts``: the row's launch script (:func:`script_facts`; read here when not
     given), whose vpp fills a blank cell."""
     flat: tuple[Schedule, ...] = (Schedule.ONE_F_ONE_B, Schedule.GPIPE)
@@ -398,7 +388,7 @@ def _pipeline_schedule(
             notes.append("1F1B or interleaved 1F1B (Megatron-LM's only pipeline schedules)")
     elif deepspeed_pipeline_engine(row):
         flat = (Schedule.ONE_F_ONE_B,)  # TrainSchedule, also with a stated vpp of 1
-    elif year is None or year >= ZERO_BUBBLE_YEAR:
+    elif has(row, "zero_bubble", year):
         flat += (Schedule.ZB_H1,)
     vpp = row.integer("virtual_pipeline_size")
     facts = facts or script_facts(row)
@@ -410,7 +400,7 @@ def _pipeline_schedule(
     if deepspeed_pipeline_engine(row):
         notes.append("1F1B (DeepSpeed's pipeline engine has no other training schedule)")
         return (1,), (Schedule.ONE_F_ONE_B,)
-    if year is not None and year < INTERLEAVED_YEAR:
+    if not has(row, "interleaved_1f1b", year):
         return (1,), flat
     notes.append("vpp searched")
     return None, (*flat, Schedule.INTERLEAVED_1F1B)

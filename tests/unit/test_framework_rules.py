@@ -18,7 +18,8 @@ from plansim.catalog import resolve_model
 from plansim.io.profiles import load_profile
 from plansim.io.runs import RunRow
 from plansim.planner.enumerate import SearchSpace, enumerate_plans
-from plansim.planner.run_framework import INTERLEAVED_PP2_YEAR, min_interleaved_pp
+from plansim.planner.framework_releases import NVIDIA_MEGATRON, first_year
+from plansim.planner.run_framework import min_interleaved_pp
 from plansim.planner.run_space import row_space, run_year
 from plansim.specs.plan import Precision, Recompute, Schedule, plan_from_fields
 
@@ -44,7 +45,7 @@ def _row(**cells: str) -> RunRow:
 )
 def test_fewest_interleaved_ranks_by_framework_and_date(framework: str, fewest: int) -> None:
     row = _row(framework=framework)
-    assert INTERLEAVED_PP2_YEAR == 2024
+    assert first_year("interleaved_pp2", frozenset({NVIDIA_MEGATRON})) == 2024
     assert min_interleaved_pp(row, run_year(row)) == fewest
     notes: list[str] = []
     assert row_space(row, notes).min_interleaved_pp == fewest

@@ -21,7 +21,8 @@ from plansim.errors import SpecError
 from plansim.io.runs import RunRow
 from plansim.planner.enumerate import SearchSpace, enumerate_plans
 from plansim.planner.evaluate import Evaluation, evaluate
-from plansim.planner.run_space import ZERO_BUBBLE_YEAR, _pipeline_schedule, run_year
+from plansim.planner.framework_releases import first_year
+from plansim.planner.run_space import _pipeline_schedule, run_year
 from plansim.schedule import (
     Action,
     ActionKind,
@@ -474,7 +475,9 @@ def test_backtest_offers_zb_h1_from_2024_or_undated(
 ) -> None:
     row = _row(**cells)
     assert run_year(row) == year
-    assert ZERO_BUBBLE_YEAR == 2024  # Qi et al., ICLR 2024 (arXiv:2401.10241, January 2024)
+    assert (
+        first_year("zero_bubble", frozenset()) == 2024
+    )  # Qi et al., ICLR 2024 (arXiv:2401.10241, January 2024)
     _, schedules = _pipeline_schedule(row, year, [])
     assert (ZB in schedules) is offered
     _, stated_flat = _pipeline_schedule(_row(virtual_pipeline_size="1", **cells), year, [])
