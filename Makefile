@@ -52,6 +52,7 @@ docs-data: install-test
 	$(PY) docs/gen/accuracy.py render
 	$(PY) docs/gen/examples.py
 	$(PY) docs/gen/cli_reference.py
+	$(PY) docs/gen/framework_releases.py
 
 lint:
 	$(VENV)/bin/ruff check plansim tests benchmarks docs

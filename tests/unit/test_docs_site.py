@@ -64,6 +64,13 @@ def test_the_cli_reference_is_what_the_parser_gives() -> None:
     assert committed == cli.render(), "stale: run .venv/bin/python docs/gen/cli_reference.py"
 
 
+def test_the_framework_release_page_is_the_release_table() -> None:
+    releases = _generator("framework_releases")
+    committed = (DOCS / "reference" / "framework-releases.md").read_text(encoding="utf-8")
+    assert committed == releases.render(), "stale: run docs/gen/framework_releases.py"
+    assert "## `sequence_parallel`" in committed and "| 2023 |" in committed
+
+
 def test_the_accuracy_page_and_readme_table_are_rendered_from_the_backtest_data() -> None:
     acc = _generator("accuracy")
     rows, summaries = acc._load()
