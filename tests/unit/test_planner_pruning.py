@@ -254,9 +254,9 @@ def test_the_first_round_simulates_top_k_plans_and_stays_exact(
     rounds: list[int] = []
     real = search_module._simulate
 
-    def recording(workers, chosen, *, keep_below_s):  # type: ignore[no-untyped-def]
+    def recording(workers, chosen, *, keep_below_s, cache=None):  # type: ignore[no-untyped-def]
         rounds.append(len(chosen))
-        return real(workers, chosen, keep_below_s=keep_below_s)
+        return real(workers, chosen, keep_below_s=keep_below_s, cache=cache)
 
     monkeypatch.setattr(search_module, "_simulate", recording)
     model, space = resolve_model("megatron-1.7b"), SearchSpace(max_micro_batch_size=4)
