@@ -51,14 +51,20 @@ _SP_PAPER = "Korthikanti et al., arXiv:2205.05198 (May 2022)"
 #: feature -> framework tag -> the first year it had the feature (module docstring).
 FEATURES: Mapping[str, Mapping[str, Since]] = {
     "interleaved_1f1b": {
-        EVERY: Since(2021, _SC21, "the paper's interleaved schedule, Megatron-LM's from then"),
+        EVERY: Since(
+            2021,
+            _SC21,
+            "NVIDIA/Megatron-LM commit dcef9069 (2021-02-13) adds "
+            "--num-layers-per-virtual-pipeline-stage to megatron/arguments.py",
+        ),
     },
     "scatter_gather_p2p": {
         EVERY: Since(
             2021,
             _SC21,
-            "§4.1; Megatron-LM's 2020 training.communicate sends the whole (seq, mbs, hidden) "
-            "tensor from every TP rank",
+            "§4.1; NVIDIA/Megatron-LM commit 72e4230b (2021-02-16) adds "
+            "--no-scatter-gather-tensors-in-pipeline; the 2020 training.communicate sent the "
+            "whole (seq, mbs, hidden) tensor from every TP rank",
         ),
     },
     "sequence_parallel": {
@@ -68,7 +74,12 @@ FEATURES: Mapping[str, Mapping[str, Since]] = {
             "bigscience-workshop/Megatron-DeepSpeed and GPT-NeoX: megatron/mpu/layers.py "
             "computes every parallel linear with a plain F.linear, no sequence parallelism",
         ),
-        EVERY: Since(2022, _SP_PAPER, "sequence parallelism, selective and block recompute"),
+        EVERY: Since(
+            2022,
+            _SP_PAPER,
+            "NVIDIA/Megatron-LM commits cfd2e216 (2022-04-28, --sequence-parallel) and "
+            "bbab79f8 (2022-05-16, --recompute-granularity selective, --recompute-method)",
+        ),
     },
     "gradient_accumulation_fusion": {
         DEEPSPEED_PIPELINE: Since(
@@ -77,14 +88,20 @@ FEATURES: Mapping[str, Mapping[str, Since]] = {
             "PipelineEngine._exec_backward_pass -> BF16_Optimizer.update_hp_grads: a separate "
             "pass per micro-batch (fp16: autograd's own .grad accumulation)",
         ),
-        EVERY: Since(2022, _SP_PAPER, "Megatron-LM --gradient-accumulation-fusion, 2022"),
+        EVERY: Since(
+            2022,
+            "Megatron-LM's fused weight-gradient accumulation, on by default",
+            "NVIDIA/Megatron-LM commit 83b1e42f (2022-02-13) adds "
+            "--no-gradient-accumulation-fusion",
+        ),
     },
     "persist_layer_norm": {
         EVERY: Since(
             2022,
             "PyTorch 1.11 (2022)",
             "megatron/arguments.py: 'Persistent fused layer norm kernel is supported from "
-            "pytorch v1.11', else no_persist_layer_norm",
+            "pytorch v1.11', else no_persist_layer_norm (NVIDIA/Megatron-LM commit a2fdcdf0, "
+            "2021-10-08)",
         ),
     },
     "flash_attention": {
@@ -96,52 +113,67 @@ FEATURES: Mapping[str, Mapping[str, Since]] = {
         ),
         EVERY: Since(
             2023,
-            "FlashAttention (Dao et al., arXiv:2205.14135, 2022) as Megatron-LM's default path",
-            "Megatron-LM --use-flash-attn, 2023",
+            "FlashAttention (Dao et al., arXiv:2205.14135, 2022) in Megatron-LM",
+            "NVIDIA/Megatron-LM commit d693034e (2022-12-08, 'Integrate FlashAttention into "
+            "Megatron-LM', --use-flash-attn): runs dated by year take it from 2023",
         ),
     },
     "overlap_p2p_comm": {
-        EVERY: Since(2023, "Megatron-LM --overlap-p2p-communication", "Megatron-LM, 2023"),
+        EVERY: Since(
+            2023,
+            "Megatron-LM --overlap-p2p-communication",
+            "NVIDIA/Megatron-LM commit f9283c5a (2023-05-31)",
+        ),
     },
     "overlap_grad_reduce": {
         EVERY: Since(
             2023,
             "Megatron-core DistributedDataParallel --overlap-grad-reduce",
-            "Korthikanti et al. 2022 §6.3: their runs did not overlap it",
+            "NVIDIA/Megatron-LM commit 2d5220a4 (2023-08-16); Korthikanti et al. 2022 §6.3: "
+            "their runs did not overlap it",
         ),
     },
     "megatron_core_ddp": {
         NVIDIA_MEGATRON: Since(
             2023,
             "Megatron-core's DistributedDataParallel (bucketed)",
-            "replaced Megatron-LM's legacy --DDP-impl local (megatron/model/distributed.py)",
+            "replaced Megatron-LM's legacy --DDP-impl local (megatron/model/distributed.py); "
+            "megatron.core.distributed from NVIDIA/Megatron-LM commit 25c7eb28 (2023-10-18)",
         ),
     },
     "megatron_core": {
         NVIDIA_MEGATRON: Since(
-            2023, "Megatron-Core core_r0.2.0 onwards", "NVIDIA/Megatron-LM release tags"
+            2023,
+            "Megatron-Core core_r0.2.0 onwards",
+            "NVIDIA/Megatron-LM release tags; megatron/core begins with commit 2e6a46e4 "
+            "(2022-09-22), --use-mcore-models with f3377899 (2023-09-18)",
         ),
     },
     "distributed_optimizer": {
         NVIDIA_MEGATRON: Since(
             2022,
             "Megatron-LM --use-distributed-optimizer (2022 releases)",
-            "M02 dist_optimizer.md; after the SC21 runs",
+            "NVIDIA/Megatron-LM commit 329fe582 (2022-02-10); M02 dist_optimizer.md; after "
+            "the SC21 runs",
         ),
     },
     "grad_reduce_in_bf16": {
         NVIDIA_MEGATRON: Since(
             2024,
             "DistributedDataParallelConfig(grad_reduce_in_fp32=False), --grad-reduce-in-bf16",
-            "NeMo 2's bf16_with_fp8_mixed recipe ('NVIDIA recommends False for FP8'), 2024",
+            "NeMo 2's bf16_with_fp8_mixed recipe ('NVIDIA recommends False for FP8'), 2024; "
+            "Megatron-LM's own --grad-reduce-in-bf16 flag came with commit d165a854 "
+            "(2025-02-26), bf16 runs of Megatron-LM before reduced in fp32 "
+            "(--accumulate-allreduce-grads-in-fp32, forced for bf16)",
         ),
     },
     "interleaved_pp2": {
         NVIDIA_MEGATRON: Since(
             2024,
-            "Megatron-LM commit 152c5620 (June 2024)",
-            "NVIDIA/Megatron-LM issue #750, maintainer's reply of 2024-06-06: interleaving "
-            "needed pp > 2 until then",
+            "Megatron-LM commit 3ee489d9 (2024-05-31, 'Enable virtual pipelining and P2P "
+            "communication overlap at PP=2')",
+            "NVIDIA/Megatron-LM issue #750, maintainer's reply of 2024-06-06 (commit "
+            "152c5620): interleaving needed pp > 2 until then",
         ),
         EVERY: Since(ALWAYS, "every pipelining framework", "no pp > 2 rule elsewhere"),
     },
@@ -153,18 +185,26 @@ FEATURES: Mapping[str, Mapping[str, Since]] = {
         ),
     },
     "uneven_pipeline": {
-        DEEPSPEED: Since(ALWAYS, "DeepSpeed's PipelineModule (2020)", "partitions layers unevenly"),
+        DEEPSPEED: Since(
+            ALWAYS,
+            "DeepSpeed's PipelineModule",
+            "partitions layers unevenly from the pipeline engine's first commit "
+            "(microsoft/DeepSpeed 65c2f974, 2020-09-09, #392)",
+        ),
         EVERY: Since(
             2024,
-            "Megatron-LM --decoder-first/last-pipeline-num-layers (after mid-2024)",
-            "NVIDIA/Megatron-LM issue #857 (June 2024) asks how to set per-stage counts",
+            "Megatron-LM --decoder-first/last-pipeline-num-layers",
+            "NVIDIA/Megatron-LM commit fa8bb592 (2024-09-05); issue #857 (June 2024) asks how "
+            "to set per-stage counts",
         ),
     },
     "zero3_prefetch": {
         DEEPSPEED: Since(
             2022,
-            "DeepSpeed's bucketed, coalesced ZeRO-3 prefetch (2022 releases)",
-            "v0.3.x partition_parameters.py fetched per tensor, synchronously",
+            "DeepSpeed's bucketed ZeRO-3 prefetch (PartitionedParameterCoordinator rework)",
+            "microsoft/DeepSpeed commit 4912e0ad (2022-01-20, #1453, 'Various ZeRO Stage3 "
+            "Optimizations + Improvements'); v0.3.x partition_parameters.py fetched per "
+            "tensor, synchronously",
         ),
         EVERY: Since(ALWAYS, "layer-wise prefetch", "PyTorch FSDP and the rest"),
     },
