@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from plansim.analytic.layer_timing import LayerWallTimes
+from plansim.analytic.memory_views import MemoryViews, communicator_sizes, memory_views
 from plansim.analytic.sustained import UNTHROTTLED_DTYPES, dtype_pace_fraction, slowest_gpu_fraction
 from plansim.planner.evaluate import Evaluation, Rejected
 from plansim.planner.lookups import OutOfRange
@@ -75,6 +76,16 @@ def json_doc(r: SimulateReport) -> dict[str, Any]:
     doc["layer_backward_ms"] = 1e3 * r.layer.backward_s
     doc["out_of_range_lookups"] = [dataclasses.asdict(o) for o in r.outside]
     doc["simulated_microbatches"] = r.outcome.result.simulated_microbatches
+    views = worst_rank_views(r)
+    doc["memory_views_bytes"] = {
+        "rank": r.outcome.memory.rank,
+        "allocated": views.allocated_bytes,
+        "reserved": views.reserved_bytes,
+        "nvidia_smi": views.nvidia_smi_bytes,
+        "fragmentation_fraction": views.fragmentation_fraction,
+        "cuda_context": views.cuda_context_bytes,
+        "nccl_buffers": views.nccl_bytes,
+    }
     if r.sens is not None:
         doc["sensitivity"] = sensitivity_dict(r.sens)
     return doc
@@ -90,6 +101,7 @@ def table_text(r: SimulateReport) -> str:
     parts.append(render(breakdown, "table"))
     parts.append(f"\n{memory_caption}:\n")
     parts.append(render(memory, "table"))
+    parts.append(f"\n{memory_views_note(r)}\n")
     parts.append(f"\n{layer_note(r)}\n")
     parts += summary_notes(r)
     return "".join(parts)
@@ -110,6 +122,35 @@ def summary_tables(r: SimulateReport) -> tuple[tuple[str, pd.DataFrame], ...]:
             f"memory of the worst pipeline rank (stage {outcome.memory.rank}), GiB",
             memory_table(outcome),
         ),
+    )
+
+
+def worst_rank_views(r: SimulateReport) -> MemoryViews:
+    """The worst rank's peak as allocated, reserved and nvidia-smi read it
+    (``plansim.analytic.memory_views``; the tensors' bytes: its total less the profile's
+    reserve; the CUDA context of today's lazy module loading)."""
+    memory = r.outcome.memory
+    return memory_views(
+        r.model,
+        r.plan,
+        allocated_bytes=max(0.0, memory.total_bytes - memory.reserve_bytes),
+        rank=memory.rank,
+    )
+
+
+def memory_views_note(r: SimulateReport) -> str:
+    """One line: the worst rank's peak as allocated, reserved and nvidia-smi read it, beside
+    the fit's flat reserve."""
+    views = worst_rank_views(r)
+    gib = 2**30
+    groups = sum(n > 1 for n in communicator_sizes(r.model, r.plan, rank=r.outcome.memory.rank))
+    return (
+        f"as users read it: allocated {views.allocated_bytes / gib:.1f} GiB, reserved "
+        f"{views.reserved_bytes / gib:.1f} (caching-allocator fragmentation "
+        f"{views.fragmentation_fraction:.1%}), nvidia-smi {views.nvidia_smi_bytes / gib:.1f} "
+        f"(CUDA context {views.cuda_context_bytes / gib:.2f}, NCCL buffers "
+        f"{views.nccl_bytes / gib:.2f} for {groups} communicators); the fit above adds the "
+        f"profile's reserve of {r.outcome.memory.reserve_bytes / gib:.1f} instead"
     )
 
 

@@ -123,3 +123,24 @@ def test_a_bad_memory_reading_skips_the_row_with_the_allowed_values(
     assert main(["backtest", str(_bloom_rows(tmp_path, "smi"))]) == 1
     out = capsys.readouterr().out
     assert "measured_peak_mem_kind 'smi' is not one of allocated, reserved, nvidia-smi" in out
+
+
+def test_simulate_reports_the_three_readings_of_the_worst_rank(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+
+    args = ["simulate", "--model", "llama3-8b", "--gpu", "h100-sxm5-80gb", "--gpus", "8"]
+    args += ["--gbs", "8", "--tp", "2", "--pp", "2", "--dp", "2", "--mbs", "1"]
+    assert main([*args, "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    views = doc["memory_views_bytes"]
+    assert views["allocated"] < views["reserved"] < views["nvidia_smi"]
+    assert views["nvidia_smi"] == pytest.approx(
+        views["reserved"] + views["cuda_context"] + views["nccl_buffers"]
+    )
+    reserve = 6.7 * GIB  # the profile's flat reserve, which the fit adds instead
+    assert views["allocated"] == pytest.approx(doc["peak_memory_bytes"] - reserve, rel=1e-6)
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "as users read it: allocated " in text and "nvidia-smi " in text
