@@ -20,6 +20,7 @@ OUT = ROOT / "docs" / "reference" / "framework-releases.md"
 
 _FRAMEWORKS = {
     "nvidia-megatron": "NVIDIA Megatron (Megatron-LM, Megatron-Core, NeMo, Megatron-Bridge)",
+    "nemo": "NeMo, Megatron-Bridge",
     "deepspeed": "anything on DeepSpeed (incl. GPT-NeoX)",
     "deepspeed-pipeline": "DeepSpeed's pipeline engine (Megatron-DeepSpeed, GPT-NeoX)",
     "llm-foundry": "MosaicML llm-foundry / Composer",

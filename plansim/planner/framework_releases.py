@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 #: Tags of a row's framework (:func:`row_tags`).
 NVIDIA_MEGATRON = "nvidia-megatron"  # Megatron-LM, Megatron-Core, NeMo, Megatron-Bridge
+NEMO = "nemo"  # NeMo and Megatron-Bridge: they configure Megatron-Core in Python, not its CLI
 DEEPSPEED = "deepspeed"  # any run naming DeepSpeed or GPT-NeoX
 DEEPSPEED_PIPELINE = "deepspeed-pipeline"  # DeepSpeed's own engine: forks, NeoX, DeepSpeed
 LLM_FOUNDRY = "llm-foundry"  # MosaicML Composer / llm-foundry
@@ -158,13 +159,18 @@ FEATURES: Mapping[str, Mapping[str, Since]] = {
         ),
     },
     "grad_reduce_in_bf16": {
-        NVIDIA_MEGATRON: Since(
+        NEMO: Since(
             2024,
-            "DistributedDataParallelConfig(grad_reduce_in_fp32=False), --grad-reduce-in-bf16",
-            "NeMo 2's bf16_with_fp8_mixed recipe ('NVIDIA recommends False for FP8'), 2024; "
-            "Megatron-LM's own --grad-reduce-in-bf16 flag came with commit d165a854 "
-            "(2025-02-26), bf16 runs of Megatron-LM before reduced in fp32 "
-            "(--accumulate-allreduce-grads-in-fp32, forced for bf16)",
+            "Megatron-core DistributedDataParallelConfig(grad_reduce_in_fp32=False)",
+            "NeMo 2's bf16_with_fp8_mixed recipe ('NVIDIA recommends False for FP8'), 2024",
+        ),
+        NVIDIA_MEGATRON: Since(
+            2025,
+            "Megatron-LM --grad-reduce-in-bf16",
+            "NVIDIA/Megatron-LM commit d165a854 (2025-02-26); before it "
+            "megatron/training/arguments.py set accumulate_allreduce_grads_in_fp32 for every "
+            "bf16 run ('bfloat16 requires gradient accumulation and all-reduce to be done in "
+            "fp32')",
         ),
     },
     "interleaved_pp2": {
@@ -214,6 +220,7 @@ FEATURES: Mapping[str, Mapping[str, Since]] = {
 def row_tags(
     *,
     nvidia_megatron: bool,
+    nemo: bool = False,
     deepspeed: bool,
     deepspeed_pipeline: bool,
     llm_foundry: bool,
@@ -223,6 +230,7 @@ def row_tags(
     reads its framework cell with."""
     named = (
         (NVIDIA_MEGATRON, nvidia_megatron),
+        (NEMO, nemo),
         (DEEPSPEED, deepspeed),
         (DEEPSPEED_PIPELINE, deepspeed_pipeline),
         (LLM_FOUNDRY, llm_foundry),

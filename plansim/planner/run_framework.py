@@ -6,7 +6,8 @@ DeepSpeed's pipeline engine runs only 1F1B and refuses ZeRO-2/3, DeepSpeed's 202
 gathered parameters per tensor, NVIDIA's Megatron family (Megatron-LM, Megatron-core, NeMo,
 Megatron-Bridge) shards only the optimizer unless FSDP is named, the DeepSpeed-based forks of
 Megatron-LM lacked sequence parallelism, selective recompute and gradient-accumulation fusion,
-the Megatron family reduces gradients in bf16 or fp32 from 2024 (searched) and interleaves only
+the Megatron family reduces gradients in bf16 or fp32 from 2024 in NeMo and from 2025 in
+Megatron-LM (searched) and interleaves only
 pipelines of three or more ranks before 2024, torchtitan's selective recompute is its per-op
 policy, and a blank ``zero_stage`` may be named in the free-text ``zero_stage_or_sharding``
 cell.
@@ -42,6 +43,11 @@ _NVIDIA_MEGATRON = re.compile(
 )
 
 
+#: NeMo and Megatron-Bridge, which build Megatron-core's configs in Python (not through
+#: Megatron-LM's command line and its argument rules).
+_NEMO = re.compile(r"\bnemo\b|megatron[- ]?bridge")
+
+
 def is_nvidia_megatron(row: RunRow) -> bool:
     """Whether the row ran on NVIDIA's Megatron family (Megatron-LM, Megatron-core, NeMo,
     Megatron-Bridge) without DeepSpeed."""
@@ -52,6 +58,7 @@ def framework_tags(row: RunRow) -> frozenset[str]:
     """The row's framework as ``plansim.planner.framework_releases`` names it (its tags)."""
     return row_tags(
         nvidia_megatron=is_nvidia_megatron(row),
+        nemo=is_nvidia_megatron(row) and bool(_NEMO.search(framework_text(row))),
         deepspeed=is_deepspeed(row),
         deepspeed_pipeline=deepspeed_pipeline_engine(row),
         llm_foundry=is_llm_foundry(row),
@@ -240,7 +247,8 @@ def bf16_grad_modes(
 ) -> tuple[bool, ...]:
     """Gradient-reduction dtypes to search (``ParallelPlan.grad_reduce_in_bf16``): fp32 and
     bf16 for NVIDIA Megatron-family rows from its release (``framework_releases``,
-    ``grad_reduce_in_bf16``), for
+    ``grad_reduce_in_bf16``: NeMo and Megatron-Bridge from 2024, Megatron-LM's command line
+    from 2025), for
     PyTorch FSDP rows (``torch_fsdp``: the reduce-scatter dtype is the job's
     ``MixedPrecisionPolicy.reduce_dtype``, which the runs schema has no column for: fp32 in
     torchtitan's default and Composer's ``DEFAULT`` since mosaicml/composer PR #2628 of

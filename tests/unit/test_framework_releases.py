@@ -13,6 +13,7 @@ from plansim.planner.framework_releases import (
     EVERY,
     FEATURES,
     LLM_FOUNDRY,
+    NEMO,
     NVIDIA_MEGATRON,
     available,
     first_year,
@@ -61,7 +62,8 @@ def test_an_unknown_feature_lists_the_known_ones() -> None:
     ("framework", "tags"),
     [
         ("Megatron-LM (2021)", {NVIDIA_MEGATRON}),
-        ("NeMo 24.07", {NVIDIA_MEGATRON}),
+        ("NeMo 24.07", {NVIDIA_MEGATRON, NEMO}),
+        ("Megatron-Bridge 25.11 (Megatron-core, 2025)", {NVIDIA_MEGATRON, NEMO}),
         ("Megatron-DeepSpeed (2022)", {DEEPSPEED, DEEPSPEED_PIPELINE}),
         ("Megatron-LM (PTD-P) / DeepSpeed ZeRO-3", {DEEPSPEED}),
         ("llm-foundry (Composer, PyTorch FSDP, 2023)", {LLM_FOUNDRY}),
@@ -95,3 +97,20 @@ def test_an_undated_row_of_a_known_framework_says_which_release_it_assumed() -> 
     row_space(_row("Megatron-LM (2021)", tp="8"), quiet)
     assert not any(n.startswith("undated") for n in quiet)
     assert undated_note("some framework", frozenset()) is None
+
+
+@pytest.mark.parametrize(
+    ("framework", "modes"),
+    [
+        ("Megatron-LM (2024)", (False,)),  # its CLI forced fp32 reduction for bf16 until 2025
+        ("Megatron-LM (2025)", (False, True)),
+        ("NeMo 24.07 (Megatron-core, 2024)", (False, True)),
+        ("Megatron-Bridge 25.11 (Megatron-core, 2025)", (False, True)),
+        ("Megatron-LM (2023)", (False,)),
+    ],
+)
+def test_bf16_gradient_reduction_follows_the_framework_that_configures_it(
+    framework: str, modes: tuple[bool, ...]
+) -> None:
+    space = row_space(_row(framework, tp="8"), [])
+    assert space.grad_reduce_in_bf16 == modes
