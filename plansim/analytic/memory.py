@@ -217,12 +217,14 @@ def rank_parameters(model: ModelSpec, plan: ParallelPlan, *, rank: int) -> float
     return rank_parameter_split(model, plan, rank=rank).total
 
 
-#: Plan fields a rank's parameter split depends on (``moe_layer.rank_parameter_split``).
+#: Plan fields a rank's parameter split depends on (``moe_layer.rank_parameter_split``): the
+#: schedule sets which stages a rank holds (loop, V or dual placement), the layout string
+#: how many layers each stage has.
 _SPLIT_FIELDS = fields_getter(
     (
         "tp", "pp", "vpp", "ep", "etp", "decoder_first_pipeline_num_layers",
         "decoder_last_pipeline_num_layers", "account_for_embedding_in_pipeline_split",
-        "account_for_loss_in_pipeline_split",
+        "account_for_loss_in_pipeline_split", "schedule", "pipeline_model_parallel_layout",
     )
 )  # fmt: skip
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from plansim.analytic.comm import all_to_all_time_s
+from plansim.analytic.memory import rank_model_states as states
 from plansim.analytic.memory import worst_rank_memory
 from plansim.analytic.moe_counts import count_moe_parameters
 from plansim.analytic.moe_layer import (
@@ -19,7 +20,7 @@ from plansim.analytic.moe_layer import (
 )
 from plansim.analytic.ranks import GroupSpan
 from plansim.analytic.stored_activations import microbatch_activation_bytes
-from plansim.catalog import MOE_PRESETS
+from plansim.catalog import MOE_PRESETS, resolve_model
 from plansim.cli import main
 from plansim.errors import SpecError
 from plansim.io.plan_file import PlanFile, read_plan_file, write_plan_file
@@ -31,7 +32,7 @@ from plansim.planner.evaluate import Evaluation, Rejected, check_plan, evaluate
 from plansim.planner.space import SearchSpace
 from plansim.specs.model import Activation, ModelSpec, Normalization, PositionEmbedding
 from plansim.specs.moe import MoESpec, RouterScore, RouterSpec
-from plansim.specs.plan import Precision, Recompute, plan_from_fields
+from plansim.specs.plan import Precision, Recompute, Schedule, plan_from_fields
 
 MOE_RUNS = Path(__file__).resolve().parents[2] / ".." / "shared" / "reference" / "moe_runs.csv"
 
@@ -306,3 +307,19 @@ def test_plan_flags_for_experts_are_checked(capsys: pytest.CaptureFixture[str]) 
     dense = ["plan", "--model", "llama3-8b", "--gpu", "h100-sxm5-80gb", "--gpus", "8"]
     assert main([*dense, "--gbs", "32", "--ep", "2"]) == 2
     assert "need a model with experts; llama3-8b is dense" in capsys.readouterr().err
+
+
+def test_a_search_memo_keeps_each_schedules_parameter_split_apart() -> None:
+    """Ranks hold other stages under a V placement than under the loop one: with one memo
+    for both (as a search shares it), each plan's model states equal those computed alone."""
+    model = dataclasses.replace(resolve_model("deepseek-v3"), num_layers=64)
+    base = {"dp": 8, "tp": 1, "pp": 4, "ep": 8, "vpp": 2, "micro_batch_size": 1}
+    plans = [
+        plan_from_fields(**base, global_batch_size=64, schedule=schedule)
+        for schedule in (Schedule.INTERLEAVED_1F1B, Schedule.DUALPIPE_V)
+    ]
+    memo: dict[object, object] = {}
+    for rank in range(4):
+        for plan in plans:
+            assert states(model, plan, rank=rank, memo=memo) == states(model, plan, rank=rank)
+    assert states(model, plans[0], rank=0) != states(model, plans[1], rank=0)
