@@ -251,7 +251,12 @@ def rank_model_states(
         )
 
     if is_dense(model):
-        return states(dense_rank_parameters(model, plan, rank=rank), zero_shard_size(plan))
+        params = memoised(
+            memo,
+            ("rank_parameters", rank, *_SPLIT_FIELDS(plan)),
+            lambda: dense_rank_parameters(model, plan, rank=rank),
+        )
+        return states(params, zero_shard_size(plan))
     split = memoised(
         memo,
         ("rank_parameter_split", rank, *_SPLIT_FIELDS(plan)),
