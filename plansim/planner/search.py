@@ -136,7 +136,6 @@ def search(
         require_positive_int("simulate_top", simulate_top)
         if exhaustive:
             raise SpecError("simulate_top and exhaustive exclude each other; give one")
-    key = None
     if cache is not None:
         key = cache.key(
             "search",
@@ -165,7 +164,7 @@ def search(
         progress=progress,
         cache=cache,
     )
-    if cache is not None and key is not None:
+    if cache is not None:
         cache.put(key, result)
     return result
 
@@ -312,18 +311,17 @@ def _simulate(
     """Simulate ``chosen`` (``SearchContext.simulate``), in order; with a cache, the plans
     simulated before are read back (a full Evaluation or Rejected serves any
     ``keep_below_s``; a :class:`Simulated` only a slower one) and the others stored."""
-    if cache is None:
-        calls = [((c.plan,), {"keep_below_s": keep_below_s}) for c in chosen]
-        return list(workers.map(SearchContext.simulate, calls))
-    context = workers.local
-    keys = [cache.key("simulation", context.model, context.profile, c.plan) for c in chosen]
-    found: list[Outcome | None] = [
-        _cached_outcome(cache.get(key), keep_below_s=keep_below_s) for key in keys
-    ]
+    found: list[Outcome | None] = [None] * len(chosen)
+    keys: list[str] = []
+    if cache is not None:
+        model, profile = workers.local.model, workers.local.profile
+        keys = [cache.key("simulation", model, profile, c.plan) for c in chosen]
+        found = [_cached_outcome(cache.get(key), keep_below_s=keep_below_s) for key in keys]
     todo = [i for i, out in enumerate(found) if out is None]
     calls = [((chosen[i].plan,), {"keep_below_s": keep_below_s}) for i in todo]
     for i, out in zip(todo, workers.map(SearchContext.simulate, calls), strict=True):
-        cache.put(keys[i], out)
+        if cache is not None:
+            cache.put(keys[i], out)
         found[i] = out
     return [out for out in found if out is not None]
 
