@@ -187,12 +187,11 @@ def _settings(args: argparse.Namespace, cells: list[SweepCell]) -> SweepSettings
             batch: a ramp file's sequence length defaults to the model's) and
             ``run_options.cost_inputs`` (read once).
     """
-    cache = cache_from(args.cache_dir)  # checks the folder once, before any cell
     base = {
         "seq_length": args.seq_len,
         "precision": Precision(args.precision),
         "attention": AttentionKernel(args.attention),
-        "cache_dir": None if cache is None else str(cache.directory),
+        "cache": cache_from(args.cache_dir),  # the folder checked once, before any cell
     }
     if args.tokens is None:
         if args.objective != Objective.STEP_TIME.value:

@@ -64,8 +64,8 @@ class SweepSettings:
     for whole runs (``runs`` given) the run of each model and batch (keyed by the model
     name as the grid gives it and the global batch size), failures, facility, prices and
     the objective that picks a cell's plan among its :data:`OBJECTIVE_PLANS` fastest;
-    ``cache_dir``: the folder of a persistent result cache (``plansim.io.result_cache``)
-    every cell searches through, or None."""
+    ``cache``: the persistent result cache (``plansim.io.result_cache``) every cell searches
+    through, or None (it pickles to the workers of every executor)."""
 
     seq_length: int | None = None
     precision: Precision = Precision.BF16
@@ -75,7 +75,7 @@ class SweepSettings:
     facility: Facility | None = None
     prices: PriceTable | None = None
     objective: Objective = Objective.STEP_TIME
-    cache_dir: str | None = None
+    cache: ResultCache | None = None
 
 
 def sweep_grid(
@@ -115,7 +115,7 @@ def run_cell(cell: SweepCell, settings: SweepSettings) -> dict[str, Any]:
         global_batch_size=cell.global_batch_size,
         space=space,
         top_k=OBJECTIVE_PLANS if whole_run else 1,
-        cache=None if settings.cache_dir is None else ResultCache(settings.cache_dir),
+        cache=settings.cache,
     )
     row: dict[str, Any] = {**asdict(cell), "status": "ok" if result.ranked else "no feasible plan"}
     best, est = _best(cell, settings, model, profile, result.ranked)
