@@ -41,6 +41,9 @@ from plansim.specs.sharding import OffloadDevice
 
 GIB = 2**30
 
+#: The readings a published peak may be (:meth:`MemoryViews.reading`).
+READINGS = ("allocated", "reserved", "nvidia-smi")
+
 #: Share of reserved memory left unallocated when the step recomputes, offloads or shards
 #: parameters (ZeRO-3): GMLake's average over LLM training set-ups (HP05).
 FRAGMENTATION_DYNAMIC = 0.15
@@ -70,21 +73,18 @@ class MemoryViews:
     fragmentation_fraction: float
     cuda_context_bytes: float
     nccl_bytes: float
+    num_communicators: int
 
     def reading(self, kind: str) -> float:
-        """The view a published reading names: ``allocated``, ``reserved`` or ``nvidia-smi``.
+        """The view a published reading names (one of :data:`READINGS`).
 
         Raises:
             ValueError: another kind (the message lists the allowed ones).
         """
-        views = {
-            "allocated": self.allocated_bytes,
-            "reserved": self.reserved_bytes,
-            "nvidia-smi": self.nvidia_smi_bytes,
-        }
-        if kind not in views:
-            raise ValueError(f"memory reading {kind!r} is not one of {', '.join(views)}")
-        return views[kind]
+        if kind not in READINGS:
+            raise ValueError(f"memory reading {kind!r} is not one of {', '.join(READINGS)}")
+        views = (self.allocated_bytes, self.reserved_bytes, self.nvidia_smi_bytes)
+        return views[READINGS.index(kind)]
 
 
 def fragmentation_fraction(plan: ParallelPlan) -> float:
@@ -157,7 +157,8 @@ def memory_views(
     fraction = fragmentation_fraction(plan)
     reserved = allocated_bytes / (1.0 - fraction)
     context = cuda_context_bytes(year)
-    nccl = nccl_buffer_bytes(communicator_sizes(model, plan, rank=rank))
+    sizes = communicator_sizes(model, plan, rank=rank)
+    nccl = nccl_buffer_bytes(sizes)
     return MemoryViews(
         allocated_bytes=allocated_bytes,
         reserved_bytes=reserved,
@@ -165,4 +166,5 @@ def memory_views(
         fragmentation_fraction=fraction,
         cuda_context_bytes=context,
         nccl_bytes=nccl,
+        num_communicators=sum(n > 1 for n in sizes),
     )

@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from plansim.analytic.layer_timing import LayerWallTimes
-from plansim.analytic.memory_views import MemoryViews, communicator_sizes, memory_views
+from plansim.analytic.memory_views import MemoryViews, memory_views
 from plansim.analytic.sustained import UNTHROTTLED_DTYPES, dtype_pace_fraction, slowest_gpu_fraction
 from plansim.planner.evaluate import Evaluation, Rejected
 from plansim.planner.lookups import OutOfRange
@@ -143,14 +143,13 @@ def memory_views_note(r: SimulateReport) -> str:
     the fit's flat reserve."""
     views = worst_rank_views(r)
     gib = 2**30
-    groups = sum(n > 1 for n in communicator_sizes(r.model, r.plan, rank=r.outcome.memory.rank))
     return (
         f"as users read it: allocated {views.allocated_bytes / gib:.1f} GiB, reserved "
         f"{views.reserved_bytes / gib:.1f} (caching-allocator fragmentation "
         f"{views.fragmentation_fraction:.1%}), nvidia-smi {views.nvidia_smi_bytes / gib:.1f} "
         f"(CUDA context {views.cuda_context_bytes / gib:.2f}, NCCL buffers "
-        f"{views.nccl_bytes / gib:.2f} for {groups} communicators); the fit above adds the "
-        f"profile's reserve of {r.outcome.memory.reserve_bytes / gib:.1f} instead"
+        f"{views.nccl_bytes / gib:.2f} for {views.num_communicators} communicators); the fit "
+        f"above adds the profile's reserve of {r.outcome.memory.reserve_bytes / gib:.1f} instead"
     )
 
 

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 
 from plansim.analytic.layer_timing import layer_wall_times
-from plansim.analytic.memory_views import memory_views
+from plansim.analytic.memory_views import READINGS, memory_views
 from plansim.io.runs import RunRow
 from plansim.planner.run_model import Skip
 from plansim.planner.space import SearchSpace
@@ -61,19 +61,15 @@ MEASURED_UNITS = {
 }
 
 
-#: What a row's ``measured_peak_mem_gb`` reads (``measured_peak_mem_kind``; blank: the
-#: simulated peak with the profile's flat reserve is compared, as before the column existed):
-#: ``plansim.analytic.memory_views``.
-MEMORY_READINGS = ("allocated", "reserved", "nvidia-smi")
-
-
 def check_measurements(row: RunRow) -> None:
     """Check the row's measured cells (``MEASURED_UNITS``) and ``measured_peak_mem_kind``
     before any prediction.
 
     Raises:
         Skip: a measured cell is not a positive finite number (names the column), or the
-            memory reading is not one of :data:`MEMORY_READINGS` (lists them).
+            memory reading (``measured_peak_mem_kind``; blank: the simulated peak with the
+            profile's flat reserve is compared) is not one of ``memory_views.READINGS``
+            (lists them).
         InputFileError: a measured cell is not a number.
     """
     for column, unit in MEASURED_UNITS.items():
@@ -81,8 +77,8 @@ def check_measurements(row: RunRow) -> None:
         if value is not None and not (math.isfinite(value) and value > 0):
             raise Skip(f"{column} {value!r} is not a positive number of {unit}")
     kind = row.choice("measured_peak_mem_kind")
-    if kind is not None and kind not in MEMORY_READINGS:
-        raise Skip(f"measured_peak_mem_kind {kind!r} is not one of {', '.join(MEMORY_READINGS)}")
+    if kind is not None and kind not in READINGS:
+        raise Skip(f"measured_peak_mem_kind {kind!r} is not one of {', '.join(READINGS)}")
 
 
 def compared_peak_bytes(
