@@ -26,7 +26,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -205,10 +205,12 @@ def _summary_numbers(line: str) -> list[str]:
     return list(found.groups())
 
 
-def by_source(rows: pd.DataFrame, summaries: dict[str, list[str]]) -> list[str]:
-    """One row per runs file: its rows, those predicted, and the error summary
-    ``plansim backtest`` printed for it (checked against its rows' errors)."""
-    body = []
+def _per_file(
+    rows: pd.DataFrame, summaries: dict[str, list[str]]
+) -> Iterator[tuple[RunsFile, int, int, list[str]]]:
+    """(file, rows, rows predicted, the four cells of the error summary ``plansim backtest``
+    printed for it) of each runs file with rows, the summary checked against its rows'
+    errors."""
     for f in FILES:
         part = rows[rows["file"] == f.name]
         if part.empty:
@@ -219,7 +221,16 @@ def by_source(rows: pd.DataFrame, summaries: dict[str, list[str]]) -> list[str]:
             raise ValueError(
                 f"{f.name}: printed {printed} but its rows give {_stats_cells(errors)}"
             )
-        body.append([f"`{f.name}`", f.what, str(len(part)), str(len(errors)), *printed])
+        yield f, len(part), len(errors), printed
+
+
+def by_source(rows: pd.DataFrame, summaries: dict[str, list[str]]) -> list[str]:
+    """One row per runs file: its rows, those predicted, and the error summary
+    ``plansim backtest`` printed for it (checked against its rows' errors)."""
+    body = [
+        [f"`{f.name}`", f.what, str(total), str(predicted), *printed]
+        for f, total, predicted, printed in _per_file(rows, summaries)
+    ]
     return _table(("runs file", "what", "rows", "predicted", *STAT_HEADER), body)
 
 
@@ -321,19 +332,10 @@ def page(rows: pd.DataFrame, summaries: dict[str, list[str]]) -> str:
 
 def readme_block(rows: pd.DataFrame, summaries: dict[str, list[str]]) -> str:
     """The README's table (without the marker lines)."""
-    body = []
-    for f in FILES:
-        part = rows[rows["file"] == f.name]
-        if part.empty:
-            continue
-        errors = _errors(part)
-        body.append(
-            [
-                f"`{f.name}`",
-                f"{len(errors)} of {len(part)}",
-                *_summary_numbers(summaries[f.name][0]),
-            ]
-        )
+    body = [
+        [f"`{f.name}`", f"{predicted} of {total}", *printed]
+        for f, total, predicted, printed in _per_file(rows, summaries)
+    ]
     return "\n".join(_table(("runs file", "step times predicted", *STAT_HEADER), body))
 
 
