@@ -17,10 +17,18 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from plansim.planner.evaluate import Evaluation
-from plansim.report.plots._common import _IDLE, _SCHEDULE_COLOURS, KIND_STYLES, _kind_colours
-from plansim.report.plots.gantt import _GanttGeometry, _lane_offsets, _short
-from plansim.report.plots.memory import _memory_lines
-from plansim.report.plots.pareto import _short_label, pareto_front
+from plansim.report.chart_layout import (
+    IDLE_COLOUR,
+    KIND_STYLES,
+    SCHEDULE_COLOURS,
+    GanttGeometry,
+    kind_colours,
+    lane_offsets,
+    memory_lines,
+    pareto_front,
+    short_label,
+    short_stream,
+)
 from plansim.sim import timeline as tl
 from plansim.specs.plan import Schedule
 from plansim.units import bytes_to_gib
@@ -97,7 +105,7 @@ def pareto_plotly(
                     text=[labels[j] for j in idx],
                     mode="markers",
                     name=schedule.value,
-                    marker={"color": _SCHEDULE_COLOURS[i % len(_SCHEDULE_COLOURS)], "size": 8},
+                    marker={"color": SCHEDULE_COLOURS[i % len(SCHEDULE_COLOURS)], "size": 8},
                     hovertemplate=hover,
                 )
             )
@@ -106,7 +114,7 @@ def pareto_plotly(
             go.Scatter(
                 x=[xs[j] for j in front],
                 y=[ys[j] for j in front],
-                text=[_short_label(evaluations[j]) for j in front],
+                text=[short_label(evaluations[j]) for j in front],
                 mode="lines+markers",
                 name="Pareto front",
                 line={"color": "black", "width": 1},
@@ -198,11 +206,11 @@ def gantt_plotly(timeline: pd.DataFrame, *, title: str) -> go.Figure:
     Returns:
         The figure (times in ms).
     """
-    geo = _GanttGeometry.of(timeline)
-    offsets, pitch = _lane_offsets([str(s) for s in timeline[tl.STREAM].unique()])
+    geo = GanttGeometry.of(timeline)
+    offsets, pitch = lane_offsets([str(s) for s in timeline[tl.STREAM].unique()])
     bases = np.arange(geo.num_ranks) * pitch
     rows, tops, heights = _lane_rows(timeline, bases=bases, offsets=offsets)
-    colours = _kind_colours(sorted({str(k) for k in rows[tl.KIND].unique()}))
+    colours = kind_colours(sorted({str(k) for k in rows[tl.KIND].unique()}))
     fig = go.Figure()
     step_ms, pipeline_ms = geo.step_s * MS_PER_S, geo.pipeline_s * MS_PER_S
     for r in range(geo.num_ranks):
@@ -214,7 +222,7 @@ def gantt_plotly(timeline: pd.DataFrame, *, title: str) -> go.Figure:
                 x1=step_ms if step_ms > 0 else 1.0,
                 y0=y0,
                 y1=y0 + height,
-                fillcolor=_IDLE,
+                fillcolor=IDLE_COLOUR,
                 line={"width": 0},
                 layer="below",
             )
@@ -251,7 +259,7 @@ def gantt_plotly(timeline: pd.DataFrame, *, title: str) -> go.Figure:
         shown.add(name)
     idle = tl.bubble_fractions(timeline, num_ranks=geo.num_ranks, pipeline_time_s=geo.pipeline_s)
     _gantt_marks(fig, idle=idle, bases=bases, step_ms=step_ms, pipeline_ms=pipeline_ms)
-    thin = [_short(s) for s in offsets if s != "compute"]
+    thin = [short_stream(s) for s in offsets if s != "compute"]
     lanes = f"; thin lanes under each rank, top to bottom: {', '.join(thin)}" if thin else ""
     mean_idle = 100 * sum(idle) / len(idle) if idle else 0.0
     _layout(
@@ -342,7 +350,7 @@ def memory_plotly(
         The figure (ms, GiB); the highest sample is marked with its rank.
     """
     end = max(float(memory["time_s"].max()) if len(memory) else 0.0, end_s or 0.0)
-    lines = _memory_lines(memory, end_s=end, scale=MS_PER_S)
+    lines = memory_lines(memory, end_s=end, scale=MS_PER_S)
     fig = go.Figure()
     for rank, t, gib in lines:
         fig.add_trace(

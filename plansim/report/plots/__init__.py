@@ -10,10 +10,10 @@ atomically (``plansim.io.outputs.write_bytes_atomic``: temporary file in the sam
 Inputs are in SI units (seconds, bytes); the axes show ms or s and GiB.
 """
 
-from plansim.report.plots._common import KIND_STYLES
+from plansim.report.chart_layout import KIND_STYLES, pareto_front
 from plansim.report.plots.gantt import gantt_figure, plot_gantt
 from plansim.report.plots.memory import memory_figure, plot_memory
-from plansim.report.plots.pareto import pareto_figure, pareto_front, plot_pareto
+from plansim.report.plots.pareto import pareto_figure, plot_pareto
 from plansim.report.plots.run_pareto import RunPoint, plot_run_pareto, run_pareto_figure
 
 __all__ = [

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -16,41 +15,26 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.transforms import blended_transform_factory
 
+from plansim.report.chart_layout import (
+    IDLE_COLOUR,
+    KIND_STYLES,
+    RANK_GAP,
+    GanttGeometry,
+    kind_colours,
+    lane_offsets,
+    short_stream,
+)
 from plansim.report.plots._common import (
-    _IDLE,
     _LABEL_PT,
     _LABELLED,
-    _LANE_GAP,
-    _LANES,
     _MAX_LABELS,
-    _RANK_GAP,
     DPI,
-    KIND_STYLES,
     _figure,
-    _kind_colours,
     _lighten,
     _save,
     _style,
-    _time_unit,
 )
 from plansim.sim import timeline as tl
-
-
-def _lane_offsets(streams: Sequence[str]) -> tuple[dict[str, tuple[float, float]], float]:
-    """(top offset, height) of each lane inside a rank block, and the block pitch.
-
-    The compute lane always exists; communication lanes only for streams with events
-    (unknown streams get a thin lane after the known ones, in name order).
-    """
-    known = {s for s, _, _ in _LANES}
-    lanes = [(s, h) for s, h, _ in _LANES if s == "compute" or s in streams]
-    lanes += [(s, 0.22) for s in sorted(set(streams) - known)]
-    offsets: dict[str, tuple[float, float]] = {}
-    y = 0.0
-    for stream, height in lanes:
-        offsets[stream] = (y, height)
-        y += height + _LANE_GAP
-    return offsets, y + _RANK_GAP
 
 
 def _bars(
@@ -76,7 +60,7 @@ def _bars(
 def _bar_colours(rows: pd.DataFrame, *, num_ranks: int, vpp: int) -> np.ndarray:
     """RGBA per row: the kind's colour, lighter for later model chunks when vpp > 1."""
     codes, kinds = pd.factorize(rows[tl.KIND], sort=True)
-    colours = _kind_colours([str(k) for k in kinds])
+    colours = kind_colours([str(k) for k in kinds])
     palette = np.array([to_rgba(colours[str(k)]) for k in kinds]).reshape(-1, 4)
     out = palette[codes] if len(rows) else np.zeros((0, 4))
     if vpp > 1:
@@ -87,7 +71,7 @@ def _bar_colours(rows: pd.DataFrame, *, num_ranks: int, vpp: int) -> np.ndarray:
 
 
 def _gantt_layers(
-    ax: Any, timeline: pd.DataFrame, *, geo: _GanttGeometry, px_per_unit: float
+    ax: Any, timeline: pd.DataFrame, *, geo: GanttGeometry, px_per_unit: float
 ) -> tuple[dict[str, tuple[float, float]], float]:
     """Draw lane backgrounds and every bar; return the lane offsets and the block pitch.
 
@@ -96,7 +80,7 @@ def _gantt_layers(
     Communication bars are drawn at least one pixel wide.
     """
     streams = [str(s) for s in timeline[tl.STREAM].unique()]
-    offsets, pitch = _lane_offsets(streams)
+    offsets, pitch = lane_offsets(streams)
     bases = np.arange(geo.num_ranks) * pitch
     end = geo.step_s * geo.scale if geo.step_s > 0 else 1.0
     backgrounds = [
@@ -105,7 +89,7 @@ def _gantt_layers(
         for top, h in offsets.values()
     ]
     ax.add_collection(
-        PolyCollection(backgrounds, facecolors=_IDLE, edgecolors="none"), autolim=False
+        PolyCollection(backgrounds, facecolors=IDLE_COLOUR, edgecolors="none"), autolim=False
     )
     # TP collectives hold the compute stream: draw them on the compute lane as well.
     on_compute = timeline[timeline[tl.STREAM].isin(tl.COMPUTE_STREAMS)]
@@ -142,7 +126,7 @@ def _edge_width(verts: np.ndarray, *, px_per_unit: float) -> float:
 
 
 def _microbatch_labels(
-    ax: Any, timeline: pd.DataFrame, *, bases: np.ndarray, geo: _GanttGeometry, px_per_unit: float
+    ax: Any, timeline: pd.DataFrame, *, bases: np.ndarray, geo: GanttGeometry, px_per_unit: float
 ) -> int:
     """Write the micro-batch number inside compute bars wide enough; returns how many.
 
@@ -172,7 +156,7 @@ def _microbatch_labels(
 def _gantt_legend(fig: Figure, timeline: pd.DataFrame, *, vpp: int) -> None:
     """One legend entry per label present, in KIND_STYLES order (unknown kinds after)."""
     present = set(timeline[tl.KIND].unique())
-    colours = _kind_colours(sorted(present))
+    colours = kind_colours(sorted(present))
     handles: dict[str, Patch] = {}
     ordered = [k for k in KIND_STYLES if k in present] + sorted(present - set(KIND_STYLES))
     for kind in ordered:
@@ -182,7 +166,7 @@ def _gantt_legend(fig: Figure, timeline: pd.DataFrame, *, vpp: int) -> None:
     if vpp > 1:
         light = _lighten(KIND_STYLES["forward"][0], 0.5)
         items.append(Patch(facecolor=light, label=f"lighter: later model chunk (vpp {vpp})"))
-    items.append(Patch(facecolor=_IDLE, edgecolor="#BBBBBB", label="idle"))
+    items.append(Patch(facecolor=IDLE_COLOUR, edgecolor="#BBBBBB", label="idle"))
     fig.legend(
         handles=items,
         loc="upper center",
@@ -209,35 +193,6 @@ def plot_gantt(
     return _save(gantt_figure(timeline, title=title), path, label=label)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _GanttGeometry:
-    """What the Gantt layout is derived from: ranks, chunks, times and the time unit."""
-
-    num_ranks: int
-    vpp: int
-    step_s: float
-    pipeline_s: float
-    unit: str
-    scale: float
-
-    @classmethod
-    def of(cls, timeline: pd.DataFrame) -> _GanttGeometry:
-        empty = not len(timeline)
-        num_ranks = 1 if empty else int(timeline[tl.RANK].max()) + 1
-        num_stages = 1 if empty else int(timeline[tl.STAGE].max()) + 1
-        step_s = 0.0 if empty else float(timeline[tl.END_S].max())
-        work = tl.pipeline_work(timeline)
-        unit, scale = _time_unit(step_s)
-        return cls(
-            num_ranks=num_ranks,
-            vpp=max(1, num_stages // num_ranks),
-            step_s=step_s,
-            pipeline_s=float(work[tl.END_S].max()) if len(work) else 0.0,
-            unit=unit,
-            scale=scale,
-        )
-
-
 def gantt_figure(timeline: pd.DataFrame, *, title: str) -> Figure:
     """The pipeline Gantt chart of one step.
 
@@ -255,7 +210,7 @@ def gantt_figure(timeline: pd.DataFrame, *, title: str) -> Figure:
         timeline: Timeline schema, seconds.
         title: first title line; a second gives step time, pipeline time and mean bubble.
     """
-    geo = _GanttGeometry.of(timeline)
+    geo = GanttGeometry.of(timeline)
     top_in, bottom_in = 1.25, 0.55
     height_in = top_in + bottom_in + geo.num_ranks * (0.95 if geo.num_ranks <= 8 else 0.8)
     with _style():
@@ -274,7 +229,7 @@ def gantt_figure(timeline: pd.DataFrame, *, title: str) -> Figure:
         )
         _gantt_marks(ax, idle=idle, bases=bases, geo=geo)
         ax.set_xlabel(f"time ({geo.unit})")
-        thin = [_short(s) for s in offsets if s != "compute"]
+        thin = [short_stream(s) for s in offsets if s != "compute"]
         if thin:
             note = "thin lanes under each rank, top to bottom: " + ", ".join(thin)
             fig.text(0.005, 0.1 / height_in, note, fontsize=7, va="bottom", color="#444444")
@@ -299,11 +254,11 @@ def _gantt_axes(
 ) -> None:
     """Limits, rank labels (major ticks) and lane names (minor ticks, up to 8 ranks)."""
     ax.set_xlim(0.0, x_max)
-    ax.set_ylim(len(bases) * pitch - _RANK_GAP + 0.1, -0.1)
+    ax.set_ylim(len(bases) * pitch - RANK_GAP + 0.1, -0.1)
     ax.set_yticks(bases + 0.5, [f"rank {r}" for r in range(len(bases))])
     lane_ranks = bases if len(bases) <= 8 else bases[:0]
     minor = [(b + top + h / 2, name) for b in lane_ranks for name, (top, h) in offsets.items()]
-    minor = [(y, _short(name)) for y, name in minor if name != "compute"]
+    minor = [(y, short_stream(name)) for y, name in minor if name != "compute"]
     ax.set_yticks([y for y, _ in minor], [n for _, n in minor], minor=True)
     ax.tick_params(axis="y", which="minor", labelsize=6, length=0, pad=2)
     ax.tick_params(axis="y", which="major", length=0, pad=22 if minor else 3)
@@ -313,11 +268,7 @@ def _gantt_axes(
         ax.spines[side].set_visible(False)
 
 
-def _short(stream: str) -> str:
-    return next((short for s, _, short in _LANES if s == stream), stream)
-
-
-def _gantt_marks(ax: Any, *, idle: Sequence[float], bases: np.ndarray, geo: _GanttGeometry) -> None:
+def _gantt_marks(ax: Any, *, idle: Sequence[float], bases: np.ndarray, geo: GanttGeometry) -> None:
     """Per-rank idle fraction at the right; pipeline-end (dashed) and step-end lines."""
     right = blended_transform_factory(ax.transAxes, ax.transData)
     for base, fraction in zip(bases, idle, strict=True):

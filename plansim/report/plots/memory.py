@@ -13,11 +13,11 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.transforms import blended_transform_factory
 
+from plansim.report.chart_layout import memory_lines, time_unit
 from plansim.report.plots._common import (
     _figure,
     _save,
     _style,
-    _time_unit,
 )
 from plansim.units import bytes_to_gib
 
@@ -66,8 +66,8 @@ def memory_figure(
             sample.
     """
     end = max(float(memory["time_s"].max()) if len(memory) else 0.0, end_s or 0.0)
-    unit, scale = _time_unit(end)
-    lines = _memory_lines(memory, end_s=end, scale=scale)
+    unit, scale = time_unit(end)
+    lines = memory_lines(memory, end_s=end, scale=scale)
     capacity_gib = bytes_to_gib(capacity_bytes)
     peak_gib = max((float(g.max()) for _, _, g in lines), default=0.0)
     with _style():
@@ -103,19 +103,6 @@ def memory_figure(
                 loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=7, ncol=ncol
             )
     return fig
-
-
-def _memory_lines(
-    memory: pd.DataFrame, *, end_s: float, scale: float
-) -> list[tuple[int, np.ndarray, np.ndarray]]:
-    """Per rank (ascending): times in axis units extended to ``end_s``, and GiB."""
-    lines = []
-    for rank in sorted(int(r) for r in memory["rank"].unique()):
-        own = memory[memory["rank"] == rank]
-        t = np.append(own["time_s"].to_numpy(dtype=np.float64), end_s) * scale
-        gib = own["bytes"].to_numpy(dtype=np.float64) / 2**30
-        lines.append((rank, t, np.append(gib, gib[-1])))
-    return lines
 
 
 def _memory_zoom(

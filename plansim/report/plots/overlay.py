@@ -11,7 +11,8 @@ import pandas as pd
 from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 
-from plansim.report.plots._common import _IDLE, _figure, _save, _style, _time_unit
+from plansim.report.chart_layout import IDLE_COLOUR, time_unit
+from plansim.report.plots._common import _figure, _save, _style
 from plansim.report.plots.gantt import _bar_colours, _bars, _gantt_legend
 from plansim.sim import timeline as tl
 
@@ -44,7 +45,7 @@ def overlay_figure(
     """
     sim_end = float(simulated[tl.END_S].max()) if len(simulated) else 0.0
     meas_end = float(measured[tl.END_S].max()) if len(measured) else 0.0
-    unit, scale = _time_unit(max(sim_end, meas_end))
+    unit, scale = time_unit(max(sim_end, meas_end))
     pitch = 2 * _SIDE - _PAIR_GAP + _RANK_GAP
     height_in = 1.5 + num_ranks * 1.3
     with _style():
@@ -101,7 +102,7 @@ def _draw_lane(
     tops = np.arange(num_ranks) * pitch + offset
     backgrounds = [[(0, t), (0, t + _ROW), (end, t + _ROW), (end, t)] for t in tops]
     ax.add_collection(
-        PolyCollection(backgrounds, facecolors=_IDLE, edgecolors="none"), autolim=False
+        PolyCollection(backgrounds, facecolors=IDLE_COLOUR, edgecolors="none"), autolim=False
     )
     mine = df[df[tl.RANK] < num_ranks]
     on_compute = mine[tl.STREAM].isin(tl.COMPUTE_STREAMS)

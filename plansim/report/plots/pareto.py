@@ -11,37 +11,14 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from plansim.planner.evaluate import Evaluation
+from plansim.report.chart_layout import SCHEDULE_COLOURS, pareto_front, short_label
 from plansim.report.plots._common import (
-    _SCHEDULE_COLOURS,
     _figure,
     _save,
     _style,
 )
 from plansim.specs.plan import Schedule
 from plansim.units import bytes_to_gib
-
-
-def pareto_front(points: Sequence[tuple[float, float]]) -> tuple[int, ...]:
-    """Indices of the points no other point beats on both coordinates (minimising both).
-
-    A point is dominated when another is <= on both coordinates and < on at least one.
-    Exact duplicates of a front point are on the front too.
-
-    Args:
-        points: ``(x, y)`` pairs, e.g. (step time s, peak memory bytes).
-
-    Returns:
-        Front indices ordered by x, then y, then index (x rises, y falls along the front).
-    """
-    order = sorted(range(len(points)), key=lambda i: (points[i][0], points[i][1], i))
-    front: list[int] = []
-    best_y = float("inf")
-    for i in order:
-        x, y = points[i]
-        if y < best_y or (front and points[front[-1]] == (x, y)):
-            front.append(i)
-            best_y = min(best_y, y)
-    return tuple(front)
 
 
 def plot_pareto(
@@ -93,7 +70,7 @@ def pareto_figure(
         for i, schedule in enumerate(Schedule):
             mask = np.array([ev.plan.schedule is schedule for ev in evaluations], dtype=bool)
             if mask.any():
-                colour = _SCHEDULE_COLOURS[i % len(_SCHEDULE_COLOURS)]
+                colour = SCHEDULE_COLOURS[i % len(SCHEDULE_COLOURS)]
                 ax.scatter(
                     xs[mask],
                     ys[mask],
@@ -154,21 +131,10 @@ def _annotate_front(
     )
     for i in front[1:9]:
         ax.annotate(
-            _short_label(evaluations[i]),
+            short_label(evaluations[i]),
             (xs[i], ys[i]),
             xytext=(7, 2),
             textcoords="offset points",
             fontsize=7,
             color="#333333",
         )
-
-
-def _short_label(ev: Evaluation) -> str:
-    """``tp4 pp8 dp32 vpp6 mbs1 zero2 none sp`` (the schedule is the point's colour)."""
-    p = ev.plan
-    parts = [f"tp{p.tp}", f"pp{p.pp}", f"dp{p.dp}"]
-    parts += [f"cp{p.cp}"] if p.cp > 1 else []
-    parts += [f"vpp{p.vpp}"] if p.vpp > 1 else []
-    parts += [f"mbs{p.micro_batch_size}", f"zero{p.zero_stage}", p.recompute.value]
-    parts += ["sp"] if p.sequence_parallel else []
-    return " ".join(parts)

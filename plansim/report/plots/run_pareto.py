@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
+from plansim.report.chart_layout import pareto_front
 from plansim.report.plots._common import _figure, _save, _style
-from plansim.report.plots.pareto import pareto_front
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
