@@ -161,3 +161,11 @@ def short_label(ev: Evaluation) -> str:
     parts += [f"mbs{p.micro_batch_size}", f"zero{p.zero_stage}", p.recompute.value]
     parts += ["sp"] if p.sequence_parallel else []
     return " ".join(parts)
+
+
+def lane_events(timeline: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the compute lane's events, the thin lanes' events) of a Gantt chart: TP collectives
+    hold the compute stream, so they are drawn on the compute lane as well as on their own."""
+    on_compute = timeline[timeline[tl.STREAM].isin(tl.COMPUTE_STREAMS)]
+    comm = timeline[timeline[tl.STREAM] != "compute"]
+    return on_compute, comm

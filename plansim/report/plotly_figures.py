@@ -23,6 +23,7 @@ from plansim.report.chart_layout import (
     SCHEDULE_COLOURS,
     GanttGeometry,
     kind_colours,
+    lane_events,
     lane_offsets,
     memory_lines,
     pareto_front,
@@ -163,8 +164,7 @@ def _lane_rows(
     """Every bar with its lane: (rows, lane top, lane height), the rows of the compute lane
     (compute and TP, as TP collectives hold the compute stream) then the thin lanes of every
     stream but compute, as the PNG Gantt chart lays them out."""
-    on_compute = timeline[timeline[tl.STREAM].isin(tl.COMPUTE_STREAMS)]
-    comm = timeline[timeline[tl.STREAM] != "compute"]
+    on_compute, comm = lane_events(timeline)
     top, height = offsets["compute"]
     rows = pd.concat([on_compute, comm], ignore_index=True)
     tops = np.concatenate(

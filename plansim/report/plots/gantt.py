@@ -21,6 +21,7 @@ from plansim.report.chart_layout import (
     RANK_GAP,
     GanttGeometry,
     kind_colours,
+    lane_events,
     lane_offsets,
     short_stream,
 )
@@ -91,9 +92,7 @@ def _gantt_layers(
     ax.add_collection(
         PolyCollection(backgrounds, facecolors=IDLE_COLOUR, edgecolors="none"), autolim=False
     )
-    # TP collectives hold the compute stream: draw them on the compute lane as well.
-    on_compute = timeline[timeline[tl.STREAM].isin(tl.COMPUTE_STREAMS)]
-    comm = timeline[timeline[tl.STREAM] != "compute"]
+    on_compute, comm = lane_events(timeline)
     lanes: list[tuple[pd.DataFrame, np.ndarray, float | np.ndarray, float]] = [
         (on_compute, np.full(len(on_compute), offsets["compute"][0]), 1.0, 0.0),
         (
